@@ -1,0 +1,110 @@
+// The replication client: connects (pg_connection), checks the server and the slot before
+// streaming, starts pgoutput, hands every XLogData frame to a sink without copying, answers
+// keepalives, reports the sink's durable position in 'r' status updates, and reconnects with
+// exponential backoff and jitter, resuming from the durable position.
+//
+// Three positions, never confused:
+//   received      the highest WAL start of an XLogData frame read from the socket;
+//   durable       what the sink says is safely stored (it alone decides);
+//   acknowledged  the flush position of the last status update sent; never ahead of durable.
+#pragma once
+
+#include "walgate/protocol/commands.hpp"
+#include "walgate/protocol/replication.hpp"
+#include "walgate/proxy/conninfo.hpp"
+#include "walgate/proxy/failure.hpp"
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace walgate::proxy {
+
+struct replication_settings {
+  conn_params conn;
+  std::string slot;
+  std::vector<std::string> publications;
+  bool create_slot = true;           ///< Create the slot when it does not exist.
+  bool temporary_slot = false;       ///< Dropped by the server when the connection ends.
+  std::uint32_t proto_version = 0;   ///< 0: the highest the server supports.
+  bool messages = false;
+  bool binary = false;
+  bool two_phase = false;
+  protocol::streaming_mode streaming = protocol::streaming_mode::off;
+  std::optional<std::string> origin;
+  /// A status update goes out at least this often while idle; PostgreSQL's walsender drops a
+  /// client silent for wal_sender_timeout (default 60 s), so this stays well inside it.
+  std::chrono::milliseconds status_interval{10'000};
+  /// When the durable position moves, it is reported no later than this.
+  std::chrono::milliseconds ack_delay{200};
+  /// Silence from the server for this long (despite our reply requests) means a dead peer.
+  std::chrono::milliseconds server_timeout{60'000};
+  std::chrono::milliseconds backoff_initial{500};
+  std::chrono::milliseconds backoff_max{30'000};
+  int max_attempts = 0;              ///< Consecutive failed attempts before giving up; 0 = never.
+};
+
+/// What the client knows about the stream it just started.
+struct stream_start_info {
+  int server_major = 0;
+  std::uint32_t proto_version = 0;
+  protocol::lsn start;               ///< The position requested in START_REPLICATION.
+  std::optional<std::string> exported_snapshot;   ///< When the slot was created here.
+  protocol::lsn consistent_point;    ///< When the slot was created here.
+};
+
+class replication_sink {
+ public:
+  virtual ~replication_sink() = default;
+  virtual void on_stream_start(const stream_start_info&) {}
+  /// One XLogData frame; x.data is valid only during the call. An error stops streaming
+  /// without acknowledging anything further (it is not retried: the same bytes would come back).
+  virtual boost::system::error_code on_xlog_data(const protocol::xlog_data& x) = 0;
+  virtual void on_keepalive(const protocol::primary_keepalive&) {}
+  /// The position that is durable downstream; reported as flush and apply.
+  virtual protocol::lsn durable_lsn() const = 0;
+};
+
+struct replication_positions {
+  protocol::lsn received;
+  protocol::lsn durable;
+  protocol::lsn acknowledged;
+};
+
+class replication_client {
+ public:
+  replication_client(boost::asio::any_io_executor ex, replication_settings settings, replication_sink& sink);
+  ~replication_client();
+
+  /// Streams until stop() or a failure that reconnecting cannot fix (returned), reconnecting
+  /// after any other failure.
+  boost::asio::awaitable<outcome<void>> run();
+  /// Graceful stop: a final status update with the durable position, CopyDone, close.
+  void stop();
+
+  replication_positions positions() const;
+  int reconnects() const;
+  bool streaming() const;
+  /// Called with each failure that leads to a reconnect (for logging); default: none.
+  void set_retry_handler(std::function<void(const failure&, std::chrono::milliseconds delay)> h);
+  /// Fuzz-seed capture: every byte read from the server is appended to this file.
+  void set_capture_file(std::string path);
+
+ private:
+  struct impl;
+  std::shared_ptr<impl> impl_;
+};
+
+/// Pre-flight checks on an open replication=database connection, before START_REPLICATION.
+/// Creates the slot if allowed. Each failure says which setting to change.
+class pg_connection;
+boost::asio::awaitable<outcome<stream_start_info>> prepare_replication(pg_connection& conn,
+                                                                     const replication_settings& s);
+
+}  // namespace walgate::proxy

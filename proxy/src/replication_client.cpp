@@ -1,0 +1,347 @@
+#include "walgate/proxy/replication_client.hpp"
+
+#include "walgate/proxy/pg_connection.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <cmath>
+#include <random>
+
+namespace walgate::proxy {
+
+namespace asio = boost::asio;
+using asio::awaitable;
+using protocol::errc;
+using protocol::lsn;
+using clock_type = std::chrono::steady_clock;
+constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
+
+namespace {
+
+failure config_failure(std::string message) {
+  return failure{make_error_code(errc::invalid_value), std::move(message), {}, false};
+}
+
+std::string join_quoted(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + protocol::quote_literal(n);
+  return out;
+}
+
+}  // namespace
+
+// SQL checks run on the replication connection itself (replication=database accepts plain
+// SQL through the simple query protocol), so what we check is what we will stream from.
+awaitable<outcome<stream_start_info>> prepare_replication(pg_connection& conn, const replication_settings& s) {
+  stream_start_info start;
+  start.server_major = conn.info().server_major;
+  if (start.server_major < 10)
+    co_return config_failure("server version \"" + conn.info().server_version +
+                             "\" is not supported: walgate needs PostgreSQL 10 or later with pgoutput");
+  if (!protocol::valid_slot_name(s.slot))
+    co_return config_failure("invalid slot name \"" + s.slot + "\": use 1-63 characters of a-z, 0-9 and _");
+  if (s.publications.empty()) co_return config_failure("no publication given: set --publication");
+
+  auto settings = co_await conn.query(
+      "SELECT current_setting('wal_level'), current_setting('max_replication_slots')::int, "
+      "(SELECT count(*) FROM pg_replication_slots), current_database(), "
+      "current_setting('max_wal_senders')::int");
+  if (!settings) co_return settings.error();
+  const auto& row = settings->rows.at(0);
+  std::string wal_level = row[0].value_or("");
+  if (wal_level != "logical")
+    co_return config_failure("wal_level is '" + wal_level +
+                             "', but logical decoding needs wal_level = logical: run ALTER SYSTEM SET wal_level = "
+                             "logical; then restart the PostgreSQL server");
+  int max_slots = std::stoi(row[1].value_or("0"));
+  int used_slots = std::stoi(row[2].value_or("0"));
+  std::string database = row[3].value_or("");
+
+  auto pubs = co_await conn.query("SELECT pubname FROM pg_catalog.pg_publication WHERE pubname IN (" +
+                                  join_quoted(s.publications) + ")");
+  if (!pubs) co_return pubs.error();
+  for (const auto& p : s.publications) {
+    bool found = false;
+    for (const auto& r : pubs->rows) found = found || r[0] == p;
+    if (!found)
+      co_return config_failure("publication \"" + p + "\" does not exist in database \"" + database +
+                               "\": create it (CREATE PUBLICATION " + protocol::quote_identifier(p) +
+                               " FOR ALL TABLES;) or name an existing one");
+  }
+
+  auto slot = co_await conn.query(
+      "SELECT plugin, slot_type, database, active, active_pid, confirmed_flush_lsn FROM "
+      "pg_catalog.pg_replication_slots WHERE slot_name = " + protocol::quote_literal(s.slot));
+  if (!slot) co_return slot.error();
+  if (!slot->rows.empty()) {
+    const auto& r = slot->rows[0];
+    if (r[1].value_or("") != "logical")
+      co_return config_failure("replication slot \"" + s.slot + "\" is a " + r[1].value_or("?") +
+                               " slot; walgate needs a logical slot: choose another --slot");
+    if (r[0].value_or("") != "pgoutput")
+      co_return config_failure("replication slot \"" + s.slot + "\" uses the plugin \"" + r[0].value_or("") +
+                               "\", not pgoutput: choose another --slot, or drop it with "
+                               "SELECT pg_drop_replication_slot('" + s.slot + "');");
+    if (r[2].value_or("") != database)
+      co_return config_failure("replication slot \"" + s.slot + "\" belongs to database \"" + r[2].value_or("") +
+                               "\", not \"" + database + "\": connect to that database or choose another --slot");
+    if (r[3].value_or("f") == "t")
+      co_return failure{make_error_code(errc::server_error),
+                        "replication slot \"" + s.slot + "\" is active for PID " + r[4].value_or("?") +
+                            " (SQLSTATE 55006): another client is streaming from it; stop that client or "
+                            "choose another --slot",
+                        "55006", true};
+    co_return start;
+  }
+
+  if (!s.create_slot)
+    co_return config_failure("replication slot \"" + s.slot + "\" does not exist in database \"" + database +
+                             "\": create it, or allow walgate to create it");
+  if (used_slots >= max_slots)
+    co_return failure{make_error_code(errc::limit_exceeded),
+                      "no free replication slot: all " + std::to_string(max_slots) +
+                          " of max_replication_slots are in use; raise max_replication_slots (needs a restart) "
+                          "or drop an unused slot",
+                      "53400", false};
+  protocol::create_slot_options co;
+  co.slot = s.slot;
+  co.temporary = s.temporary_slot;
+  co.snapshot = protocol::snapshot_action::no_export;
+  co.two_phase = s.two_phase && start.server_major >= 15;
+  auto cmd = protocol::build_create_slot(co, start.server_major);
+  if (!cmd) co_return config_failure(cmd.error);
+  auto created = co_await conn.query(cmd.text);
+  if (!created) co_return created.error();
+  if (!created->rows.empty() && created->rows[0].size() >= 3) {
+    if (auto cp = lsn::parse(created->rows[0][1].value_or(""))) start.consistent_point = *cp;
+    start.exported_snapshot = created->rows[0][2];
+  }
+  co_return start;
+}
+
+struct replication_client::impl : std::enable_shared_from_this<replication_client::impl> {
+  impl(asio::any_io_executor ex, replication_settings s, replication_sink& k)
+      : executor(ex), settings(std::move(s)), sink(k), backoff_timer(ex) {}
+
+  asio::any_io_executor executor;
+  replication_settings settings;
+  replication_sink& sink;
+  std::shared_ptr<pg_connection> conn;
+  asio::steady_timer backoff_timer;
+  replication_positions pos;
+  int reconnect_count = 0;
+  bool stopping = false;
+  bool is_streaming = false;
+  clock_type::time_point last_received{}, last_status{};
+  std::function<void(const failure&, std::chrono::milliseconds)> on_retry;
+  std::string capture_path;
+  std::mt19937_64 rng{std::random_device{}()};
+
+  void send_status(bool reply_requested) {
+    if (!conn || !conn->is_open()) return;
+    protocol::standby_status_update u;
+    pos.durable = sink.durable_lsn();
+    // Never report a flush position beyond what the sink made durable.
+    u.flushed = pos.durable;
+    u.applied = pos.durable;
+    u.written = std::max(pos.received, pos.durable);
+    u.client_clock_us = protocol::pg_now_us();
+    u.reply_requested = reply_requested;
+    conn->send(protocol::build_standby_status_message(u));
+    pos.acknowledged = u.flushed;
+    last_status = clock_type::now();
+  }
+
+  // Runs beside the reader: reports progress, keeps the walsender from timing us out, and
+  // detects a server that went silent.
+  awaitable<void> ticker(std::shared_ptr<pg_connection> c, std::shared_ptr<bool> done) {
+    asio::steady_timer t(executor);
+    auto tick = std::min<std::chrono::milliseconds>(settings.ack_delay, settings.status_interval);
+    while (!*done && c->is_open()) {
+      t.expires_after(tick);
+      co_await t.async_wait(use_tuple);
+      if (*done || !c->is_open()) break;
+      auto now = clock_type::now();
+      if (now - last_received > settings.server_timeout) {
+        silent = true;
+        c->close();
+        break;
+      }
+      bool durable_moved = sink.durable_lsn() != pos.acknowledged;
+      bool interval_due = now - last_status >= settings.status_interval;
+      if (durable_moved || interval_due) {
+        // While nothing arrives, ask for a reply so that a dead server is noticed.
+        bool ask = now - last_received >= settings.status_interval;
+        send_status(ask);
+      }
+    }
+  }
+  bool silent = false;
+
+  awaitable<outcome<void>> stream_once() {
+    conn = std::make_shared<pg_connection>(executor);
+    if (!capture_path.empty()) conn->set_capture_file(capture_path);
+    auto c = conn;
+    if (auto r = co_await c->connect(settings.conn, true); !r) co_return r.error();
+    auto prepared = co_await prepare_replication(*c, settings);
+    if (!prepared) co_return prepared.error();
+    stream_start_info info = *prepared;
+
+    protocol::start_replication_options o;
+    o.slot = settings.slot;
+    o.publications = settings.publications;
+    o.proto_version = settings.proto_version ? settings.proto_version : protocol::max_pgoutput_protocol(info.server_major);
+    o.messages = settings.messages;
+    o.binary = settings.binary;
+    o.two_phase = settings.two_phase;
+    o.streaming = settings.streaming;
+    o.origin = settings.origin;
+    // Resume from what is durable downstream; the server starts at the later of this and the
+    // slot's confirmed_flush_lsn.
+    o.start = sink.durable_lsn();
+    auto cmd = protocol::build_start_replication(o, info.server_major);
+    if (!cmd) co_return config_failure(cmd.error);
+    if (stopping) co_return outcome<void>{};
+    if (auto r = co_await c->start_copy_both(cmd.text); !r) {
+      failure f = r.error();
+      if (f.sqlstate == "55006")
+        f.message += "\nwalgate: another client is streaming from slot \"" + settings.slot +
+                     "\"; stop it or choose another --slot";
+      co_return f;
+    }
+    info.proto_version = o.proto_version;
+    info.start = o.start;
+    is_streaming = true;
+    started_stream = true;
+    sink.on_stream_start(info);
+    last_received = last_status = clock_type::now();
+    silent = false;
+    auto done = std::make_shared<bool>(false);
+    asio::co_spawn(executor, ticker(c, done), asio::detached);
+    auto result = co_await read_loop(*c);
+    *done = true;
+    is_streaming = false;
+    c->close();
+    co_return result;
+  }
+
+  awaitable<outcome<void>> read_loop(pg_connection& c) {
+    for (;;) {
+      auto r = co_await c.read_copy_data();
+      if (!r) {
+        if (stopping) co_return outcome<void>{};
+        if (silent)
+          co_return make_failure(errc::timeout, "the server sent nothing for " +
+                                                    std::to_string(settings.server_timeout.count()) +
+                                                    " ms despite reply requests; reconnecting");
+        co_return r.error();
+      }
+      if (!*r) {  // CopyDone from the server
+        if (stopping) co_return outcome<void>{};
+        co_return make_failure(errc::connection_closed, "the server ended the replication stream");
+      }
+      last_received = clock_type::now();
+      auto payload = protocol::parse_copy_payload(**r);
+      if (!payload) {
+        c.close();
+        co_return failure{make_error_code(payload.error().code),
+                          "malformed replication message from the server: " + payload.error().message() +
+                              "; connection closed",
+                          {}, true};
+      }
+      if (payload->type == protocol::copy_payload::kind::xlog_data) {
+        const auto& x = payload->xlog;
+        if (x.wal_start > pos.received) pos.received = x.wal_start;
+        if (auto ec = sink.on_xlog_data(x)) {
+          // Report what is durable so far, then stop without acknowledging the failed data.
+          send_status(false);
+          c.close();
+          co_return failure{ec, "stream consumer failed at " + x.wal_start.to_string() + ": " + ec.message(), {},
+                            false};
+        }
+      } else {
+        sink.on_keepalive(payload->keepalive);
+        // "reply requested": the walsender is about to time us out; answer at once.
+        if (payload->keepalive.reply_requested) send_status(false);
+      }
+    }
+  }
+
+  std::chrono::milliseconds next_delay(int attempt) {
+    double base = static_cast<double>(settings.backoff_initial.count());
+    double cap = static_cast<double>(settings.backoff_max.count());
+    double d = std::min(cap, base * std::pow(2.0, std::min(attempt, 30)));
+    std::uniform_real_distribution<double> jitter(0.5, 1.0);
+    return std::chrono::milliseconds(static_cast<long long>(d * jitter(rng)));
+  }
+
+  awaitable<outcome<void>> run() {
+    auto self = shared_from_this();
+    int attempt = 0;
+    while (!stopping) {
+      started_stream = false;
+      auto r = co_await stream_once();
+      if (stopping) break;
+      // A connection that got as far as streaming resets the backoff.
+      if (started_stream) attempt = 0;
+      if (r) {  // CopyDone on stop
+        break;
+      }
+      if (!r.error().retryable) co_return r.error();
+      ++attempt;
+      if (settings.max_attempts > 0 && attempt >= settings.max_attempts) co_return r.error();
+      auto delay = next_delay(attempt - 1);
+      if (on_retry) on_retry(r.error(), delay);
+      ++reconnect_count;
+      backoff_timer.expires_after(delay);
+      co_await backoff_timer.async_wait(use_tuple);
+    }
+    co_return outcome<void>{};
+  }
+  bool started_stream = false;
+
+  void stop() {
+    if (stopping) return;
+    stopping = true;
+    backoff_timer.cancel();
+    if (conn && conn->is_open()) {
+      if (is_streaming) {
+        send_status(false);
+        conn->send(protocol::build_copy_done());
+        // Give the server a moment to answer CopyDone; then close regardless.
+        auto c = conn;
+        auto t = std::make_shared<asio::steady_timer>(executor, std::chrono::seconds(5));
+        t->async_wait([c, t](boost::system::error_code) { c->close(); });
+      } else {
+        conn->close();
+      }
+    }
+  }
+};
+
+replication_client::replication_client(asio::any_io_executor ex, replication_settings settings, replication_sink& sink)
+    : impl_(std::make_shared<impl>(ex, std::move(settings), sink)) {}
+replication_client::~replication_client() = default;
+
+awaitable<outcome<void>> replication_client::run() {
+  auto keep = impl_;
+  co_return co_await keep->run();
+}
+void replication_client::stop() { impl_->stop(); }
+replication_positions replication_client::positions() const {
+  auto p = impl_->pos;
+  p.durable = impl_->sink.durable_lsn();
+  return p;
+}
+int replication_client::reconnects() const { return impl_->reconnect_count; }
+bool replication_client::streaming() const { return impl_->is_streaming; }
+void replication_client::set_retry_handler(std::function<void(const failure&, std::chrono::milliseconds)> h) {
+  impl_->on_retry = std::move(h);
+}
+void replication_client::set_capture_file(std::string path) { impl_->capture_path = std::move(path); }
+
+}  // namespace walgate::proxy

@@ -15,6 +15,7 @@
 
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
+#include <openssl/x509_vfy.h>
 
 #include <cstring>
 #include <deque>
@@ -357,7 +358,13 @@ struct pg_connection::impl : std::enable_shared_from_this<pg_connection::impl> {
         co_return failure{cec, "could not load client certificate \"" + p.sslcert + "\": " + cec.message(), {}, false};
     }
     auto stream = std::make_unique<tls_stream>(std::move(std::get<tcp::socket>(transport)), *tls_context);
-    if (p.sslmode == ssl_mode::verify_full) stream->set_verify_callback(ssl::host_name_verification(ep.host));
+    if (p.sslmode == ssl_mode::verify_full) {
+      // OpenSSL's own check (RFC 6125 names, or the IP address SAN), so that a mismatch is
+      // reported as such.
+      X509_VERIFY_PARAM* param = SSL_get0_param(stream->native_handle());
+      if (is_ip_address(ep.host)) X509_VERIFY_PARAM_set1_ip_asc(param, ep.host.c_str());
+      else SSL_set1_host(stream->native_handle(), ep.host.c_str());
+    }
     if (!is_ip_address(ep.host)) SSL_set_tlsext_host_name(stream->native_handle(), ep.host.c_str());
     transport = std::move(stream);
     auto& s = *std::get<std::unique_ptr<tls_stream>>(transport);
@@ -368,7 +375,8 @@ struct pg_connection::impl : std::enable_shared_from_this<pg_connection::impl> {
       std::string why = hec.message();
       long vr = SSL_get_verify_result(s.native_handle());
       if (vr != X509_V_OK) why += " (" + std::string(X509_verify_cert_error_string(vr)) + ")";
-      if (p.sslmode == ssl_mode::verify_full && vr == X509_V_ERR_HOSTNAME_MISMATCH)
+      if (p.sslmode == ssl_mode::verify_full &&
+          (vr == X509_V_ERR_HOSTNAME_MISMATCH || vr == X509_V_ERR_IP_ADDRESS_MISMATCH))
         why = "server certificate does not match host name \"" + ep.host + "\"";
       co_return failure{hec, "TLS handshake with " + ep.host + " failed: " + why, {}, !verify};
     }

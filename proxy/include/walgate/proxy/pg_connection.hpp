@@ -86,7 +86,7 @@ class pg_connection {
 
  private:
   struct impl;
-  std::unique_ptr<impl> impl_;
+  std::shared_ptr<impl> impl_;   // shared with its own timer and write handlers
 };
 
 }  // namespace walgate::proxy

@@ -55,7 +55,11 @@ failure server_failure(const protocol::server_notice& n, std::string_view during
   if (s == "28P01" || s == "28000" || s == "3D000" || s == "42501" || s == "42704" || s == "0A000" ||
       s == "42601" || s == "42710" || s == "08P01")
     f.retryable = false;
-  if (s == "42501" && n.message.find("replication") != std::string::npos)
+  // PG10-17: "must be superuser or replication role to start walsender";
+  // PG18: "permission denied to start WAL sender".
+  if (s == "42501" && (n.message.find("replication") != std::string::npos ||
+                       n.message.find("WAL sender") != std::string::npos ||
+                       n.message.find("walsender") != std::string::npos))
     f.message += "\nwalgate: the role needs the REPLICATION attribute: ALTER ROLE <name> REPLICATION;";
   return f;
 }
@@ -246,7 +250,7 @@ struct pg_connection::impl : std::enable_shared_from_this<pg_connection::impl> {
         close_socket();
         co_return io_failure(ec, during, timed && timed_out);
       }
-      if (capture) capture->write(reinterpret_cast<const char*>(buf.data() + end), static_cast<std::streamsize>(n));
+      if (capture) capture->write(reinterpret_cast<const char*>(buf.data() + end), static_cast<std::streamsize>(n)).flush();
       end += n;
     }
   }

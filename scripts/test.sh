@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Sets everything up and runs every test: installs what is missing, builds with gcc, runs the
+# unit tests, the fuzz corpus replays and the integration suite against PostgreSQL 15 (Debian)
+# and 18 (npm), then runs each fuzz target under libFuzzer + ASan + UBSan for a bounded time.
+#   WALGATE_PG_VERSIONS="15 18"   servers for the integration suite (any of 13-18)
+#   WALGATE_FUZZ_SECONDS=30        libFuzzer time per target (0 skips the fuzz build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+versions=${WALGATE_PG_VERSIONS:-15 18}
+fuzz_seconds=${WALGATE_FUZZ_SECONDS:-30}
+[ "$fuzz_seconds" = 0 ] && export WALGATE_WITH_FUZZ=0
+
+scripts/install-deps.sh
+bindirs=""
+for v in $versions; do
+  b=$(scripts/install-pg.sh "$v")
+  bindirs="${bindirs:+$bindirs;}$b"
+done
+
+cmake --preset default -DWALGATE_PG_BINDIRS="$bindirs" >/dev/null
+cmake --build --preset default
+
+if [ "$fuzz_seconds" != 0 ]; then
+  cmake --preset fuzz >/dev/null
+  cmake --build --preset fuzz
+  scripts/fuzz.sh "$fuzz_seconds"
+fi
+
+# Last, so that its summary closes the output.
+ctest --preset default

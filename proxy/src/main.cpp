@@ -1,6 +1,7 @@
 // The walgate executable.
 //   walgate demo                  a throwaway PostgreSQL with a trickle of changes, streamed
 //   walgate stream --pg ... --slot ... --publication ...   stream from a server and print frames
+#include "walgate/protocol/pgoutput.hpp"
 #include "walgate/protocol/replication.hpp"
 #include "walgate/proxy/local_cluster.hpp"
 #include "walgate/proxy/pg_connection.hpp"
@@ -34,7 +35,7 @@ usage:
       everything and leaves nothing behind.
 
   walgate stream --pg CONNINFO --slot NAME --publication NAME[,NAME...] [options]
-      Stream from a server over walgate's own replication client and print each frame.
+      Stream from a server over walgate's own replication client and print each decoded message.
         --pg CONNINFO          libpq connection string or URI (PG* environment honoured)
         --slot NAME            logical replication slot (created if missing)
         --publication NAMES    publication(s) to stream, comma separated
@@ -46,30 +47,52 @@ usage:
   walgate --help | --version
 )";
 
-/// Prints frames, and treats a printed transaction as durable: the flush position reported to
-/// the server is the end LSN of the last Commit printed (a Commit's WAL start is its end LSN).
-/// Between transactions, a keepalive's WAL end is durable too: nothing is outstanding.
+/// Prints each decoded pgoutput message (rows as column=value with their table), and treats a
+/// printed transaction as durable: the flush position reported to the server is the end LSN of
+/// the last Commit printed (a Commit's WAL start is its end LSN). Between transactions, a
+/// keepalive's WAL end is durable too: nothing is outstanding.
 class print_sink final : public proxy::replication_sink {
  public:
   explicit print_sink(std::FILE* out) : out_(out) {}
 
   void on_stream_start(const proxy::stream_start_info& i) override {
+    context_ = protocol::pgoutput::decode_context{i.proto_version, false, false};
     std::fprintf(out_, "-- streaming from PostgreSQL %d, pgoutput proto_version %u, from %s\n", i.server_major,
                  i.proto_version, i.start.to_string().c_str());
     std::fflush(out_);
   }
 
   boost::system::error_code on_xlog_data(const protocol::xlog_data& x) override {
-    protocol::cursor c(x.data);
-    char tag = static_cast<char>(c.u8());
-    std::string preview;
-    for (std::size_t i = 1; i < x.data.size() && preview.size() < 64; ++i) {
-      auto ch = std::to_integer<unsigned char>(x.data[i]);
-      preview.push_back(std::isprint(ch) ? static_cast<char>(ch) : '.');
+    namespace pg = protocol::pgoutput;
+    auto decoded = decoder_.decode(x.data, context_);
+    if (!decoded) {
+      std::fprintf(stderr, "walgate: cannot decode the message at %s: %s\n", x.wal_start.to_string().c_str(),
+                   decoded.error().message().c_str());
+      return make_error_code(decoded.error().code);
     }
-    std::fprintf(out_, "%-12s %c %-9s %6zu bytes  %s\n", x.wal_start.to_string().c_str(), tag, name(tag),
-                 x.data.size(), preview.c_str());
-    if (tag == 'B') in_transaction_ = true;
+    char tag = pg::tag_of(*decoded);
+    std::string line = x.wal_start.to_string() + "  " + pg::name_of(tag);
+    std::visit(
+        [&](const auto& m) {
+          using T = std::decay_t<decltype(m)>;
+          if constexpr (std::is_same_v<T, pg::begin>) {
+            line += " xid " + std::to_string(m.xid);
+            in_transaction_ = true;
+          } else if constexpr (std::is_same_v<T, pg::commit>) {
+            line += " end " + m.end_lsn.to_string();
+          } else if constexpr (std::is_same_v<T, pg::relation>) {
+            const auto& r = relations_.update(m);
+            line += " " + r.nspname + "." + r.relname + " (" + std::to_string(r.columns.size()) + " columns)";
+          } else if constexpr (std::is_same_v<T, pg::insert>) {
+            line += row(m.relation_oid, m.new_tuple);
+          } else if constexpr (std::is_same_v<T, pg::update>) {
+            line += row(m.relation_oid, m.new_tuple);
+          } else if constexpr (std::is_same_v<T, pg::delete_>) {
+            line += row(m.relation_oid, m.old_tuple);
+          }
+        },
+        *decoded);
+    std::fprintf(out_, "%s\n", line.c_str());
     if (tag == 'C') {
       in_transaction_ = false;
       std::fflush(out_);
@@ -85,31 +108,25 @@ class print_sink final : public proxy::replication_sink {
   protocol::lsn durable_lsn() const override { return durable_; }
 
  private:
-  static const char* name(char tag) {
-    switch (tag) {
-      case 'B': return "begin";
-      case 'C': return "commit";
-      case 'O': return "origin";
-      case 'R': return "relation";
-      case 'Y': return "type";
-      case 'I': return "insert";
-      case 'U': return "update";
-      case 'D': return "delete";
-      case 'T': return "truncate";
-      case 'M': return "message";
-      case 'S': return "stream+";
-      case 'E': return "stream-";
-      case 'c': return "s-commit";
-      case 'A': return "s-abort";
-      case 'b': return "b-prepare";
-      case 'P': return "prepare";
-      case 'K': return "c-prepared";
-      case 'r': return "r-prepared";
-      case 'p': return "s-prepare";
-      default: return "?";
+  std::string row(std::uint32_t oid, protocol::pgoutput::tuple_view t) const {
+    const auto* r = relations_.find(oid);
+    if (!r) return " (relation " + std::to_string(oid) + " not described)";
+    std::string out = " " + r->nspname + "." + r->relname;
+    for (std::size_t i = 0; i < t.size() && i < r->columns.size(); ++i) {
+      out += " " + r->columns[i].name + "=";
+      switch (t[i].kind) {
+        case protocol::pgoutput::column_kind::null: out += "NULL"; break;
+        case protocol::pgoutput::column_kind::unchanged_toast: out += "(unchanged)"; break;
+        default: out += protocol::as_string_view(t[i].value);
+      }
     }
+    return out;
   }
+
   std::FILE* out_;
+  protocol::pgoutput::decoder decoder_;
+  protocol::pgoutput::decode_context context_;
+  protocol::pgoutput::relation_cache relations_;
   bool in_transaction_ = false;
   protocol::lsn durable_;
 };

@@ -11,10 +11,10 @@ versions=${WALGATE_PG_VERSIONS:-15 18}
 fuzz_seconds=${WALGATE_FUZZ_SECONDS:-30}
 [ "$fuzz_seconds" = 0 ] && export WALGATE_WITH_FUZZ=0
 
-scripts/install-deps.sh
+.ci/install-deps.sh
 bindirs=""
 for v in $versions; do
-  b=$(scripts/install-pg.sh "$v")
+  b=$(.ci/install-pg.sh "$v")
   bindirs="${bindirs:+$bindirs;}$b"
 done
 
@@ -24,7 +24,7 @@ cmake --build --preset default
 if [ "$fuzz_seconds" != 0 ]; then
   cmake --preset fuzz >/dev/null
   cmake --build --preset fuzz
-  scripts/fuzz.sh "$fuzz_seconds"
+  .ci/fuzz.sh "$fuzz_seconds"
 fi
 
 # Last, so that its summary closes the output.

@@ -14,6 +14,17 @@ using result_t = boost::system::result<void, assembly_error>;
 namespace {
 assembly_error fail(errc code, std::string message) { return assembly_error{code, std::move(message)}; }
 std::string xid_text(std::uint32_t xid) { return std::to_string(xid); }
+transaction_info committed(std::uint32_t xid, lsn commit_lsn, lsn end_lsn, std::int64_t time, bool streamed,
+                           std::string_view gid) {
+  transaction_info t;
+  t.xid = xid;
+  t.commit_lsn = commit_lsn;
+  t.end_lsn = end_lsn;
+  t.commit_time = time;
+  t.streamed = streamed;
+  t.gid = std::string(gid);
+  return t;
+}
 // Record header in a held buffer: Int64 WAL start | Int32 length, then the message bytes.
 constexpr std::size_t record_header = 12;
 }  // namespace
@@ -368,13 +379,7 @@ result_t assembler::feed(lsn wal_start, bytes_view data) {
         return fail(errc::unexpected_message, "Stream Commit of xid " + xid_text(c.xid) + " that was never streamed");
       held_ptr buf = std::move(it->second);
       streams_.erase(it);
-      transaction_info info;
-      info.xid = c.xid;
-      info.commit_lsn = c.commit_lsn;
-      info.end_lsn = c.end_lsn;
-      info.commit_time = c.commit_time;
-      info.streamed = true;
-      return replay(*buf, std::move(info));
+      return replay(*buf, committed(c.xid, c.commit_lsn, c.end_lsn, c.commit_time, true, {}));
     }
     case 'A': {
       const auto& a = std::get<pg::stream_abort>(m);
@@ -419,14 +424,7 @@ result_t assembler::feed(lsn wal_start, bytes_view data) {
                                                   "' whose Prepare is not held here");
       held_ptr buf = std::move(it->second);
       prepared_.erase(it);
-      transaction_info info;
-      info.xid = k.xid;
-      info.commit_lsn = k.commit_lsn;
-      info.end_lsn = k.end_lsn;
-      info.commit_time = k.commit_time;
-      info.gid = std::string(k.gid);
-      info.streamed = buf->info.streamed;
-      return replay(*buf, std::move(info));
+      return replay(*buf, committed(k.xid, k.commit_lsn, k.end_lsn, k.commit_time, buf->info.streamed, k.gid));
     }
     case 'r': {
       const auto& r = std::get<pg::rollback_prepared>(m);

@@ -1,0 +1,191 @@
+#include "walgate/transform/formats.hpp"
+
+#include "split_helpers.hpp"
+
+#include <boost/json/parse.hpp>
+#include <doctest/doctest.h>
+
+using namespace walgate;
+using namespace walgate::transform;
+namespace pg = walgate::protocol::pgoutput;
+using protocol::lsn;
+
+namespace {
+pg::tuple_column t(std::string_view v) { return {pg::column_kind::text, protocol::as_bytes(v)}; }
+pg::tuple_column null() { return {pg::column_kind::null, {}}; }
+pg::tuple_column toast() { return {pg::column_kind::unchanged_toast, {}}; }
+
+struct sample {
+  pg::cached_relation rel;
+  protocol::transaction_info txn;
+  std::vector<pg::tuple_column> row, old_key;
+  sample() {
+    rel.oid = 16384;
+    rel.nspname = "public";
+    rel.relname = "orders";
+    rel.columns = {{"id", 23, -1, true},         {"note", 25, -1, false},   {"amount", 1700, (12 << 16 | 2) + 4, false},
+                   {"paid", 16, -1, false},      {"tags", 1009, -1, false}, {"meta", 3802, -1, false},
+                   {"big", 20, -1, false},       {"at", 1184, -1, false},   {"blob", 17, -1, false}};
+    txn.xid = 8841;
+    txn.commit_lsn = lsn{0x1A2B3C8};
+    txn.end_lsn = lsn{0x1A2B3F0};
+    txn.commit_time = protocol::unix_us_to_pg(1757413200123456LL);
+    row = {t("42"), t("say \"hi\"\n"), t("149.99"), t("t"), t("{a,\"b c\",NULL}"), t("{\"k\": [1, 2]}"),
+           t("9007199254740993"), t("2025-09-09 10:20:00.123456+00"), t("\\xdeadbeef")};
+    old_key = {t("41"), null(), null(), null(), null(), null(), null(), null(), null()};
+  }
+  change make(op k) const {
+    change c;
+    c.kind = k;
+    c.txn = &txn;
+    c.change_lsn = lsn{0x1A2B3C4};
+    c.index = 0;
+    c.relation = &rel;
+    if (k != op::delete_) c.after = row;
+    return c;
+  }
+};
+
+std::string enc(const change& c, format f, encoder_options o = {}) {
+  o.processing_time_ms = 1757413200456;
+  o.database = "app";
+  std::string out;
+  REQUIRE(encode_change(out, c, f, o));
+  boost::system::error_code ec;
+  boost::json::parse(out, ec);
+  CHECK_MESSAGE(!ec, out);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("event ids order by commit LSN as a number, then index") {
+  auto a = event_id::parse("0/1A2B3C8:0"), b = event_id::parse("0/1A2B3C8:1"), c = event_id::parse("1/0:0"),
+       d = event_id::parse("0/FFFFFFFF:7");
+  REQUIRE((a && b && c && d));
+  CHECK(*a < *b);
+  CHECK(*d < *c);   // "0/FFFFFFFF" sorts after "1/0" as a string, but not as a number
+  CHECK(a->to_string() == "0/1A2B3C8:0");
+  CHECK_FALSE(event_id::parse("0/1A2B3C8"));
+  CHECK_FALSE(event_id::parse("0/1:x"));
+  CHECK_FALSE(event_id::parse("0/1:99999999999"));
+}
+
+TEST_CASE("idempotency keys are UUIDv5 of the event id, stable across redeliveries") {
+  auto k = uuid_v5("0/1A2B3C8:0");
+  CHECK(k == uuid_v5("0/1A2B3C8:0"));
+  CHECK(k != uuid_v5("0/1A2B3C8:1"));
+  CHECK(k.size() == 36);
+  CHECK(k[14] == '5');
+}
+
+TEST_CASE("native: walcast's ChangeEvent field for field") {
+  sample s;
+  CHECK(enc(s.make(op::insert), format::native) ==
+        R"j({"id":"0/1A2B3C8:0","lsn":"0/1A2B3C4","commit_lsn":"0/1A2B3C8","commit_time":"2025-09-09T10:20:00.123456Z",)j"
+        R"j("schema":"public","table":"orders","op":"insert","before":null,"after":{"id":42,"note":"say \"hi\"\n",)j"
+        R"j("amount":"149.99","paid":true,"tags":"{a,\"b c\",NULL}","meta":{"k": [1, 2]},"big":"9007199254740993",)j"
+        R"j("at":"2025-09-09 10:20:00.123456+00","blob":"\\xdeadbeef"}})j");
+  auto del = s.make(op::delete_);
+  del.before_kind = 'K';
+  del.before = s.old_key;
+  CHECK(enc(del, format::native).find(R"j("op":"delete","before":{"id":41},"after":null})j") != std::string::npos);
+  auto upd = s.make(op::update);
+  std::vector<pg::tuple_column> toasted{t("42"), toast()};
+  upd.after = toasted;
+  auto u = enc(upd, format::native);
+  CHECK(u.find(R"j("before":null,"after":{"id":42,"note":"__unchanged_toast__"})j") != std::string::npos);
+}
+
+TEST_CASE("debezium: envelope, source block, types, key") {
+  sample s;
+  auto c = s.make(op::insert);
+  CHECK(enc(c, format::debezium) ==
+        R"j({"before":null,"after":{"id":42,"note":"say \"hi\"\n","amount":"149.99","paid":true,"tags":["a","b c",null],)j"
+        R"j("meta":"{\"k\": [1, 2]}","big":9007199254740993,"at":"2025-09-09T10:20:00.123456Z","blob":"3q2+7w=="},)j"
+        R"j("source":{"version":"walgate-0.1.0","connector":"postgresql","name":"walgate","ts_ms":1757413200123,)j"
+        R"j("ts_us":1757413200123456,"snapshot":"false","db":"app","schema":"public","table":"orders","txId":8841,)j"
+        R"j("lsn":27440068,"sequence":"[\"27440072\",\"27440068\"]"},"op":"c","ts_ms":1757413200456,"transaction":null})j");
+  encoder_options o;
+  o.decimal = encoder_options::decimal_mode::precise;
+  o.transaction_metadata = true;
+  auto p = enc(c, format::debezium, o);
+  CHECK(p.find(R"j("amount":"Opc=")j") != std::string::npos);   // 14999 = 0x3A97
+  CHECK(p.find(R"j("transaction":{"id":"8841:27440072","total_order":1,"data_collection_order":1})j") != std::string::npos);
+  o.decimal = encoder_options::decimal_mode::double_;
+  CHECK(enc(c, format::debezium, o).find(R"j("amount":149.99)j") != std::string::npos);
+  CHECK(debezium_key(c) == R"j({"id":42})j");
+  auto del = s.make(op::delete_);
+  del.before_kind = 'K';
+  del.before = s.old_key;
+  CHECK(debezium_key(del) == R"j({"id":41})j");
+}
+
+TEST_CASE("pgoutput2json: c w n t k r, numbers with every digit, bytea as hex, compact mode") {
+  sample s;
+  auto c = s.make(op::insert);
+  CHECK(enc(c, format::pgoutput2json) ==
+        R"j({"c":"I","w":27440072,"n":1,"t":"public.orders","r":{"id":42,"note":"say \"hi\"\n","amount":149.99,)j"
+        R"j("paid":true,"tags":["a","b c",null],"meta":"{\"k\": [1, 2]}","big":9007199254740993,)j"
+        R"j("at":"2025-09-09 10:20:00.123456+00","blob":"deadbeef"}})j");
+  auto del = s.make(op::delete_);
+  del.before_kind = 'K';
+  del.before = s.old_key;
+  CHECK(enc(del, format::pgoutput2json) == R"j({"c":"D","w":27440072,"n":1,"t":"public.orders","k":{"id":41}})j");
+  encoder_options o;
+  o.compact = true;
+  o.include_schema = true;
+  auto compact = enc(del, format::pgoutput2json, o);
+  CHECK(compact.find(R"j("s":["public.orders",["id",1,23],["note",0,25],["amount",0,1700,786438])j") != std::string::npos);
+  CHECK(compact.find(R"j("k":[41]})j") != std::string::npos);
+  CHECK(pgoutput2json_key(c) == "[42]");
+}
+
+TEST_CASE("waltail: op table data old seq idempotency_key commit_lsn, and the ordering key") {
+  sample s;
+  auto u = s.make(op::update);
+  u.seq = 137;
+  auto out = enc(u, format::waltail);
+  CHECK(out.rfind(R"j({"op":"update","table":"public.orders","data":{"id":42,)j", 0) == 0);
+  CHECK(out.find(R"j("old":{"id":42},"seq":137,"idempotency_key":")j" + uuid_v5("0/1A2B3C8:0") +
+                 R"j(","commit_lsn":"0/1A2B3C8"})j") != std::string::npos);
+  CHECK(out.find(R"j("amount":149.99)j") != std::string::npos);
+  CHECK(out.find(R"j("meta":{"k": [1, 2]})j") != std::string::npos);
+  CHECK(waltail_ordering_key(u) == "public.orders:42");
+  std::string dummy;
+  CHECK_FALSE(encode_change(dummy, s.make(op::truncate), format::waltail));
+  CHECK(dummy.empty());
+}
+
+TEST_CASE("wal2json: format-version 2 records") {
+  sample s;
+  auto c = s.make(op::insert);
+  auto out = enc(c, format::wal2json);
+  CHECK(out.rfind(R"j({"action":"I","schema":"public","table":"orders","columns":[{"name":"id","type":"integer","value":42},)j", 0) == 0);
+  CHECK(out.find(R"j({"name":"amount","type":"numeric(12,2)","value":149.99})j") != std::string::npos);
+  CHECK(out.find(R"j({"name":"tags","type":"text[]","value":"{a,\"b c\",NULL}"})j") != std::string::npos);
+  auto del = s.make(op::delete_);
+  del.before_kind = 'K';
+  del.before = s.old_key;
+  CHECK(enc(del, format::wal2json) ==
+        R"j({"action":"D","schema":"public","table":"orders","identity":[{"name":"id","type":"integer","value":41}]})j");
+  CHECK(enc(s.make(op::truncate), format::wal2json) == R"j({"action":"T","schema":"public","table":"orders"})j");
+}
+
+TEST_CASE("float specials and numeric NaN in every format") {
+  pg::cached_relation rel;
+  rel.nspname = "public";
+  rel.relname = "f";
+  rel.columns = {{"f", 701, -1, false}, {"n", 1700, -1, false}};
+  protocol::transaction_info txn;
+  std::vector<pg::tuple_column> row = {t("NaN"), t("-Infinity")};
+  change c;
+  c.kind = op::insert;
+  c.txn = &txn;
+  c.relation = &rel;
+  c.after = row;
+  CHECK(enc(c, format::native).find(R"j("after":{"f":"NaN","n":"-Infinity"})j") != std::string::npos);
+  CHECK(enc(c, format::pgoutput2json).find(R"j("r":{"f":null,"n":null})j") != std::string::npos);
+  CHECK(enc(c, format::waltail).find(R"j("data":{"f":"NaN","n":"-Infinity"})j") != std::string::npos);
+  CHECK(enc(c, format::wal2json).find(R"j("value":"NaN")j") != std::string::npos);
+  CHECK(enc(c, format::debezium).find(R"j("after":{"f":"NaN","n":"-Infinity"})j") != std::string::npos);
+}

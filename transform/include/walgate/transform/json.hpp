@@ -1,0 +1,47 @@
+// Appending JSON to a byte string, fast and always valid: strings are escaped for every byte
+// sequence PostgreSQL can send (control characters as \u00XX; bytes that are not valid UTF-8,
+// possible in a SQL_ASCII database, become U+FFFD), numbers are copied only after they were
+// checked to be JSON numbers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace walgate::transform {
+
+/// Appends s as a JSON string literal (with the quotes).
+void append_json_string(std::string& out, std::string_view s);
+
+/// True if s is a JSON number (RFC 8259: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?).
+bool is_json_number(std::string_view s);
+
+/// Appends s as a number if it is a JSON number, else as a string.
+void append_number_or_string(std::string& out, std::string_view s);
+
+inline void append_uint(std::string& out, std::uint64_t v) {
+  char buf[24];
+  char* p = buf + sizeof buf;
+  do {
+    *--p = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v);
+  out.append(p, static_cast<std::size_t>(buf + sizeof buf - p));
+}
+
+inline void append_int(std::string& out, std::int64_t v) {
+  if (v < 0) {
+    out.push_back('-');
+    append_uint(out, static_cast<std::uint64_t>(0) - static_cast<std::uint64_t>(v));
+  } else {
+    append_uint(out, static_cast<std::uint64_t>(v));
+  }
+}
+
+/// Appends a JSON object key: "name":
+inline void append_key(std::string& out, std::string_view name) {
+  append_json_string(out, name);
+  out.push_back(':');
+}
+
+}  // namespace walgate::transform

@@ -219,15 +219,20 @@ void waltail_value(std::string& out, std::uint32_t t, std::int32_t, std::string_
   append_json_string(out, v);
 }
 
-// wal2json format-version 2: numbers unquoted (NaN/±Infinity quoted), booleans, everything else
-// (json included) as strings.
+// wal2json format-version 2 (checked against the real plugin): numbers unquoted, NaN/±Infinity
+// null, booleans, bytea as hex digits, everything else (json included) as strings.
 void wal2json_value(std::string& out, std::uint32_t t, std::int32_t, std::string_view v, const encoder_options&) {
   if (is_integer_type(t) || is_float_type(t) || t == oid::numeric) {
-    append_number_or_string(out, v);
+    if (is_json_number(v)) out.append(v);
+    else out += "null";
     return;
   }
   if (t == oid::bool_) {
     out += v == "t" ? "true" : "false";
+    return;
+  }
+  if (t == oid::bytea) {
+    append_json_string(out, v.size() >= 2 && v[0] == '\\' && v[1] == 'x' ? v.substr(2) : v);
     return;
   }
   append_json_string(out, v);
@@ -621,8 +626,16 @@ std::string type_name(const change& c, const pg::cached_column& col) {
   std::string n = builtin_type_name(col.type_oid, col.type_modifier);
   if (!n.empty()) return n;
   if (c.types)
-    if (const auto* t = c.types->find(col.type_oid))
-      return t->nspname == "public" || t->nspname == "pg_catalog" ? t->name : t->nspname + "." + t->name;
+    if (const auto* t = c.types->find(col.type_oid)) {
+      // Array types are named "_element"; format_type() prints "element[]".
+      std::string name = t->name;
+      std::string suffix;
+      if (name.size() > 1 && name[0] == '_') {
+        name = name.substr(1);
+        suffix = "[]";
+      }
+      return (t->nspname == "public" || t->nspname == "pg_catalog" ? name : t->nspname + "." + name) + suffix;
+    }
   return std::to_string(col.type_oid);
 }
 

@@ -1,0 +1,283 @@
+// Every built-in type the issue lists, inserted on a real server, streamed through the
+// replication client, decoder, assembler and each encoder: the exact JSON of every value in
+// every format, every output parsed by Boost.JSON. On PostgreSQL 15 (Debian ships wal2json for
+// it) the real wal2json plugin decodes the same changes and every value must match.
+#include "walgate/proxy/replication_client.hpp"
+#include "walgate/transform/formats.hpp"
+
+#include "golden.hpp"
+#include "test_cluster.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/json.hpp>
+
+#include <doctest/doctest.h>
+
+#include <map>
+#include <mutex>
+#include <thread>
+
+using namespace walgate;
+using namespace walgate::proxy;
+namespace asio = boost::asio;
+namespace json = boost::json;
+
+namespace {
+
+struct column_case {
+  const char* name;
+  const char* type;
+  const char* value;   // SQL expression
+  // Expected raw JSON of the value in: native, debezium, pgoutput2json, waltail, wal2json.
+  const char* native;
+  const char* debezium;
+  const char* p2j;
+  const char* waltail;
+  const char* wal2json;
+};
+
+// clang-format off
+const column_case cases[] = {
+  {"i2min", "smallint", "-32768", "-32768", "-32768", "-32768", "-32768", "-32768"},
+  {"i4max", "integer", "2147483647", "2147483647", "2147483647", "2147483647", "2147483647", "2147483647"},
+  {"i8max", "bigint", "9223372036854775807", "\"9223372036854775807\"", "9223372036854775807", "9223372036854775807", "9223372036854775807", "9223372036854775807"},
+  {"i8min", "bigint", "-9223372036854775808", "\"-9223372036854775808\"", "-9223372036854775808", "-9223372036854775808", "-9223372036854775808", "-9223372036854775808"},
+  {"num_huge", "numeric", "123456789012345678901234567890.123456789012345678901234567890", "\"123456789012345678901234567890.123456789012345678901234567890\"", "\"123456789012345678901234567890.123456789012345678901234567890\"", "123456789012345678901234567890.123456789012345678901234567890", "123456789012345678901234567890.123456789012345678901234567890", "123456789012345678901234567890.123456789012345678901234567890"},
+  {"num_scale", "numeric(12,2)", "-149.5", "\"-149.50\"", "\"-149.50\"", "-149.50", "-149.50", "-149.50"},
+  {"num_nan", "numeric", "'NaN'", "\"NaN\"", "\"NaN\"", "null", "\"NaN\"", "null"},
+  {"num_inf", "numeric", "'-Infinity'", "\"-Infinity\"", "\"-Infinity\"", "null", "\"-Infinity\"", "null"},
+  {"f4", "real", "3.4028235e38", "3.4028235e+38", "3.4028235e+38", "3.4028235e+38", "3.4028235e+38", "3.4028235e+38"},
+  {"f8", "double precision", "0.1", "0.1", "0.1", "0.1", "0.1", "0.1"},
+  {"f8_nan", "double precision", "'NaN'", "\"NaN\"", "\"NaN\"", "null", "\"NaN\"", "null"},
+  {"f8_inf", "double precision", "'Infinity'", "\"Infinity\"", "\"Infinity\"", "null", "\"Infinity\"", "null"},
+  {"b", "boolean", "true", "true", "true", "true", "true", "true"},
+  {"txt", "text", "E'q\"uote \\\\ back\\nnl\\ttab\\x01 \U0001F600'", "\"q\\\"uote \\\\ back\\nnl\\ttab\\u0001 \U0001F600\"", "\"q\\\"uote \\\\ back\\nnl\\ttab\\u0001 \U0001F600\"", "\"q\\\"uote \\\\ back\\nnl\\ttab\\u0001 \U0001F600\"", "\"q\\\"uote \\\\ back\\nnl\\ttab\\u0001 \U0001F600\"", "\"q\\\"uote \\\\ back\\nnl\\ttab\\u0001 \U0001F600\""},
+  {"vc", "varchar(20)", "'abc'", "\"abc\"", "\"abc\"", "\"abc\"", "\"abc\"", "\"abc\""},
+  {"bin", "bytea", "'\\xdeadbeef'", "\"\\\\xdeadbeef\"", "\"3q2+7w==\"", "\"deadbeef\"", "\"\\\\xdeadbeef\"", "\"deadbeef\""},
+  {"js", "json", "'{\"a\": [1, {\"b\": null}], \"c\": \"\\u00e9\"}'", "{\"a\": [1, {\"b\": null}], \"c\": \"\\u00e9\"}", "\"{\\\"a\\\": [1, {\\\"b\\\": null}], \\\"c\\\": \\\"\\\\u00e9\\\"}\"", "\"{\\\"a\\\": [1, {\\\"b\\\": null}], \\\"c\\\": \\\"\\\\u00e9\\\"}\"", "{\"a\": [1, {\"b\": null}], \"c\": \"\\u00e9\"}", "\"{\\\"a\\\": [1, {\\\"b\\\": null}], \\\"c\\\": \\\"\\\\u00e9\\\"}\""},
+  {"jsb", "jsonb", "'{\"z\": {\"y\": [true, 1.50]}}'", "{\"z\": {\"y\": [true, 1.50]}}", "\"{\\\"z\\\": {\\\"y\\\": [true, 1.50]}}\"", "\"{\\\"z\\\": {\\\"y\\\": [true, 1.50]}}\"", "{\"z\": {\"y\": [true, 1.50]}}", "\"{\\\"z\\\": {\\\"y\\\": [true, 1.50]}}\""},
+  {"u", "uuid", "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'", "\"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11\"", "\"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11\"", "\"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11\"", "\"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11\"", "\"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11\""},
+  {"d", "date", "'2026-11-30'", "\"2026-11-30\"", "20787", "\"2026-11-30\"", "\"2026-11-30\"", "\"2026-11-30\""},
+  {"d_bc", "date", "'0044-03-15 BC'", "\"0044-03-15 BC\"", "-735160", "\"0044-03-15 BC\"", "\"0044-03-15 BC\"", "\"0044-03-15 BC\""},
+  {"d_inf", "date", "'infinity'", "\"infinity\"", "\"infinity\"", "\"infinity\"", "\"infinity\"", "\"infinity\""},
+  {"tm", "time", "'10:15:30.123456'", "\"10:15:30.123456\"", "36930123456", "\"10:15:30.123456\"", "\"10:15:30.123456\"", "\"10:15:30.123456\""},
+  {"ttz", "timetz", "'10:15:30+02'", "\"10:15:30+02\"", "\"10:15:30+02\"", "\"10:15:30+02\"", "\"10:15:30+02\"", "\"10:15:30+02\""},
+  {"ts", "timestamp", "'2025-09-09 10:20:00.123456'", "\"2025-09-09 10:20:00.123456\"", "1757413200123456", "\"2025-09-09 10:20:00.123456\"", "\"2025-09-09 10:20:00.123456\"", "\"2025-09-09 10:20:00.123456\""},
+  {"ts3", "timestamp(3)", "'2025-09-09 10:20:00.123'", "\"2025-09-09 10:20:00.123\"", "1757413200123", "\"2025-09-09 10:20:00.123\"", "\"2025-09-09 10:20:00.123\"", "\"2025-09-09 10:20:00.123\""},
+  {"tstz", "timestamptz", "'2025-09-09 12:20:00.5+02'", "\"2025-09-09 10:20:00.5+00\"", "\"2025-09-09T10:20:00.500000Z\"", "\"2025-09-09 10:20:00.5+00\"", "\"2025-09-09 10:20:00.5+00\"", "\"2025-09-09 10:20:00.5+00\""},
+  {"tstz_inf", "timestamptz", "'-infinity'", "\"-infinity\"", "\"-infinity\"", "\"-infinity\"", "\"-infinity\"", "\"-infinity\""},
+  {"ts_bc", "timestamp", "'0001-01-01 00:00:00 BC'", "\"0001-01-01 00:00:00 BC\"", "-62167219200000000", "\"0001-01-01 00:00:00 BC\"", "\"0001-01-01 00:00:00 BC\"", "\"0001-01-01 00:00:00 BC\""},
+  {"iv", "interval", "'1 year 2 months -3 days 04:05:06.5'", "\"1 year 2 mons -3 days +04:05:06.5\"", "36572706500000", "\"1 year 2 mons -3 days +04:05:06.5\"", "\"1 year 2 mons -3 days +04:05:06.5\"", "\"1 year 2 mons -3 days +04:05:06.5\""},
+  {"ip", "inet", "'192.168.0.1/24'", "\"192.168.0.1/24\"", "\"192.168.0.1/24\"", "\"192.168.0.1/24\"", "\"192.168.0.1/24\"", "\"192.168.0.1/24\""},
+  {"net", "cidr", "'10.0.0.0/8'", "\"10.0.0.0/8\"", "\"10.0.0.0/8\"", "\"10.0.0.0/8\"", "\"10.0.0.0/8\"", "\"10.0.0.0/8\""},
+  {"mac", "macaddr", "'08:00:2b:01:02:03'", "\"08:00:2b:01:02:03\"", "\"08:00:2b:01:02:03\"", "\"08:00:2b:01:02:03\"", "\"08:00:2b:01:02:03\"", "\"08:00:2b:01:02:03\""},
+  {"m", "money", "1234.56", "\"$1,234.56\"", "\"$1,234.56\"", "\"$1,234.56\"", "\"$1,234.56\"", "\"$1,234.56\""},
+  {"bt", "bit(4)", "B'1010'", "\"1010\"", "\"1010\"", "\"1010\"", "\"1010\"", "\"1010\""},
+  {"vb", "varbit", "B'101'", "\"101\"", "\"101\"", "\"101\"", "\"101\"", "\"101\""},
+  {"a1", "text[]", "ARRAY['a b', NULL, 'c\"d', 'NULL']", "\"{\\\"a b\\\",NULL,\\\"c\\\\\\\"d\\\",\\\"NULL\\\"}\"", "[\"a b\",null,\"c\\\"d\",\"NULL\"]", "[\"a b\",null,\"c\\\"d\",\"NULL\"]", "\"{\\\"a b\\\",NULL,\\\"c\\\\\\\"d\\\",\\\"NULL\\\"}\"", "\"{\\\"a b\\\",NULL,\\\"c\\\\\\\"d\\\",\\\"NULL\\\"}\""},
+  {"a2", "integer[]", "'{{1,2},{3,NULL}}'", "\"{{1,2},{3,NULL}}\"", "[[1,2],[3,null]]", "[[1,2],[3,null]]", "\"{{1,2},{3,NULL}}\"", "\"{{1,2},{3,NULL}}\""},
+  {"mood", "t_mood", "'happy'", "\"happy\"", "\"happy\"", "\"happy\"", "\"happy\"", "\"happy\""},
+  {"moods", "t_mood[]", "'{sad,happy}'", "\"{sad,happy}\"", "\"{sad,happy}\"", "\"{sad,happy}\"", "\"{sad,happy}\"", "\"{sad,happy}\""},
+  {"dom", "t_positive", "5", "\"5\"", "\"5\"", "\"5\"", "\"5\"", "\"5\""},
+  {"comp", "t_pair", "ROW(1, 'x y')", "\"(1,\\\"x y\\\")\"", "\"(1,\\\"x y\\\")\"", "\"(1,\\\"x y\\\")\"", "\"(1,\\\"x y\\\")\"", "\"(1,\\\"x y\\\")\""},
+  {"rng", "int4range", "'[1,10)'", "\"[1,10)\"", "\"[1,10)\"", "\"[1,10)\"", "\"[1,10)\"", "\"[1,10)\""},
+  {"tsv", "tsvector", "'a fat cat'", "\"'a' 'cat' 'fat'\"", "\"'a' 'cat' 'fat'\"", "\"'a' 'cat' 'fat'\"", "\"'a' 'cat' 'fat'\"", "\"'a' 'cat' 'fat'\""},
+  {"x", "xml", "'<a>b</a>'", "\"<a>b</a>\"", "\"<a>b</a>\"", "\"<a>b</a>\"", "\"<a>b</a>\"", "\"<a>b</a>\""},
+  {"pt", "point", "'(1.5,2)'", "\"(1.5,2)\"", "\"(1.5,2)\"", "\"(1.5,2)\"", "\"(1.5,2)\"", "\"(1.5,2)\""},
+  {"nul", "text", "NULL", "null", "null", "null", "null", "null"},
+};
+// clang-format on
+
+class change_sink final : public replication_sink {
+ public:
+  boost::system::error_code on_xlog_data(const protocol::xlog_data& x) override {
+    std::lock_guard g(m_);
+    std::string data(protocol::as_string_view(x.data));
+    if (!data.empty() && data[0] == 'M' && data.find("types_end") != std::string::npos) done_ = true;
+    frames_.push_back({x.wal_start, std::move(data)});
+    return {};
+  }
+  protocol::lsn durable_lsn() const override { return {}; }
+  bool done() const {
+    std::lock_guard g(m_);
+    return done_;
+  }
+  std::vector<test::frame_record> frames() const {
+    std::lock_guard g(m_);
+    return frames_;
+  }
+
+ private:
+  mutable std::mutex m_;
+  std::vector<test::frame_record> frames_;
+  bool done_ = false;
+};
+
+/// Every encoded change, per format, in order.
+struct encoded_stream final : protocol::transaction_handler {
+  const protocol::assembler* a = nullptr;
+  std::map<transform::format, std::vector<std::string>> out;
+  boost::system::error_code on_begin(const protocol::transaction_info&) override { return {}; }
+  boost::system::error_code on_change(const protocol::transaction_info& t, const protocol::change_event& e) override {
+    transform::for_each_change(t, e, a->relations(), &a->types(), [&](const transform::change& c) {
+      for (auto f : transform::all_formats) {
+        std::string s;
+        transform::encoder_options o;
+        o.processing_time_ms = 1;
+        if (transform::encode_change(s, c, f, o)) out[f].push_back(std::move(s));
+      }
+    });
+    return {};
+  }
+  boost::system::error_code on_commit(const protocol::transaction_info&) override { return {}; }
+};
+
+std::vector<test::frame_record> capture(const std::string& slot) {
+  auto& pg = test::cluster();
+  replication_settings s;
+  s.conn = *parse_conninfo(pg.conninfo()).params;
+  s.slot = slot;
+  s.publications = {"types_pub"};
+  s.create_slot = false;
+  s.messages = true;
+  s.max_attempts = 1;
+  change_sink sink;
+  asio::io_context io;
+  replication_client client(io.get_executor(), s, sink);
+  asio::co_spawn(io, client.run(), [](std::exception_ptr, outcome<void>) {});
+  std::thread t([&] { io.run(); });
+  bool ok = test::wait_until([&] { return sink.done(); }, std::chrono::seconds(30));
+  asio::post(io, [&] { client.stop(); });
+  t.join();
+  REQUIRE_MESSAGE(ok, "the end marker never arrived");
+  return sink.frames();
+}
+
+/// The raw JSON of member `name` in an encoded row (found as "name":<value>).
+std::string raw_member(const std::string& doc, const std::string& name, bool wal2json) {
+  if (wal2json) {
+    std::string key = "{\"name\":\"" + name + "\",\"type\":";
+    auto p = doc.find(key);
+    if (p == std::string::npos) return "<missing>";
+    p = doc.find(",\"value\":", p);
+    if (p == std::string::npos) return "<missing>";
+    p += 9;
+    // the value runs to the closing brace of this column object
+    json::stream_parser sp;
+    boost::system::error_code ec;
+    std::size_t n = sp.write_some(doc.data() + p, doc.size() - p, ec);
+    return doc.substr(p, n);
+  }
+  std::string key = "\"" + name + "\":";
+  auto p = doc.find(key);
+  if (p == std::string::npos) return "<missing>";
+  p += key.size();
+  json::stream_parser sp;
+  boost::system::error_code ec;
+  std::size_t n = sp.write_some(doc.data() + p, doc.size() - p, ec);
+  return doc.substr(p, n);
+}
+
+}  // namespace
+
+TEST_CASE("every listed type in every format, exactly") {
+  auto& pg = test::cluster();
+  const int major = pg.server_major();
+  std::string create = "CREATE TABLE types_all(id int PRIMARY KEY";
+  for (const auto& c : cases) create += std::string(", ") + c.name + " " + c.type;
+  create += ")";
+  pg.sql("CREATE TYPE t_mood AS ENUM ('sad', 'happy'); CREATE DOMAIN t_positive AS int CHECK (VALUE > 0); "
+         "CREATE TYPE t_pair AS (n int, s text);");
+  pg.sql(create);
+  pg.sql("CREATE PUBLICATION types_pub FOR TABLE types_all");
+  pg.sql("SELECT pg_create_logical_replication_slot('types_slot', 'pgoutput')");
+  bool have_wal2json = pg.try_sql("SELECT pg_create_logical_replication_slot('types_w2j', 'wal2json')").empty();
+  std::string insert = "INSERT INTO types_all VALUES (1";
+  for (const auto& c : cases) {
+    if (std::string(c.name) == "num_inf" && major < 14) {
+      insert += ", 'NaN'";
+      continue;
+    }
+    insert += std::string(", ") + c.value;
+  }
+  insert += ")";
+  pg.sql(insert);
+  pg.sql("UPDATE types_all SET vc = 'changed' WHERE id = 1");
+  pg.sql("DELETE FROM types_all WHERE id = 1");
+  pg.sql("SELECT pg_logical_emit_message(false, 'types_end', '')");
+
+  auto frames = capture("types_slot");
+  encoded_stream enc;
+  protocol::assembler_options o;
+  o.context.proto_version = protocol::max_pgoutput_protocol(major);
+  protocol::assembler a(o, enc);
+  enc.a = &a;
+  for (const auto& f : frames) {
+    auto r = a.feed(f.wal_start, protocol::as_bytes(f.data));
+    REQUIRE_MESSAGE(r.has_value(), (r ? "" : r.error().message));
+  }
+
+  for (auto f : transform::all_formats) {
+    INFO("format " << std::string(transform::to_string(f)));
+    const auto& docs = enc.out[f];
+    REQUIRE(docs.size() == 3);   // insert, update, delete
+    for (const auto& d : docs) {
+      boost::system::error_code ec;
+      json::parse(d, ec);
+      CHECK_MESSAGE(!ec, d);
+    }
+    const std::string& ins = docs[0];
+    for (const auto& c : cases) {
+      if (std::string(c.name) == "num_inf" && major < 14) continue;
+      const char* expected = f == transform::format::native      ? c.native
+                             : f == transform::format::debezium  ? c.debezium
+                             : f == transform::format::pgoutput2json ? c.p2j
+                             : f == transform::format::waltail   ? c.waltail
+                                                                 : c.wal2json;
+      CHECK_MESSAGE(raw_member(ins, c.name, f == transform::format::wal2json) == expected, "column " << c.name);
+    }
+  }
+
+  if (!have_wal2json) {
+    MESSAGE("no wal2json plugin for PostgreSQL " << major << "; the comparison runs on 15");
+    return;
+  }
+  // The real wal2json (format-version 2) on the same changes: every value equal after parsing.
+  auto rows = pg.sql("SELECT data FROM pg_logical_slot_get_changes('types_w2j', NULL, NULL, 'format-version', '2', "
+                     "'include-transaction', 'false', 'include-type-oids', 'false', 'filter-tables', '*.types_end')");
+  std::vector<json::value> theirs;
+  for (const auto& r : rows) {
+    auto v = json::parse(*r[0]);
+    if (v.as_object().at("action").as_string() != "M") theirs.push_back(v);
+  }
+  const auto& ours = enc.out[transform::format::wal2json];
+  REQUIRE(theirs.size() == ours.size());
+  for (std::size_t i = 0; i < ours.size(); ++i) {
+    auto mine = json::parse(ours[i]).as_object();
+    auto ref = theirs[i].as_object();
+    CHECK(mine.at("action") == ref.at("action"));
+    CHECK(mine.at("schema") == ref.at("schema"));
+    CHECK(mine.at("table") == ref.at("table"));
+    for (const char* part : {"columns", "identity"}) {
+      if (!ref.contains(part)) {
+        CHECK_MESSAGE(!mine.contains(part), part);
+        continue;
+      }
+      REQUIRE_MESSAGE(mine.contains(part), part);
+      const auto& a_cols = mine.at(part).as_array();
+      const auto& b_cols = ref.at(part).as_array();
+      REQUIRE(a_cols.size() == b_cols.size());
+      for (std::size_t k = 0; k < a_cols.size(); ++k) {
+        const auto& x = a_cols[k].as_object();
+        const auto& y = b_cols[k].as_object();
+        INFO(part << " " << json::serialize(y));
+        CHECK(x.at("name") == y.at("name"));
+        // A domain's Type message names its base type (pgoutput's logicalrep_write_typ), so
+        // walgate cannot print the domain's own name: a documented difference.
+        if (x.at("name") != "dom") CHECK(x.at("type") == y.at("type"));
+        CHECK(json::serialize(x.at("value")) == json::serialize(y.at("value")));
+      }
+    }
+  }
+}

@@ -76,6 +76,9 @@ TEST_CASE("idempotency keys are UUIDv5 of the event id, stable across redeliveri
   CHECK(k != uuid_v5("0/1A2B3C8:1"));
   CHECK(k.size() == 36);
   CHECK(k[14] == '5');
+  // Python: uuid.uuid5(uuid.UUID('3c1f7c3e-5b0a-4f43-9b7e-2f6a1d9e8c41'), name)
+  CHECK(k == "7edd4921-c69e-59af-ac52-8b753d4f2962");
+  CHECK(uuid_v5(std::string(100, 'x')) == "2b9fe6b5-c0db-5c43-b165-98cb335666c1");   // a name over one SHA-1 block
 }
 
 TEST_CASE("native: walcast's ChangeEvent field for field") {
@@ -111,6 +114,18 @@ TEST_CASE("debezium: envelope, source block, types, key") {
   auto p = enc(c, format::debezium, o);
   CHECK(p.find(R"j("amount":"Opc=")j") != std::string::npos);   // 14999 = 0x3A97
   CHECK(p.find(R"j("transaction":{"id":"8841:27440072","total_order":1,"data_collection_order":1})j") != std::string::npos);
+  {
+    // An unconstrained numeric carries its scale with the value (Debezium's VariableScaleDecimal).
+    pg::cached_relation r;
+    r.nspname = "public";
+    r.relname = "n";
+    r.columns = {{"v", 1700, -1, false}};
+    std::vector<pg::tuple_column> row{t("-1.5")};
+    change n = s.make(op::insert);
+    n.relation = &r;
+    n.after = row;
+    CHECK(enc(n, format::debezium, o).find(R"j("after":{"v":{"scale":1,"value":"8Q=="}})j") != std::string::npos);
+  }
   o.decimal = encoder_options::decimal_mode::double_;
   CHECK(enc(c, format::debezium, o).find(R"j("amount":149.99)j") != std::string::npos);
   CHECK(debezium_key(c) == R"j({"id":42})j");
@@ -186,6 +201,30 @@ TEST_CASE("float specials and numeric NaN in every format") {
   CHECK(enc(c, format::native).find(R"j("after":{"f":"NaN","n":"-Infinity"})j") != std::string::npos);
   CHECK(enc(c, format::pgoutput2json).find(R"j("r":{"f":null,"n":null})j") != std::string::npos);
   CHECK(enc(c, format::waltail).find(R"j("data":{"f":"NaN","n":"-Infinity"})j") != std::string::npos);
-  CHECK(enc(c, format::wal2json).find(R"j("value":"NaN")j") != std::string::npos);
+  CHECK(enc(c, format::wal2json).find(R"j("value":null)j") != std::string::npos);
   CHECK(enc(c, format::debezium).find(R"j("after":{"f":"NaN","n":"-Infinity"})j") != std::string::npos);
+}
+
+#include "walgate/transform/encoded.hpp"
+
+TEST_CASE("encode once: each wanted format encoded one time, the bytes shared") {
+  sample s;
+  auto c = s.make(op::insert);
+  format_set wanted;
+  wanted.add(format::native).add(format::waltail);
+  auto e = encode_once(c, wanted);
+  CHECK(e.id.to_string() == "0/1A2B3C8:0");
+  REQUIRE(e.in(format::native));
+  REQUIRE(e.in(format::waltail));
+  CHECK_FALSE(e.in(format::debezium));
+  std::string direct;
+  encode_change(direct, c, format::native);
+  CHECK(*e.in(format::native) == direct);
+  // Handing the event to many clients copies the pointer, never the bytes.
+  std::vector<std::shared_ptr<const std::string>> clients(100, e.in(format::native));
+  for (const auto& p : clients) CHECK(p.get() == e.in(format::native).get());
+  auto t = s.make(op::truncate);
+  auto te = encode_once(t, format_set::all());
+  CHECK_FALSE(te.in(format::waltail));   // Waltail has no truncate event
+  CHECK(te.in(format::native));
 }

@@ -6,7 +6,7 @@
 #include "walgate/transform/pg_array.hpp"
 #include "walgate/transform/pg_types.hpp"
 
-#include <openssl/evp.h>
+#include "sha1.hpp"
 
 #include <chrono>
 #include <cstring>
@@ -55,16 +55,9 @@ std::optional<event_id> event_id::parse(std::string_view text) {
 
 std::string uuid_v5(std::string_view name) {
   // walgate's namespace UUID: 3c1f7c3e-5b0a-4f43-9b7e-2f6a1d9e8c41
-  static constexpr unsigned char ns[16] = {0x3c, 0x1f, 0x7c, 0x3e, 0x5b, 0x0a, 0x4f, 0x43,
-                                           0x9b, 0x7e, 0x2f, 0x6a, 0x1d, 0x9e, 0x8c, 0x41};
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(ctx, EVP_sha1(), nullptr);
-  EVP_DigestUpdate(ctx, ns, sizeof ns);
-  EVP_DigestUpdate(ctx, name.data(), name.size());
-  EVP_DigestFinal_ex(ctx, md, &len);
-  EVP_MD_CTX_free(ctx);
+  static constexpr char ns[16] = {'\x3c', '\x1f', '\x7c', '\x3e', '\x5b', '\x0a', '\x4f', '\x43',
+                                  '\x9b', '\x7e', '\x2f', '\x6a', '\x1d', '\x9e', '\x8c', '\x41'};
+  auto md = sha1(std::string_view(ns, sizeof ns), name);
   md[6] = static_cast<unsigned char>((md[6] & 0x0f) | 0x50);   // version 5
   md[8] = static_cast<unsigned char>((md[8] & 0x3f) | 0x80);   // RFC 4122 variant
   static constexpr char hex[] = "0123456789abcdef";
@@ -81,6 +74,22 @@ std::string uuid_v5(std::string_view name) {
 std::string iso8601_utc(std::int64_t pg_epoch_us) { return temporal::iso8601(protocol::pg_us_to_unix(pg_epoch_us)); }
 
 namespace {
+
+void append_lsn(std::string& out, protocol::lsn l) {
+  static constexpr char hex[] = "0123456789ABCDEF";
+  auto half = [&](std::uint32_t v) {
+    char buf[8];
+    int n = 0;
+    do {
+      buf[n++] = hex[v & 15];
+      v >>= 4;
+    } while (v);
+    while (n) out.push_back(buf[--n]);
+  };
+  half(static_cast<std::uint32_t>(l.value >> 32));
+  out.push_back('/');
+  half(static_cast<std::uint32_t>(l.value));
+}
 
 bool is_special_float(std::string_view v) { return v == "NaN" || v == "Infinity" || v == "-Infinity"; }
 
@@ -416,11 +425,16 @@ const char* native_op(op k) {
 void encode_native(std::string& out, const change& c, const encoder_options& o) {
   const auto& t = *c.txn;
   out += "{\"id\":\"";
-  out += t.commit_lsn.to_string();
+  append_lsn(out, t.commit_lsn);
   out.push_back(':');
   append_uint(out, c.index);
-  out += "\",\"lsn\":\"" + c.change_lsn.to_string() + "\",\"commit_lsn\":\"" + t.commit_lsn.to_string() +
-         "\",\"commit_time\":\"" + iso8601_utc(t.commit_time) + "\"";
+  out += "\",\"lsn\":\"";
+  append_lsn(out, c.change_lsn);
+  out += "\",\"commit_lsn\":\"";
+  append_lsn(out, t.commit_lsn);
+  out += "\",\"commit_time\":\"";
+  temporal::append_iso8601(out, protocol::pg_us_to_unix(t.commit_time));
+  out.push_back('"');
   if (c.kind == op::message) {
     out += ",\"op\":\"message\",\"transactional\":";
     out += c.message->transactional ? "true" : "false";
@@ -609,13 +623,23 @@ bool encode_waltail(std::string& out, const change& c, const encoder_options& o)
     // An update that did not change the key: the key columns, from the new row.
     append_row(out, r, c.after, waltail_value, unchanged_toast_native, o, true);
   }
-  std::string id = c.kind == op::read ? "0/0:" + std::to_string(c.seq) : c.txn->commit_lsn.to_string() + ":" + std::to_string(c.index);
+  std::string id;
+  id.reserve(32);
+  if (c.kind == op::read) {
+    id = "0/0:";
+    append_uint(id, c.seq);
+  } else {
+    append_lsn(id, c.txn->commit_lsn);
+    id.push_back(':');
+    append_uint(id, c.index);
+  }
   out += ",\"seq\":";
   append_uint(out, c.seq);
   out += ",\"idempotency_key\":\"";
   out += uuid_v5(id);
   out += "\",\"commit_lsn\":\"";
-  out += c.kind == op::read ? "0/0" : c.txn->commit_lsn.to_string();
+  if (c.kind == op::read) out += "0/0";
+  else append_lsn(out, c.txn->commit_lsn);
   out += "\"}";
   return true;
 }
@@ -757,6 +781,23 @@ std::string pgoutput2json_key(const change& c) {
   std::string out;
   append_values(out, *c.relation, key_source(c), p2j_value, unchanged_toast_pgoutput2json, encoder_options{}, true);
   return out;
+}
+
+}  // namespace walgate::transform
+
+#include "walgate/transform/encoded.hpp"
+
+namespace walgate::transform {
+
+encoded_event encode_once(const change& c, format_set wanted, const encoder_options& o) {
+  encoded_event e;
+  e.id = event_id{c.txn ? c.txn->commit_lsn : protocol::lsn{}, c.index};
+  for (auto f : all_formats) {
+    if (!wanted.contains(f)) continue;
+    std::string out;
+    if (encode_change(out, c, f, o)) e.json[static_cast<std::size_t>(f)] = std::make_shared<const std::string>(std::move(out));
+  }
+  return e;
 }
 
 }  // namespace walgate::transform

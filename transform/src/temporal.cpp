@@ -152,6 +152,12 @@ bool parse_interval(std::string_view s, std::int64_t& us) {
 }
 
 std::string iso8601(std::int64_t unix_us) {
+  std::string out;
+  append_iso8601(out, unix_us);
+  return out;
+}
+
+void append_iso8601(std::string& out, std::int64_t unix_us) {
   std::int64_t days = unix_us / us_per_day, rem = unix_us % us_per_day;
   if (rem < 0) {
     rem += us_per_day;
@@ -169,11 +175,33 @@ std::string iso8601(std::int64_t unix_us) {
   const unsigned m = mp < 10 ? mp + 3 : mp - 9;
   y += m <= 2;
   std::int64_t secs = rem / 1'000'000, frac = rem % 1'000'000;
-  char buf[64];
-  int n = std::snprintf(buf, sizeof buf, "%04lld-%02u-%02uT%02lld:%02lld:%02lld.%06lldZ", static_cast<long long>(y), m, d,
-                        static_cast<long long>(secs / 3600), static_cast<long long>(secs / 60 % 60),
-                        static_cast<long long>(secs % 60), static_cast<long long>(frac));
-  return {buf, static_cast<std::size_t>(n)};
+  auto put = [&](std::int64_t v, int width) {
+    char buf[24];
+    int n = 0;
+    bool neg = v < 0;
+    std::uint64_t u = neg ? static_cast<std::uint64_t>(-v) : static_cast<std::uint64_t>(v);
+    do {
+      buf[n++] = static_cast<char>('0' + u % 10);
+      u /= 10;
+    } while (u);
+    while (n < width) buf[n++] = '0';
+    if (neg) out.push_back('-');
+    while (n) out.push_back(buf[--n]);
+  };
+  put(y, 4);
+  out.push_back('-');
+  put(m, 2);
+  out.push_back('-');
+  put(d, 2);
+  out.push_back('T');
+  put(secs / 3600, 2);
+  out.push_back(':');
+  put(secs / 60 % 60, 2);
+  out.push_back(':');
+  put(secs % 60, 2);
+  out.push_back('.');
+  put(frac, 6);
+  out.push_back('Z');
 }
 
 }  // namespace walgate::transform::temporal

@@ -24,5 +24,6 @@ bool parse_interval(std::string_view s, std::int64_t& us);
 
 /// "YYYY-MM-DDTHH:MM:SS.ffffffZ" for microseconds since the Unix epoch.
 std::string iso8601(std::int64_t unix_us);
+void append_iso8601(std::string& out, std::int64_t unix_us);
 
 }  // namespace walgate::transform::temporal

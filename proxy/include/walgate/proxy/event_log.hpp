@@ -1,0 +1,114 @@
+// The event log: the gateway's memory. Committed transactions are appended as event records
+// (transform/record.hpp) to segment files in the data directory, made durable by group commit
+// (one fdatasync for everything appended since the last), and kept in a bounded in-memory tail
+// for live clients. Its durable position is what the replication client acknowledges.
+//
+// Segment file: frames of  Byte1 type | Int32 length | payload | Int64 checksum (FNV-1a of
+// type, length and payload). 'E' events: Int64 seq | record. 'C' transaction ends:
+// Int64 commit_lsn | Int64 end_lsn. On open, a torn or unterminated tail (events after the
+// last 'C', or a frame whose checksum fails) is cut off: it was never acknowledged.
+#pragma once
+
+#include "walgate/protocol/lsn.hpp"
+#include "walgate/transform/change.hpp"
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace walgate::proxy {
+
+/// The encodings an event can be asked for; pgoutput2json compact without "s" is shared too.
+enum class encoding : std::uint8_t { native, debezium, pgoutput2json, waltail, wal2json, pgoutput2json_compact, count_ };
+
+struct logged_event {
+  std::uint64_t seq = 0;           ///< Position in the log; Waltail's seq.
+  transform::event_id id;
+  std::string record;              ///< transform::write_record bytes.
+  std::string schema, table;       ///< For filters ("" for messages).
+  transform::op kind = transform::op::insert;
+  /// Encodings, made once on first demand and shared by every client (single-threaded).
+  mutable std::array<std::shared_ptr<const std::string>, static_cast<std::size_t>(encoding::count_)> json;
+  std::size_t memory() const { return sizeof(*this) + record.size() + schema.size() + table.size(); }
+};
+using event_ptr = std::shared_ptr<const logged_event>;
+
+struct log_options {
+  std::filesystem::path dir;
+  std::size_t segment_bytes = 64u << 20;
+  std::size_t retention_bytes = 1u << 30;   ///< Oldest segments are removed past this.
+  std::size_t memory_bytes = 64u << 20;     ///< In-memory tail for live clients.
+  bool fsync = true;                        ///< false only for tests and benchmarks that say so.
+};
+
+class event_log {
+ public:
+  /// Opens (creating) the log in dir, recovering what the last run made durable.
+  static std::unique_ptr<event_log> open(const log_options& o, std::string& error);
+  ~event_log();
+
+  /// Appends one committed transaction. Refused (false, nothing written) when its commit LSN
+  /// is not past the last one logged: the server resent a transaction we already have.
+  /// records: one transform::write_record per event, in index order.
+  bool append(const protocol::transaction_info& txn, const std::vector<transform::change>& changes);
+  /// Writes and fdatasyncs everything appended; returns false on an I/O error (error() says).
+  bool sync();
+  bool dirty() const { return !pending_.empty() || pending_durable_.valid(); }
+  const std::string& error() const { return error_; }
+
+  /// End LSN of the last transaction made durable (what may be acknowledged).
+  protocol::lsn durable_lsn() const { return durable_lsn_; }
+  /// Commit LSN of the last transaction appended (durable or not).
+  protocol::lsn last_commit_lsn() const { return last_commit_; }
+  std::uint64_t next_seq() const { return next_seq_; }
+  /// The oldest retained event's seq (next_seq() when empty).
+  std::uint64_t first_seq() const;
+
+  /// Events published to live clients: the in-memory tail, seq order.
+  const std::deque<event_ptr>& tail() const { return tail_; }
+  /// Up to max events from seq on, from memory or disk. Empty when seq is not retained.
+  std::vector<event_ptr> read(std::uint64_t seq, std::size_t max) const;
+  /// The seq of the first event after id; nullopt when id is older than what is retained (or
+  /// unknown and not newer than everything).
+  std::optional<std::uint64_t> seq_after(const transform::event_id& id) const;
+
+  /// Called with each transaction's events once they are appended (before they are durable).
+  void set_publish(std::function<void(const std::vector<event_ptr>&)> f) { publish_ = std::move(f); }
+
+  std::size_t disk_bytes() const;
+
+ private:
+  struct segment {
+    std::filesystem::path path;
+    std::uint64_t first_seq = 0, end_seq = 0;   // [first, end)
+    transform::event_id first_id, last_id;
+    std::size_t bytes = 0;
+    std::vector<std::pair<std::uint64_t, std::size_t>> index;   // sparse: seq -> offset of its frame
+  };
+  event_log() = default;
+  bool recover(std::string& error);
+  bool scan_segment(segment& s, std::string& error, bool truncate_torn);
+  bool roll_segment();
+  void enforce_retention();
+  std::vector<event_ptr> read_disk(std::uint64_t seq, std::size_t max) const;
+
+  log_options opts_;
+  std::vector<segment> segments_;
+  int fd_ = -1;
+  std::string pending_;                 // frames not yet written
+  protocol::lsn pending_durable_;       // end LSN that becomes durable at the next sync
+  protocol::lsn durable_lsn_, last_commit_;
+  std::uint64_t next_seq_ = 0;
+  std::deque<event_ptr> tail_;
+  std::size_t tail_bytes_ = 0;
+  std::function<void(const std::vector<event_ptr>&)> publish_;
+  std::string error_;
+};
+
+}  // namespace walgate::proxy

@@ -1,0 +1,340 @@
+#include "walgate/proxy/event_log.hpp"
+
+#include "walgate/protocol/cursor.hpp"
+#include "walgate/transform/record.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+namespace walgate::proxy {
+
+namespace fs = std::filesystem;
+using protocol::lsn;
+
+namespace {
+
+std::uint64_t fnv1a(std::string_view a, std::uint64_t h = 1469598103934665603ULL) {
+  for (unsigned char c : a) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+void frame(std::string& out, char type, std::string_view payload) {
+  std::size_t start = out.size();
+  protocol::writer w(out);
+  w.u8(static_cast<std::uint8_t>(type)).u32(static_cast<std::uint32_t>(payload.size())).raw(payload);
+  w.u64(fnv1a(std::string_view(out).substr(start)));
+}
+
+constexpr std::size_t frame_overhead = 1 + 4 + 8;
+constexpr std::size_t index_every = 256;
+
+std::string segment_name(std::uint64_t first_seq) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "segment-%020llu.log", static_cast<unsigned long long>(first_seq));
+  return buf;
+}
+
+event_ptr make_event(std::uint64_t seq, std::string record) {
+  auto e = std::make_shared<logged_event>();
+  e->seq = seq;
+  e->record = std::move(record);
+  if (auto v = transform::read_record(protocol::as_bytes(e->record))) {
+    const auto& c = (*v)->get();
+    e->id = transform::event_id{c.txn->commit_lsn, c.index};
+    e->kind = c.kind;
+    if (c.relation) {
+      e->schema = c.relation->nspname;
+      e->table = c.relation->relname;
+    }
+  }
+  return e;
+}
+
+}  // namespace
+
+std::unique_ptr<event_log> event_log::open(const log_options& o, std::string& error) {
+  std::unique_ptr<event_log> log(new event_log());
+  log->opts_ = o;
+  std::error_code ec;
+  fs::create_directories(o.dir, ec);
+  if (ec) {
+    error = "cannot create data directory " + o.dir.string() + ": " + ec.message();
+    return nullptr;
+  }
+  if (!log->recover(error)) return nullptr;
+  return log;
+}
+
+event_log::~event_log() {
+  if (fd_ >= 0) {
+    sync();
+    ::close(fd_);
+  }
+}
+
+std::uint64_t event_log::first_seq() const {
+  for (const auto& s : segments_)
+    if (s.end_seq > s.first_seq) return s.first_seq;
+  return tail_.empty() ? next_seq_ : tail_.front()->seq;
+}
+
+std::size_t event_log::disk_bytes() const {
+  std::size_t n = 0;
+  for (const auto& s : segments_) n += s.bytes;
+  return n;
+}
+
+bool event_log::scan_segment(segment& s, std::string& error, bool truncate_torn) {
+  std::ifstream in(s.path, std::ios::binary);
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  protocol::cursor c(data);
+  std::size_t good_end = 0;   // offset after the last complete transaction
+  std::uint64_t seq_at_good = s.first_seq;
+  std::uint64_t seq = s.first_seq;
+  std::vector<std::pair<std::uint64_t, std::size_t>> index;
+  transform::event_id first, last, last_good;
+  bool have_first = false;
+  while (!c.empty()) {
+    std::size_t offset = c.offset();
+    char type = static_cast<char>(c.u8());
+    std::uint32_t len = c.u32();
+    auto payload = c.bytes(len);
+    std::uint64_t sum = c.u64();
+    if (!c.ok() || sum != fnv1a(std::string_view(data).substr(offset, frame_overhead - 8 + len))) break;
+    protocol::cursor p(payload);
+    if (type == 'E') {
+      std::uint64_t s_seq = p.u64();
+      if (s_seq != seq) break;
+      if ((seq - s.first_seq) % index_every == 0) index.emplace_back(seq, offset);
+      auto ev = make_event(seq, std::string(protocol::as_string_view(p.rest())));
+      if (!have_first) {
+        first = ev->id;
+        have_first = true;
+      }
+      last = ev->id;
+      ++seq;
+    } else if (type == 'C') {
+      last_commit_ = lsn{p.u64()};
+      durable_lsn_ = lsn{p.u64()};
+      good_end = c.offset();
+      seq_at_good = seq;
+      last_good = last;
+    } else {
+      break;
+    }
+  }
+  if (good_end != data.size()) {
+    if (!truncate_torn) {
+      error = "event log segment " + s.path.string() + " is damaged at offset " + std::to_string(good_end);
+      return false;
+    }
+    if (::truncate(s.path.c_str(), static_cast<off_t>(good_end)) != 0) {
+      error = "cannot truncate " + s.path.string() + ": " + std::strerror(errno);
+      return false;
+    }
+  }
+  s.end_seq = seq_at_good;
+  s.bytes = good_end;
+  s.first_id = first;
+  s.last_id = last_good;
+  index.erase(std::remove_if(index.begin(), index.end(), [&](const auto& e) { return e.first >= seq_at_good; }),
+              index.end());
+  s.index = std::move(index);
+  return true;
+}
+
+bool event_log::recover(std::string& error) {
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(opts_.dir))
+    if (e.path().filename().string().rfind("segment-", 0) == 0) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    segment s;
+    s.path = files[i];
+    s.first_seq = std::stoull(files[i].filename().string().substr(8, 20));
+    if (!segments_.empty() && s.first_seq != segments_.back().end_seq) {
+      error = "event log segments do not follow each other at " + files[i].string();
+      return false;
+    }
+    if (!scan_segment(s, error, i + 1 == files.size())) return false;
+    segments_.push_back(std::move(s));
+  }
+  next_seq_ = segments_.empty() ? 0 : segments_.back().end_seq;
+  if (segments_.empty() && !roll_segment()) {
+    error = error_;
+    return false;
+  }
+  if (fd_ < 0) {
+    fd_ = ::open(segments_.back().path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+    if (fd_ < 0) {
+      error = "cannot open " + segments_.back().path.string() + ": " + std::strerror(errno);
+      return false;
+    }
+  }
+  return true;
+}
+
+bool event_log::roll_segment() {
+  if (fd_ >= 0) {
+    if (!sync()) return false;
+    ::close(fd_);
+    fd_ = -1;
+  }
+  segment s;
+  s.first_seq = s.end_seq = next_seq_;
+  s.path = opts_.dir / segment_name(next_seq_);
+  fd_ = ::open(s.path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+  if (fd_ < 0) {
+    error_ = "cannot create " + s.path.string() + ": " + std::strerror(errno);
+    return false;
+  }
+  segments_.push_back(std::move(s));
+  enforce_retention();
+  return true;
+}
+
+void event_log::enforce_retention() {
+  while (segments_.size() > 1 && disk_bytes() > opts_.retention_bytes) {
+    std::error_code ec;
+    fs::remove(segments_.front().path, ec);
+    segments_.erase(segments_.begin());
+  }
+}
+
+bool event_log::append(const protocol::transaction_info& txn, const std::vector<transform::change>& changes) {
+  if (last_commit_.valid() && txn.commit_lsn <= last_commit_) return false;
+  if (segments_.back().bytes >= opts_.segment_bytes && !roll_segment()) return false;
+  auto& seg = segments_.back();
+  std::vector<event_ptr> published;
+  published.reserve(changes.size());
+  std::string record;
+  for (const auto& c : changes) {
+    record.clear();
+    transform::write_record(record, c);
+    std::string payload;
+    protocol::writer(payload).u64(next_seq_).raw(record);
+    std::size_t offset = seg.bytes + pending_.size();
+    if ((next_seq_ - seg.first_seq) % index_every == 0) seg.index.emplace_back(next_seq_, offset);
+    frame(pending_, 'E', payload);
+    auto ev = make_event(next_seq_, record);
+    if (seg.end_seq == seg.first_seq) seg.first_id = ev->id;
+    seg.last_id = ev->id;
+    ++next_seq_;
+    tail_.push_back(ev);
+    tail_bytes_ += ev->memory();
+    published.push_back(std::move(ev));
+  }
+  std::string end;
+  protocol::writer(end).u64(txn.commit_lsn.value).u64(txn.end_lsn.value);
+  frame(pending_, 'C', end);
+  seg.end_seq = next_seq_;
+  last_commit_ = txn.commit_lsn;
+  pending_durable_ = txn.end_lsn;
+  while (tail_.size() > 1 && tail_bytes_ > opts_.memory_bytes) {
+    tail_bytes_ -= tail_.front()->memory();
+    tail_.pop_front();
+  }
+  if (publish_ && !published.empty()) publish_(published);
+  return true;
+}
+
+bool event_log::sync() {
+  if (!pending_.empty()) {
+    std::size_t done = 0;
+    while (done < pending_.size()) {
+      ssize_t n = ::write(fd_, pending_.data() + done, pending_.size() - done);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        error_ = "cannot write the event log: " + std::string(std::strerror(errno));
+        return false;
+      }
+      done += static_cast<std::size_t>(n);
+    }
+    segments_.back().bytes += pending_.size();
+    pending_.clear();
+  }
+  if (opts_.fsync && ::fdatasync(fd_) != 0) {
+    error_ = "cannot fsync the event log: " + std::string(std::strerror(errno));
+    return false;
+  }
+  if (pending_durable_.valid()) durable_lsn_ = std::max(durable_lsn_, pending_durable_);
+  pending_durable_ = lsn{};
+  return true;
+}
+
+std::vector<event_ptr> event_log::read(std::uint64_t seq, std::size_t max) const {
+  std::vector<event_ptr> out;
+  if (!tail_.empty() && seq >= tail_.front()->seq) {
+    std::size_t i = static_cast<std::size_t>(seq - tail_.front()->seq);
+    for (; i < tail_.size() && out.size() < max; ++i) out.push_back(tail_[i]);
+    return out;
+  }
+  return read_disk(seq, max);
+}
+
+std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max) const {
+  std::vector<event_ptr> out;
+  for (const auto& s : segments_) {
+    if (seq < s.first_seq || seq >= s.end_seq) continue;
+    std::size_t offset = 0;
+    for (const auto& [iseq, ioff] : s.index)
+      if (iseq <= seq) offset = ioff;
+    std::ifstream in(s.path, std::ios::binary);
+    in.seekg(static_cast<std::streamoff>(offset));
+    std::string header(5, '\0');
+    while (out.size() < max && in.read(header.data(), 5)) {
+      protocol::cursor h(header);
+      char type = static_cast<char>(h.u8());
+      std::uint32_t len = h.u32();
+      std::string payload(len, '\0');
+      char sum[8];
+      if (!in.read(payload.data(), len) || !in.read(sum, 8)) break;
+      if (type != 'E') continue;
+      protocol::cursor p(payload);
+      std::uint64_t s_seq = p.u64();
+      if (s_seq >= s.end_seq) break;
+      if (s_seq < seq) continue;
+      out.push_back(make_event(s_seq, std::string(protocol::as_string_view(p.rest()))));
+    }
+    return out;
+  }
+  return out;
+}
+
+std::optional<std::uint64_t> event_log::seq_after(const transform::event_id& id) const {
+  if (next_seq_ == 0) return 0;   // nothing logged: everything from now on is after it
+  // At or past the newest event: resume at the head.
+  const transform::event_id newest = !tail_.empty() ? tail_.back()->id : segments_.back().last_id;
+  if (!(id < newest)) return next_seq_;
+  if (!tail_.empty() && !(id < tail_.front()->id)) {
+    auto it = std::upper_bound(tail_.begin(), tail_.end(), id,
+                               [](const transform::event_id& v, const event_ptr& e) { return v < e->id; });
+    return it == tail_.end() ? next_seq_ : (*it)->seq;
+  }
+  for (const auto& s : segments_) {
+    if (s.end_seq == s.first_seq || s.last_id < id || s.last_id == id) continue;
+    if (id < s.first_id) {
+      // Before the oldest retained event: gone, unless it is exactly the one before it.
+      if (&s == &segments_.front()) return std::nullopt;
+      return s.first_seq;
+    }
+    for (std::uint64_t seq = s.first_seq; seq < s.end_seq;) {
+      auto batch = read_disk(seq, 1024);
+      if (batch.empty()) break;
+      for (const auto& e : batch)
+        if (id < e->id) return e->seq;
+      seq = batch.back()->seq + 1;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace walgate::proxy

@@ -1,0 +1,155 @@
+#include "walgate/proxy/event_log.hpp"
+
+#include "split_helpers.hpp"
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+
+using namespace walgate;
+using namespace walgate::proxy;
+namespace pg = walgate::protocol::pgoutput;
+using protocol::lsn;
+
+namespace {
+struct temp_dir {
+  std::filesystem::path path;
+  temp_dir() {
+    std::string t = (std::filesystem::temp_directory_path() / "walgate-log-XXXXXX").string();
+    path = mkdtemp(t.data());
+  }
+  ~temp_dir() { std::filesystem::remove_all(path); }
+};
+
+struct txn_builder {
+  pg::cached_relation rel;
+  std::vector<std::string> values;
+  std::vector<std::vector<pg::tuple_column>> rows;
+  txn_builder() {
+    rel.oid = 1;
+    rel.nspname = "public";
+    rel.relname = "items";
+    rel.columns = {{"id", 23, -1, true}};
+    values.reserve(10000);
+    rows.reserve(10000);
+  }
+  // A transaction committing at commit_lsn with n inserts.
+  bool append(event_log& log, std::uint64_t commit_lsn, int n, protocol::transaction_info& txn) {
+    txn.commit_lsn = lsn{commit_lsn};
+    txn.end_lsn = lsn{commit_lsn + 8};
+    std::vector<transform::change> changes;
+    for (int i = 0; i < n; ++i) {
+      values.push_back(std::to_string(commit_lsn * 100 + i));
+      rows.push_back({{pg::column_kind::text, protocol::as_bytes(values.back())}});
+      transform::change c;
+      c.txn = &txn;
+      c.kind = transform::op::insert;
+      c.index = static_cast<std::uint32_t>(i);
+      c.change_lsn = lsn{commit_lsn - 1};
+      c.relation = &rel;
+      c.after = rows.back();
+      changes.push_back(c);
+    }
+    return log.append(txn, changes);
+  }
+};
+}  // namespace
+
+TEST_CASE("append, group commit, durable position, refusal of redelivered transactions") {
+  temp_dir d;
+  std::string error;
+  log_options o;
+  o.dir = d.path;
+  auto log = event_log::open(o, error);
+  REQUIRE_MESSAGE(log, error);
+  std::vector<event_ptr> published;
+  log->set_publish([&](const std::vector<event_ptr>& e) { published.insert(published.end(), e.begin(), e.end()); });
+  txn_builder b;
+  protocol::transaction_info t1, t2, t3;
+  CHECK(b.append(*log, 0x100, 3, t1));
+  CHECK(b.append(*log, 0x200, 2, t2));
+  CHECK(published.size() == 5);
+  CHECK(published[4]->id.to_string() == "0/200:1");
+  CHECK(published[4]->seq == 4);
+  CHECK(published[0]->table == "items");
+  CHECK_FALSE(log->durable_lsn().valid());   // appended, not yet durable
+  REQUIRE(log->sync());
+  CHECK(log->durable_lsn().value == 0x208);
+  CHECK_FALSE(b.append(*log, 0x200, 1, t3));   // the server resent it: refused
+  CHECK_FALSE(b.append(*log, 0x150, 1, t3));
+  CHECK(log->next_seq() == 5);
+  CHECK(*log->seq_after(transform::event_id{lsn{0x100}, 2}) == 3);
+  CHECK(*log->seq_after(transform::event_id{lsn{0x200}, 1}) == 5);
+  CHECK(*log->seq_after(transform::event_id{lsn{0x900}, 0}) == 5);
+  CHECK_FALSE(log->seq_after(transform::event_id{lsn{0x50}, 0}));   // older than anything retained
+}
+
+TEST_CASE("recovery after a restart, and a torn tail is cut off") {
+  temp_dir d;
+  std::string error;
+  log_options o;
+  o.dir = d.path;
+  txn_builder b;
+  protocol::transaction_info t1, t2, t3;
+  {
+    auto log = event_log::open(o, error);
+    REQUIRE(log);
+    b.append(*log, 0x100, 3, t1);
+    b.append(*log, 0x200, 2, t2);
+    REQUIRE(log->sync());
+  }
+  // A crash in the middle of writing the next transaction: half a frame at the end.
+  auto seg = *std::filesystem::directory_iterator(d.path);
+  {
+    std::ofstream out(seg.path(), std::ios::binary | std::ios::app);
+    out << std::string("E\x00\x00\x00\x40partial", 12);
+  }
+  auto log = event_log::open(o, error);
+  REQUIRE_MESSAGE(log, error);
+  CHECK(log->next_seq() == 5);
+  CHECK(log->durable_lsn().value == 0x208);
+  CHECK(log->last_commit_lsn().value == 0x200);
+  CHECK(log->tail().empty());   // after a restart, older events come from disk
+  auto events = log->read(1, 10);
+  REQUIRE(events.size() == 4);
+  CHECK(events[0]->id.to_string() == "0/100:1");
+  CHECK(events[3]->id.to_string() == "0/200:1");
+  CHECK(*log->seq_after(transform::event_id{lsn{0x100}, 1}) == 2);
+  CHECK_FALSE(b.append(*log, 0x200, 1, t3));   // still refuses what it already has
+  CHECK(b.append(*log, 0x300, 1, t3));
+  REQUIRE(log->sync());
+  CHECK(log->read(5, 10).size() == 1);
+}
+
+TEST_CASE("segments roll, retention drops the oldest, the memory tail stays bounded") {
+  temp_dir d;
+  std::string error;
+  log_options o;
+  o.dir = d.path;
+  o.segment_bytes = 4096;
+  o.retention_bytes = 16384;
+  o.memory_bytes = 8192;
+  o.fsync = false;
+  auto log = event_log::open(o, error);
+  REQUIRE(log);
+  txn_builder b;
+  std::vector<protocol::transaction_info> txns(200);
+  for (int i = 0; i < 200; ++i) {
+    REQUIRE(b.append(*log, 0x1000 + 0x10 * static_cast<std::uint64_t>(i), 5, txns[static_cast<std::size_t>(i)]));
+    REQUIRE(log->sync());
+  }
+  CHECK(log->disk_bytes() <= 16384 + 4096);
+  CHECK(log->first_seq() > 0);
+  std::size_t tail_bytes = 0;
+  for (const auto& e : log->tail()) tail_bytes += e->memory();
+  CHECK(tail_bytes <= 8192);
+  // Everything retained can be read, from disk or memory, in order.
+  std::uint64_t expect = log->first_seq();
+  while (expect < log->next_seq()) {
+    auto batch = log->read(expect, 50);
+    REQUIRE_FALSE(batch.empty());
+    for (const auto& e : batch) CHECK(e->seq == expect++);
+  }
+  CHECK_FALSE(log->seq_after(transform::event_id{lsn{0x1000}, 0}));   // dropped by retention
+}

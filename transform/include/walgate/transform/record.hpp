@@ -1,0 +1,41 @@
+// The event record: one change event as self-contained bytes — transaction info, the relation's
+// definition, the names of its non-built-in types, the old and new tuples as PostgreSQL sent
+// them. It is what the event log stores, and the live path encodes from the same record, so a
+// replayed event encodes to exactly what the live path sent.
+#pragma once
+
+#include "walgate/transform/change.hpp"
+
+#include <boost/system/result.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace walgate::transform {
+
+/// Appends the record of c to out.
+void write_record(std::string& out, const change& c);
+
+/// A parsed record: owns the relation, type names and tuple storage; values are views into the
+/// record bytes, which must outlive it.
+class record_view {
+ public:
+  const change& get() const { return change_; }
+  const std::string& schema() const { return relation_.nspname; }
+  const std::string& table() const { return relation_.relname; }
+
+ private:
+  friend boost::system::result<std::unique_ptr<record_view>, protocol::decode_error> read_record(protocol::bytes_view);
+  change change_;
+  protocol::transaction_info txn_;
+  protocol::pgoutput::cached_relation relation_;
+  protocol::pgoutput::type_cache types_;
+  std::vector<protocol::pgoutput::tuple_column> before_, after_;
+  protocol::pgoutput::message message_;
+};
+
+/// Parses a record (bounds-checked: the log's bytes are trusted no more than the network's).
+boost::system::result<std::unique_ptr<record_view>, protocol::decode_error> read_record(protocol::bytes_view bytes);
+
+}  // namespace walgate::transform

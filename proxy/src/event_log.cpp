@@ -209,40 +209,104 @@ void event_log::enforce_retention() {
   }
 }
 
-bool event_log::append(const protocol::transaction_info& txn, const std::vector<transform::change>& changes) {
-  if (last_commit_.valid() && txn.commit_lsn <= last_commit_) return false;
-  if (segments_.back().bytes >= opts_.segment_bytes && !roll_segment()) return false;
-  auto& seg = segments_.back();
-  std::vector<event_ptr> published;
-  published.reserve(changes.size());
-  std::string record;
-  for (const auto& c : changes) {
-    record.clear();
-    transform::write_record(record, c);
-    std::string payload;
-    protocol::writer(payload).u64(next_seq_).raw(record);
-    std::size_t offset = seg.bytes + pending_.size();
-    if ((next_seq_ - seg.first_seq) % index_every == 0) seg.index.emplace_back(next_seq_, offset);
-    frame(pending_, 'E', payload);
-    auto ev = make_event(next_seq_, record);
-    if (seg.end_seq == seg.first_seq) seg.first_id = ev->id;
-    seg.last_id = ev->id;
-    ++next_seq_;
-    tail_.push_back(ev);
-    tail_bytes_ += ev->memory();
-    published.push_back(std::move(ev));
+bool event_log::begin(lsn commit_lsn) {
+  open_ = true;
+  skipping_ = last_commit_.valid() && commit_lsn <= last_commit_;
+  if (skipping_) return false;
+  if (segments_.back().bytes + pending_.size() >= opts_.segment_bytes && !roll_segment()) {
+    skipping_ = true;
+    return false;
   }
-  std::string end;
-  protocol::writer(end).u64(txn.commit_lsn.value).u64(txn.end_lsn.value);
-  frame(pending_, 'C', end);
-  seg.end_seq = next_seq_;
-  last_commit_ = txn.commit_lsn;
-  pending_durable_ = txn.end_lsn;
+  txn_first_seq_ = next_seq_;
+  txn_file_offset_ = segments_.back().bytes + pending_.size();
+  return true;
+}
+
+void event_log::abort() {
+  if (!open_) return;
+  open_ = false;
+  if (skipping_) {
+    skipping_ = false;
+    return;
+  }
+  auto& seg = segments_.back();
+  if (txn_file_offset_ >= seg.bytes) {
+    pending_.resize(txn_file_offset_ - seg.bytes);
+  } else {
+    pending_.clear();
+    if (::ftruncate(fd_, static_cast<off_t>(txn_file_offset_)) != 0)
+      error_ = "cannot truncate the event log: " + std::string(std::strerror(errno));
+    seg.bytes = txn_file_offset_;
+  }
+  seg.index.erase(std::remove_if(seg.index.begin(), seg.index.end(), [&](const auto& e) { return e.first >= txn_first_seq_; }),
+                  seg.index.end());
+  while (!tail_.empty() && tail_.back()->seq >= txn_first_seq_) {
+    tail_bytes_ -= tail_.back()->memory();
+    tail_.pop_back();
+  }
+  next_seq_ = txn_first_seq_;
+}
+
+void event_log::add(const transform::change& c) {
+  if (!open_ || skipping_) return;
+  auto& seg = segments_.back();
+  std::string payload;
+  protocol::writer(payload).u64(next_seq_);
+  transform::write_record(payload, c);
+  std::size_t offset = seg.bytes + pending_.size();
+  if ((next_seq_ - seg.first_seq) % index_every == 0) seg.index.emplace_back(next_seq_, offset);
+  frame(pending_, 'E', payload);
+  auto ev = make_event(next_seq_, payload.substr(8));
+  if (seg.end_seq == seg.first_seq) seg.first_id = ev->id;
+  seg.last_id = ev->id;
+  ++next_seq_;
+  tail_.push_back(ev);
+  tail_bytes_ += ev->memory();
   while (tail_.size() > 1 && tail_bytes_ > opts_.memory_bytes) {
     tail_bytes_ -= tail_.front()->memory();
     tail_.pop_front();
   }
-  if (publish_ && !published.empty()) publish_(published);
+  // A large transaction goes to the file as it comes (without fsync: it is not durable until
+  // its end frame is, and recovery cuts unterminated transactions).
+  if (pending_.size() > (1u << 20)) {
+    std::size_t done = 0;
+    while (done < pending_.size()) {
+      ssize_t n = ::write(fd_, pending_.data() + done, pending_.size() - done);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        error_ = "cannot write the event log: " + std::string(std::strerror(errno));
+        break;
+      }
+      done += static_cast<std::size_t>(n);
+    }
+    seg.bytes += done;
+    pending_.erase(0, done);
+  }
+  if (publish_) publish_({ev});
+}
+
+void event_log::commit(lsn commit_lsn, lsn end_lsn) {
+  if (!open_) return;
+  open_ = false;
+  if (skipping_) {
+    skipping_ = false;
+    return;
+  }
+  std::string end;
+  protocol::writer(end).u64(commit_lsn.value).u64(end_lsn.value);
+  frame(pending_, 'C', end);
+  segments_.back().end_seq = next_seq_;
+  last_commit_ = commit_lsn;
+  pending_durable_ = end_lsn;
+}
+
+bool event_log::append(const protocol::transaction_info& txn, const std::vector<transform::change>& changes) {
+  if (!begin(txn.commit_lsn)) {
+    commit(txn.commit_lsn, txn.end_lsn);
+    return false;
+  }
+  for (const auto& c : changes) add(c);
+  commit(txn.commit_lsn, txn.end_lsn);
   return true;
 }
 

@@ -1,23 +1,30 @@
 // The walgate executable.
-//   walgate demo                  a throwaway PostgreSQL with a trickle of changes, streamed
-//   walgate stream --pg ... --slot ... --publication ...   stream from a server and print frames
+//   walgate [serve] --pg CONNINFO --slot NAME --publication NAME ...   the gateway
+//   walgate demo                                                     a throwaway PostgreSQL + the gateway
+//   walgate stream --pg ... --slot ... --publication ...             print decoded messages
+// Settings: flags over WALGATE_* environment variables over the TOML config file (--config).
+#include "walgate/protocol/commands.hpp"
 #include "walgate/protocol/pgoutput.hpp"
-#include "walgate/protocol/replication.hpp"
+#include "walgate/proxy/event_log.hpp"
+#include "walgate/proxy/gateway.hpp"
 #include "walgate/proxy/local_cluster.hpp"
 #include "walgate/proxy/pg_connection.hpp"
 #include "walgate/proxy/replication_client.hpp"
+#include "walgate/proxy/server.hpp"
 
+#include <CLI/CLI.hpp>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/as_tuple.hpp>
 
 #include <libpq-fe.h>
 
 #include <atomic>
-#include <cctype>
 #include <cstdio>
-#include <cstring>
-#include <iostream>
 #include <random>
 #include <thread>
 
@@ -26,48 +33,256 @@ using namespace walgate;
 
 namespace {
 
-constexpr const char* usage = R"(walgate — PostgreSQL logical replication as JSON for the web
+struct settings {
+  std::string pg;
+  std::string slot = "walgate";
+  std::vector<std::string> publications;
+  std::string create_publication;   // "ALL TABLES" or "schema.t1,schema.t2"
+  std::string listen = "127.0.0.1:8080";
+  std::string data_dir = "walgate-data";
+  bool allow_unauthenticated = false;
+  std::string tls_cert, tls_key;
+  int status_interval_ms = 10'000;
+  std::size_t client_lag_mb = 64;
+  std::size_t retention_mb = 1024;
+  std::string debezium_name = "walgate";
+  std::string decimal_mode = "string";
+  std::string time_precision = "adaptive_time_microseconds";
+  bool no_fsync = false;
+};
 
-usage:
-  walgate demo
-      Start a throwaway PostgreSQL (initdb in a temp dir, wal_level=logical), create a demo
-      schema with a steady trickle of inserts, updates and deletes, and stream it. Ctrl-C stops
-      everything and leaves nothing behind.
+void log_line(const std::string& s) {
+  std::fprintf(stderr, "walgate: %s\n", s.c_str());
+  std::fflush(stderr);
+}
 
-  walgate stream --pg CONNINFO --slot NAME --publication NAME[,NAME...] [options]
-      Stream from a server over walgate's own replication client and print each decoded message.
-        --pg CONNINFO          libpq connection string or URI (PG* environment honoured)
-        --slot NAME            logical replication slot (created if missing)
-        --publication NAMES    publication(s) to stream, comma separated
-        --no-create-slot       fail instead of creating a missing slot
-        --temporary-slot       create the slot TEMPORARY (dropped when the connection ends)
-        --status-interval MS   status update interval while idle (default 10000)
-        --capture FILE         append every byte read from the server to FILE
+bool is_loopback(const std::string& host) {
+  boost::system::error_code ec;
+  auto a = asio::ip::make_address(host, ec);
+  return !ec && a.is_loopback();
+}
 
-  walgate --help | --version
-)";
+bool split_listen(const std::string& listen, std::string& host, std::uint16_t& port, std::string& error) {
+  auto colon = listen.rfind(':');
+  if (colon == std::string::npos) {
+    error = "--listen: expected HOST:PORT, got '" + listen + "'";
+    return false;
+  }
+  host = listen.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  try {
+    int p = std::stoi(listen.substr(colon + 1));
+    if (p < 0 || p > 65535) throw std::out_of_range("port");
+    port = static_cast<std::uint16_t>(p);
+  } catch (...) {
+    error = "--listen: invalid port in '" + listen + "'";
+    return false;
+  }
+  return true;
+}
 
-/// Prints each decoded pgoutput message (rows as column=value with their table), and treats a
-/// printed transaction as durable: the flush position reported to the server is the end LSN of
-/// the last Commit printed (a Commit's WAL start is its end LSN). Between transactions, a
-/// keepalive's WAL end is durable too: nothing is outstanding.
-class print_sink final : public proxy::replication_sink {
- public:
-  explicit print_sink(std::FILE* out) : out_(out) {}
+asio::awaitable<proxy::outcome<void>> ensure_publication(proxy::conn_params conn, std::string name, std::string what) {
+  proxy::pg_connection c(co_await asio::this_coro::executor);
+  if (auto r = co_await c.connect(conn, false); !r) co_return r.error();
+  auto exists = co_await c.query("SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = " + protocol::quote_literal(name));
+  if (!exists) co_return exists.error();
+  if (!exists->rows.empty()) co_return proxy::outcome<void>{};
+  std::string sql = "CREATE PUBLICATION " + protocol::quote_identifier(name);
+  if (what == "ALL TABLES" || what == "all") {
+    sql += " FOR ALL TABLES";
+  } else {
+    sql += " FOR TABLE ";
+    std::size_t start = 0;
+    bool first = true;
+    while (start <= what.size()) {
+      auto comma = what.find(',', start);
+      std::string t = what.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      auto dot = t.find('.');
+      if (!first) sql += ", ";
+      first = false;
+      sql += dot == std::string::npos ? protocol::quote_identifier(t)
+                                      : protocol::quote_identifier(t.substr(0, dot)) + "." + protocol::quote_identifier(t.substr(dot + 1));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+  }
+  auto created = co_await c.query(sql);
+  if (!created) co_return created.error();
+  co_return proxy::outcome<void>{};
+}
 
-  void on_stream_start(const proxy::stream_start_info& i) override {
-    context_ = protocol::pgoutput::decode_context{i.proto_version, false, false};
-    std::fprintf(out_, "-- streaming from PostgreSQL %d, pgoutput proto_version %u, from %s\n", i.server_major,
-                 i.proto_version, i.start.to_string().c_str());
-    std::fflush(out_);
+// Reads the slot's retained WAL every 10 s for /metrics (a plain SQL connection).
+asio::awaitable<void> watch_slot(proxy::conn_params conn, std::string slot, proxy::gateway_metrics& m, std::atomic<bool>& stop) {
+  asio::steady_timer t(co_await asio::this_coro::executor);
+  while (!stop) {
+    proxy::pg_connection c(co_await asio::this_coro::executor);
+    if (auto r = co_await c.connect(conn, false); r) {
+      while (!stop) {
+        auto q = co_await c.query("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint FROM "
+                                  "pg_catalog.pg_replication_slots WHERE slot_name = " + protocol::quote_literal(slot));
+        if (!q) break;
+        m.slot_retained_wal = q->rows.empty() || !q->rows[0][0] ? -1 : std::stoll(*q->rows[0][0]);
+        t.expires_after(std::chrono::seconds(10));
+        co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+      }
+    }
+    t.expires_after(std::chrono::seconds(10));
+    co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+  }
+}
+
+/// Runs the gateway until SIGINT/SIGTERM or a failure reconnecting cannot fix.
+int serve(const settings& s, const std::function<void(std::uint16_t)>& on_listening = {}) {
+  auto parsed = proxy::parse_conninfo(s.pg);
+  if (!parsed.params) {
+    log_line("--pg: " + parsed.error);
+    return 2;
+  }
+  if (s.publications.empty()) {
+    log_line("--publication is required");
+    return 2;
+  }
+  if (!protocol::valid_slot_name(s.slot)) {
+    log_line("--slot: invalid slot name '" + s.slot + "': use 1-63 characters of a-z, 0-9 and _");
+    return 2;
+  }
+  std::string host, error;
+  std::uint16_t port = 0;
+  if (!split_listen(s.listen, host, port, error)) {
+    log_line(error);
+    return 2;
+  }
+  if (!is_loopback(host)) {
+    if (!s.allow_unauthenticated) {
+      log_line("--listen " + s.listen + " is not a loopback address and authentication is not configured: pass "
+               "--allow-unauthenticated to serve the stream to anyone who can reach it");
+      return 2;
+    }
+    log_line("WARNING: serving unauthenticated on " + s.listen + ": anyone who can reach it reads every change");
+  }
+  if (s.tls_cert.empty() != s.tls_key.empty()) {
+    log_line("--tls-cert and --tls-key go together");
+    return 2;
+  }
+  proxy::server_options so;
+  so.host = host;
+  so.port = port;
+  so.tls_cert = s.tls_cert;
+  so.tls_key = s.tls_key;
+  so.client_lag_bytes = s.client_lag_mb << 20;
+  so.encoder.server_name = s.debezium_name;
+  so.encoder.database = parsed.params->dbname;
+  if (s.decimal_mode == "string") so.encoder.decimal = transform::encoder_options::decimal_mode::string;
+  else if (s.decimal_mode == "double") so.encoder.decimal = transform::encoder_options::decimal_mode::double_;
+  else if (s.decimal_mode == "precise") so.encoder.decimal = transform::encoder_options::decimal_mode::precise;
+  else {
+    log_line("--debezium-decimal-mode: use string, double or precise");
+    return 2;
+  }
+  if (s.time_precision == "connect") so.encoder.time = transform::encoder_options::time_precision::connect;
+  else if (s.time_precision != "adaptive_time_microseconds") {
+    log_line("--debezium-time-precision: use adaptive_time_microseconds or connect");
+    return 2;
   }
 
+  proxy::log_options lo;
+  lo.dir = s.data_dir;
+  lo.retention_bytes = s.retention_mb << 20;
+  lo.fsync = !s.no_fsync;
+  auto log = proxy::event_log::open(lo, error);
+  if (!log) {
+    log_line(error);
+    return 1;
+  }
+  asio::io_context io;
+  if (!s.create_publication.empty()) {
+    std::optional<proxy::outcome<void>> r;
+    asio::co_spawn(io, ensure_publication(*parsed.params, s.publications.front(), s.create_publication),
+                   [&](std::exception_ptr, proxy::outcome<void> v) { r = std::move(v); });
+    io.run();
+    io.restart();
+    if (!r || !*r) {
+      log_line("--create-publication: " + (r ? r->error().message : std::string("failed")));
+      return 1;
+    }
+  }
+
+  protocol::assembler_options ao;
+  ao.spill_dir = std::filesystem::path(s.data_dir);
+  proxy::gateway gw(io.get_executor(), *log, ao);
+  proxy::replication_settings rs;
+  rs.conn = *parsed.params;
+  rs.slot = s.slot;
+  rs.publications = s.publications;
+  rs.messages = true;
+  rs.status_interval = std::chrono::milliseconds(s.status_interval_ms);
+  proxy::replication_client client(io.get_executor(), rs, gw);
+  client.set_retry_handler([](const proxy::failure& f, std::chrono::milliseconds d) {
+    log_line(f.message + " (reconnecting in " + std::to_string(d.count()) + " ms)");
+  });
+  proxy::server_status st;
+  st.streaming = [&] { return client.streaming(); };
+  st.reconnects = [&] { return client.reconnects(); };
+  proxy::server srv(io.get_executor(), so, gw, st);
+  gw.on_new_events([&] { srv.notify(); });
+  if (!srv.start(error)) {
+    log_line(error);
+    return 1;
+  }
+  log_line("listening on " + host + ":" + std::to_string(srv.port()) + (so.tls_cert.empty() ? "" : " (TLS)") +
+           "; event log in " + s.data_dir + " (next event " + std::to_string(log->next_seq()) + ")");
+  if (on_listening) on_listening(srv.port());
+
+  std::atomic<bool> stop{false};
+  asio::co_spawn(io, watch_slot(*parsed.params, s.slot, gw.metrics(), stop), asio::detached);
+  int rc = 0;
+  asio::signal_set signals(io, SIGINT, SIGTERM);
+  auto shutdown = [&] {
+    stop = true;
+    srv.stop();       // clients: going away, with their resume ids
+    gw.flush();       // everything logged is durable...
+    client.stop();    // ...and the final status update says so
+    signals.cancel();
+  };
+  signals.async_wait([&](boost::system::error_code ec, int) {
+    if (!ec) {
+      log_line("stopping");
+      shutdown();
+    }
+  });
+  asio::co_spawn(io, client.run(), [&](std::exception_ptr e, proxy::outcome<void> r) {
+    if (!r) {
+      log_line(r.error().message);
+      if (!gw.failure().empty()) log_line(gw.failure());
+      rc = 1;
+    }
+    if (!stop) shutdown();
+    // Let the last writes go out, then end the loop.
+    auto t = std::make_shared<asio::steady_timer>(io, std::chrono::seconds(2));
+    t->async_wait([&io, t](boost::system::error_code) { io.stop(); });
+  });
+  io.run();
+  gw.flush();
+  auto p = client.positions();
+  log_line("stopped; durable " + gw.durable_lsn().to_string() + ", acknowledged " + p.acknowledged.to_string());
+  return rc;
+}
+
+// --- walgate stream: print decoded messages ---------------------------------------------------
+
+class print_sink final : public proxy::replication_sink {
+ public:
+  void on_stream_start(const proxy::stream_start_info& i) override {
+    context_ = protocol::pgoutput::decode_context{i.proto_version, false, false};
+    std::printf("-- streaming from PostgreSQL %d, pgoutput proto_version %u, from %s\n", i.server_major, i.proto_version,
+                i.start.to_string().c_str());
+    std::fflush(stdout);
+  }
   boost::system::error_code on_xlog_data(const protocol::xlog_data& x) override {
     namespace pg = protocol::pgoutput;
     auto decoded = decoder_.decode(x.data, context_);
     if (!decoded) {
-      std::fprintf(stderr, "walgate: cannot decode the message at %s: %s\n", x.wal_start.to_string().c_str(),
-                   decoded.error().message().c_str());
+      log_line("cannot decode the message at " + x.wal_start.to_string() + ": " + decoded.error().message());
       return make_error_code(decoded.error().code);
     }
     char tag = pg::tag_of(*decoded);
@@ -92,19 +307,18 @@ class print_sink final : public proxy::replication_sink {
           }
         },
         *decoded);
-    std::fprintf(out_, "%s\n", line.c_str());
+    std::printf("%s\n", line.c_str());
     if (tag == 'C') {
       in_transaction_ = false;
-      std::fflush(out_);
+      std::fflush(stdout);
+      // A printed transaction is "durable" for this command: its Commit's WAL start is its end LSN.
       durable_ = std::max(durable_, x.wal_start);
     }
     return {};
   }
-
   void on_keepalive(const protocol::primary_keepalive& k) override {
     if (!in_transaction_) durable_ = std::max(durable_, k.wal_end);
   }
-
   protocol::lsn durable_lsn() const override { return durable_; }
 
  private:
@@ -122,8 +336,6 @@ class print_sink final : public proxy::replication_sink {
     }
     return out;
   }
-
-  std::FILE* out_;
   protocol::pgoutput::decoder decoder_;
   protocol::pgoutput::decode_context context_;
   protocol::pgoutput::relation_cache relations_;
@@ -131,45 +343,46 @@ class print_sink final : public proxy::replication_sink {
   protocol::lsn durable_;
 };
 
-int run_stream(asio::io_context& io, proxy::replication_settings settings, const std::string& capture) {
-  print_sink sink(stdout);
-  proxy::replication_client client(io.get_executor(), std::move(settings), sink);
+int run_stream(const settings& s, const std::string& capture) {
+  auto parsed = proxy::parse_conninfo(s.pg);
+  if (!parsed.params) {
+    log_line("--pg: " + parsed.error);
+    return 2;
+  }
+  asio::io_context io;
+  print_sink sink;
+  proxy::replication_settings rs;
+  rs.conn = *parsed.params;
+  rs.slot = s.slot;
+  rs.publications = s.publications;
+  rs.status_interval = std::chrono::milliseconds(s.status_interval_ms);
+  proxy::replication_client client(io.get_executor(), rs, sink);
   if (!capture.empty()) client.set_capture_file(capture);
   client.set_retry_handler([](const proxy::failure& f, std::chrono::milliseconds d) {
-    std::fprintf(stderr, "walgate: %s\nwalgate: reconnecting in %lld ms\n", f.message.c_str(),
-                 static_cast<long long>(d.count()));
+    log_line(f.message + " (reconnecting in " + std::to_string(d.count()) + " ms)");
   });
   asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&](boost::system::error_code ec, int) {
     if (!ec) client.stop();
   });
   int rc = 0;
-  asio::co_spawn(io, client.run(), [&](std::exception_ptr e, proxy::outcome<void> r) {
+  asio::co_spawn(io, client.run(), [&](std::exception_ptr, proxy::outcome<void> r) {
     signals.cancel();
-    if (e) {
-      try {
-        std::rethrow_exception(e);
-      } catch (const std::exception& ex) {
-        std::fprintf(stderr, "walgate: %s\n", ex.what());
-      }
-      rc = 1;
-    } else if (!r) {
-      std::fprintf(stderr, "walgate: %s\n", r.error().message.c_str());
+    if (!r) {
+      log_line(r.error().message);
       rc = 1;
     }
   });
   io.run();
-  auto p = client.positions();
-  std::fprintf(stderr, "walgate: stopped; received %s, durable %s, acknowledged %s\n",
-               p.received.to_string().c_str(), p.durable.to_string().c_str(), p.acknowledged.to_string().c_str());
   return rc;
 }
 
-// A steady trickle of realistic changes on the demo schema, through libpq (plain SQL).
+// --- walgate demo ------------------------------------------------------------------------------
+
 void trickle(const std::string& conninfo, std::atomic<bool>& stop) {
   PGconn* c = PQconnectdb(conninfo.c_str());
   if (PQstatus(c) != CONNECTION_OK) {
-    std::fprintf(stderr, "walgate demo: %s", PQerrorMessage(c));
+    log_line(std::string("demo: ") + PQerrorMessage(c));
     PQfinish(c);
     return;
   }
@@ -184,22 +397,20 @@ void trickle(const std::string& conninfo, std::atomic<bool>& stop) {
       "DELETE FROM orders WHERE id = (SELECT id FROM orders WHERE status = 'shipped' ORDER BY id LIMIT 1)",
   };
   while (!stop) {
-    const char* sql = statements[rng() % 4];
-    PGresult* r = PQexec(c, sql);
-    PQclear(r);
+    PQclear(PQexec(c, statements[rng() % 4]));
     for (int i = 0; i < 10 && !stop; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   PQfinish(c);
 }
 
-int run_demo() {
+int run_demo(settings s) {
   std::string error;
   proxy::cluster_options o;
   o.name = "walgate-demo";
-  std::fprintf(stderr, "walgate demo: starting a throwaway PostgreSQL...\n");
+  log_line("demo: starting a throwaway PostgreSQL...");
   auto cluster = proxy::local_cluster::start(o, error);
   if (!cluster) {
-    std::fprintf(stderr, "walgate demo: %s\n", error.c_str());
+    log_line("demo: " + error);
     return 1;
   }
   std::string setup = cluster->try_sql(
@@ -208,91 +419,97 @@ int run_demo() {
       "CREATE TABLE orders(id bigserial PRIMARY KEY, customer_id bigint NOT NULL REFERENCES customers, "
       "status text NOT NULL, amount numeric(12,2) NOT NULL, updated_at timestamptz NOT NULL DEFAULT now());"
       "INSERT INTO customers(name, email) SELECT 'customer ' || g, 'c' || g || '@example.com' "
-      "FROM generate_series(1, 20) g;"
-      "CREATE PUBLICATION walgate_demo FOR ALL TABLES;");
+      "FROM generate_series(1, 20) g;");
   if (!setup.empty()) {
-    std::fprintf(stderr, "walgate demo: setting up the demo schema failed: %s\n", setup.c_str());
+    log_line("demo: setting up the demo schema failed: " + setup);
     return 1;
   }
-  std::fprintf(stderr,
-               "walgate demo: PostgreSQL %d on port %d (socket dir %s), publication walgate_demo\n"
-               "walgate demo: streaming changes; press Ctrl-C to stop\n",
-               cluster->server_major(), cluster->port(), cluster->socket_dir().c_str());
-
-  auto parsed = proxy::parse_conninfo(cluster->conninfo());
-  proxy::replication_settings s;
-  s.conn = *parsed.params;
+  s.pg = cluster->conninfo();
   s.slot = "walgate_demo";
   s.publications = {"walgate_demo"};
+  s.create_publication = "ALL TABLES";
+  s.data_dir = (cluster->dir() / "walgate-data").string();
   std::atomic<bool> stop{false};
-  std::thread t(trickle, cluster->conninfo(), std::ref(stop));
-  asio::io_context io;
-  int rc = run_stream(io, s, {});
+  std::thread t;
+  int rc = serve(s, [&](std::uint16_t port) {
+    std::string base = "http://127.0.0.1:" + std::to_string(port);
+    std::fprintf(stderr,
+                 "\nwalgate demo: PostgreSQL %d is changing rows in public.customers and public.orders.\n"
+                 "  open      %s/\n"
+                 "  curl      curl -N '%s/v1/stream?format=native'\n"
+                 "  SSE       new EventSource('%s/v1/stream?format=debezium')\n"
+                 "  WebSocket new WebSocket('ws://127.0.0.1:%u/v1/ws?format=waltail')\n"
+                 "  Ctrl-C stops everything and leaves nothing running.\n\n",
+                 cluster->server_major(), base.c_str(), base.c_str(), base.c_str(), port);
+    t = std::thread(trickle, cluster->conninfo(), std::ref(stop));
+  });
   stop = true;
-  t.join();
+  if (t.joinable()) t.join();
   cluster.reset();
-  std::fprintf(stderr, "walgate demo: PostgreSQL stopped and its directory removed\n");
+  log_line("demo: PostgreSQL stopped and its directory removed");
   return rc;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
-    std::fputs(usage, args.empty() ? stderr : stdout);
-    return args.empty() ? 2 : 0;
+  CLI::App app{"walgate — PostgreSQL logical replication as JSON for browsers, WebSocket clients and curl"};
+  app.set_version_flag("--version", "walgate 0.1.0");
+  app.set_config("--config", "", "TOML config file (keys as the long flags without --)");
+  app.option_defaults()->always_capture_default();
+  settings s;
+  std::string capture;
+  auto add_common = [&](CLI::App* a) {
+    a->add_option("--pg", s.pg, "libpq connection string or URI (PG* environment honoured)")->envname("WALGATE_PG");
+    a->add_option("--slot", s.slot, "logical replication slot (created if missing)")->envname("WALGATE_SLOT");
+    a->add_option("--publication", s.publications, "publication(s) to stream")
+        ->delimiter(',')
+        ->envname("WALGATE_PUBLICATION");
+    a->add_option("--status-interval", s.status_interval_ms, "status update interval while idle, ms")
+        ->envname("WALGATE_STATUS_INTERVAL")
+        ->check(CLI::Range(100, 60'000));
+  };
+  auto add_serve = [&](CLI::App* a) {
+    a->add_option("--create-publication", s.create_publication,
+                  "create the publication if missing: 'ALL TABLES' or a table list (schema.t1,schema.t2)")
+        ->envname("WALGATE_CREATE_PUBLICATION");
+    a->add_option("--listen", s.listen, "HOST:PORT to serve on")->envname("WALGATE_LISTEN");
+    a->add_option("--data-dir", s.data_dir, "directory of the event log")->envname("WALGATE_DATA_DIR");
+    a->add_flag("--allow-unauthenticated", s.allow_unauthenticated,
+                "allow a non-loopback --listen without authentication")
+        ->envname("WALGATE_ALLOW_UNAUTHENTICATED");
+    a->add_option("--tls-cert", s.tls_cert, "PEM certificate chain for HTTPS/WSS")->envname("WALGATE_TLS_CERT");
+    a->add_option("--tls-key", s.tls_key, "PEM private key for HTTPS/WSS")->envname("WALGATE_TLS_KEY");
+    a->add_option("--client-lag-mb", s.client_lag_mb, "a client further behind than this is disconnected")
+        ->envname("WALGATE_CLIENT_LAG_MB")
+        ->check(CLI::Range(1, 65536));
+    a->add_option("--retention-mb", s.retention_mb, "event log kept on disk")->envname("WALGATE_RETENTION_MB");
+    a->add_option("--debezium-name", s.debezium_name, "Debezium source.name")->envname("WALGATE_DEBEZIUM_NAME");
+    a->add_option("--debezium-decimal-mode", s.decimal_mode, "string, double or precise")
+        ->envname("WALGATE_DEBEZIUM_DECIMAL_MODE")
+        ->check(CLI::IsMember({"string", "double", "precise"}));
+    a->add_option("--debezium-time-precision", s.time_precision, "adaptive_time_microseconds or connect")
+        ->envname("WALGATE_DEBEZIUM_TIME_PRECISION")
+        ->check(CLI::IsMember({"adaptive_time_microseconds", "connect"}));
+    a->add_flag("--no-fsync", s.no_fsync, "do not fdatasync the event log (benchmarks only: acknowledges unsynced data)");
+  };
+  add_common(&app);
+  add_serve(&app);
+  auto* demo = app.add_subcommand("demo", "a throwaway PostgreSQL with a trickle of changes, and the gateway");
+  demo->add_option("--listen", s.listen, "HOST:PORT to serve on");
+  auto* stream = app.add_subcommand("stream", "stream from a server and print each decoded message");
+  add_common(stream);
+  stream->add_option("--capture", capture, "append every byte read from the server to FILE");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
   }
-  if (args[0] == "--version") {
-    std::puts("walgate 0.1.0");
-    return 0;
-  }
-  if (args[0] == "demo") return run_demo();
-  if (args[0] != "stream") {
-    std::fprintf(stderr, "walgate: unknown command \"%s\" (try walgate --help)\n", args[0].c_str());
+  if (*demo) return run_demo(s);
+  if (*stream) return run_stream(s, capture);
+  if (s.pg.empty()) {
+    std::fprintf(stderr, "walgate: --pg is required (or WALGATE_PG, or pg in the --config file); see walgate --help\n");
     return 2;
   }
-  std::string pg, capture;
-  proxy::replication_settings s;
-  for (std::size_t i = 1; i < args.size(); ++i) {
-    auto value = [&](const char* flag) -> std::string {
-      if (i + 1 >= args.size()) {
-        std::fprintf(stderr, "walgate: %s needs a value\n", flag);
-        std::exit(2);
-      }
-      return args[++i];
-    };
-    const std::string& a = args[i];
-    if (a == "--pg") pg = value("--pg");
-    else if (a == "--slot") s.slot = value("--slot");
-    else if (a == "--publication") {
-      std::string v = value("--publication");
-      std::size_t start = 0;
-      for (;;) {
-        auto comma = v.find(',', start);
-        s.publications.push_back(v.substr(start, comma - start));
-        if (comma == std::string::npos) break;
-        start = comma + 1;
-      }
-    } else if (a == "--no-create-slot") s.create_slot = false;
-    else if (a == "--temporary-slot") s.temporary_slot = true;
-    else if (a == "--status-interval") s.status_interval = std::chrono::milliseconds(std::stol(value("--status-interval")));
-    else if (a == "--capture") capture = value("--capture");
-    else {
-      std::fprintf(stderr, "walgate: unknown option \"%s\" (try walgate --help)\n", a.c_str());
-      return 2;
-    }
-  }
-  auto parsed = proxy::parse_conninfo(pg);
-  if (!parsed.params) {
-    std::fprintf(stderr, "walgate: --pg: %s\n", parsed.error.c_str());
-    return 2;
-  }
-  if (s.slot.empty() || s.publications.empty()) {
-    std::fprintf(stderr, "walgate: --slot and --publication are required\n");
-    return 2;
-  }
-  s.conn = *parsed.params;
-  asio::io_context io;
-  return run_stream(io, s, capture);
+  return serve(s);
 }

@@ -53,9 +53,21 @@ class event_log {
   static std::unique_ptr<event_log> open(const log_options& o, std::string& error);
   ~event_log();
 
-  /// Appends one committed transaction. Refused (false, nothing written) when its commit LSN
-  /// is not past the last one logged: the server resent a transaction we already have.
-  /// records: one transform::write_record per event, in index order.
+  /// Starts a committed transaction's events. Refused (false) when its commit LSN is not past
+  /// the last one logged: the server resent a transaction we already have, and its events must
+  /// be dropped (add() then ignores them).
+  bool begin(protocol::lsn commit_lsn);
+  /// Appends one event of the open transaction and publishes it to live clients at once (its
+  /// transaction has committed on the server; a crash before commit() makes the server resend
+  /// it with the same ids). Large transactions go to disk as they come: memory stays bounded.
+  void add(const transform::change& c);
+  /// Ends the transaction; it becomes durable at the next sync().
+  void commit(protocol::lsn commit_lsn, protocol::lsn end_lsn);
+  bool in_transaction() const { return open_; }
+  /// Drops the open transaction (the connection broke before its end): its bytes are cut from
+  /// the file and its seqs are reused when the server sends it again, with the same event ids.
+  void abort();
+  /// begin + add each + commit.
   bool append(const protocol::transaction_info& txn, const std::vector<transform::change>& changes);
   /// Writes and fdatasyncs everything appended; returns false on an I/O error (error() says).
   bool sync();
@@ -109,6 +121,9 @@ class event_log {
   std::size_t tail_bytes_ = 0;
   std::function<void(const std::vector<event_ptr>&)> publish_;
   std::string error_;
+  bool open_ = false, skipping_ = false;
+  std::uint64_t txn_first_seq_ = 0;
+  std::size_t txn_file_offset_ = 0;   // segment bytes + pending at begin()
 };
 
 }  // namespace walgate::proxy

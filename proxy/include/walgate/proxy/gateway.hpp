@@ -1,0 +1,80 @@
+// The gateway: one replication stream in, many clients out.
+//
+//   replication_client --XLogData--> gateway (assembler) --events--> event_log --> clients
+//            ^                                                          |
+//            +------------- durable position (after fdatasync) ---------+
+//
+// Everything runs on one executor (one thread): no locks. Clients are served by the HTTP
+// server (server.hpp), which reads events from the log by sequence number.
+#pragma once
+
+#include "walgate/proxy/event_log.hpp"
+#include "walgate/proxy/replication_client.hpp"
+#include "walgate/transform/formats.hpp"
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace walgate::proxy {
+
+struct gateway_metrics {
+  std::uint64_t events_in = 0;         ///< events logged
+  std::uint64_t transactions_in = 0;
+  std::uint64_t events_out = 0;        ///< events written to clients (all transports)
+  std::uint64_t bytes_out = 0;
+  std::uint64_t clients_disconnected_slow = 0;
+  protocol::lsn server_wal_end;        ///< from the last XLogData or keepalive
+  std::int64_t last_commit_time_us = 0;   ///< PostgreSQL-epoch µs of the last logged transaction
+  std::int64_t slot_retained_wal = -1;    ///< bytes, from pg_replication_slots (-1: unknown)
+};
+
+class gateway final : public replication_sink, public protocol::transaction_handler {
+ public:
+  gateway(boost::asio::any_io_executor ex, event_log& log, protocol::assembler_options assembler_opts,
+          std::chrono::milliseconds sync_interval = std::chrono::milliseconds(5));
+  ~gateway() override;
+
+  // replication_sink
+  void on_stream_start(const stream_start_info& i) override;
+  boost::system::error_code on_xlog_data(const protocol::xlog_data& x) override;
+  void on_keepalive(const protocol::primary_keepalive& k) override;
+  protocol::lsn durable_lsn() const override;
+
+  // transaction_handler
+  boost::system::error_code on_begin(const protocol::transaction_info& t) override;
+  boost::system::error_code on_change(const protocol::transaction_info& t, const protocol::change_event& e) override;
+  boost::system::error_code on_commit(const protocol::transaction_info& t) override;
+
+  event_log& log() { return log_; }
+  gateway_metrics& metrics() { return metrics_; }
+  /// Called (on the executor) whenever new events are in the log.
+  void on_new_events(std::function<void()> f) { wake_ = std::move(f); }
+  /// Writes and syncs what is pending now (shutdown).
+  void flush();
+  const std::string& failure() const { return failure_; }
+
+ private:
+  void schedule_sync();
+
+  boost::asio::any_io_executor executor_;
+  event_log& log_;
+  protocol::assembler_options assembler_opts_;
+  std::unique_ptr<protocol::assembler> assembler_;
+  std::chrono::milliseconds sync_interval_;
+  boost::asio::steady_timer sync_timer_;
+  bool sync_scheduled_ = false;
+  bool between_transactions_ = true;
+  protocol::lsn keepalive_durable_;
+  gateway_metrics metrics_;
+  std::function<void()> wake_;
+  std::string failure_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+};
+
+}  // namespace walgate::proxy

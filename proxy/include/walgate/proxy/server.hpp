@@ -1,0 +1,78 @@
+// The HTTP server (Boost.Beast): NDJSON over chunked HTTP and Server-Sent Events on
+// GET /v1/stream, WebSocket on GET /v1/ws, /healthz, /readyz, /metrics and the live page on /.
+// docs/api.md is the contract. No Beast in this header: it is included by main.cpp and tests.
+#pragma once
+
+#include "walgate/proxy/gateway.hpp"
+#include "walgate/transform/formats.hpp"
+
+#include <boost/asio/any_io_executor.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace walgate::proxy {
+
+struct server_options {
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 8080;                       ///< 0: any free port (see server::port()).
+  std::string tls_cert, tls_key;                   ///< PEM files; both set: HTTPS/WSS.
+  std::size_t header_limit = 8 * 1024;             ///< Request line and headers; over it: 431.
+  std::size_t url_limit = 4 * 1024;                ///< Request target; over it: 414.
+  std::size_t ws_message_limit = 64 * 1024;        ///< Client WebSocket messages; over it: close 1009.
+  std::chrono::milliseconds header_timeout{10'000};   ///< The whole request head must arrive in this time.
+  std::chrono::milliseconds keepalive{15'000};     ///< Idle keep-alive: NDJSON blank line, SSE comment, WS ping.
+  std::chrono::milliseconds write_timeout{30'000};  ///< A write that takes longer: the client is too slow.
+  std::size_t client_lag_bytes = 64u << 20;        ///< A live client further behind than this is disconnected.
+  std::size_t batch_bytes = 256 * 1024;            ///< Per-client write batch (memory per client is bounded by it).
+  std::chrono::milliseconds sse_retry{2'000};
+  transform::encoder_options encoder;              ///< Debezium name, db, decimal/time modes.
+};
+
+/// What /readyz and /metrics need from the replication side.
+struct server_status {
+  std::function<bool()> streaming;          ///< connected and streaming from PostgreSQL
+  std::function<int()> reconnects;
+};
+
+class server {
+ public:
+  server(boost::asio::any_io_executor ex, server_options opts, gateway& gw, server_status status);
+  ~server();
+  /// Binds and starts accepting; false with error on failure.
+  bool start(std::string& error);
+  std::uint16_t port() const;
+  /// Stops accepting and closes every client with a going-away reason carrying its resume id.
+  void stop();
+  /// Wakes clients waiting for events (the gateway calls this).
+  void notify();
+  std::size_t clients() const;
+
+ private:
+  struct impl;
+  std::shared_ptr<impl> impl_;
+};
+
+/// Parsed /v1/stream and /v1/ws parameters (exposed for tests and the fuzz target).
+struct stream_request {
+  transform::format fmt = transform::format::native;
+  std::vector<std::pair<std::string, std::string>> tables;   ///< (schema, table); "*" table = any
+  unsigned ops = 0;                                          ///< bit per transform::op char; 0 = all
+  std::optional<transform::event_id> from;
+  bool tombstones = false;                                   ///< debezium: a null line after each delete
+  bool compact = false;                                      ///< pgoutput2json compact mode
+};
+struct request_error {
+  std::string parameter, message;
+};
+/// Parses the query string of a stream request ("format=native&tables=public.*&from=0/16B3748:0").
+std::optional<stream_request> parse_stream_query(std::string_view target, request_error& error);
+/// True if the event passes the request's table and op filters.
+bool matches(const stream_request& r, const logged_event& e);
+
+}  // namespace walgate::proxy

@@ -1,0 +1,92 @@
+#include "walgate/proxy/gateway.hpp"
+
+#include <boost/asio/post.hpp>
+
+namespace walgate::proxy {
+
+namespace asio = boost::asio;
+
+gateway::gateway(asio::any_io_executor ex, event_log& log, protocol::assembler_options assembler_opts,
+                 std::chrono::milliseconds sync_interval)
+    : executor_(ex), log_(log), assembler_opts_(std::move(assembler_opts)), sync_interval_(sync_interval),
+      sync_timer_(ex) {
+  assembler_ = std::make_unique<protocol::assembler>(assembler_opts_, *this);
+  log_.set_publish([this](const std::vector<event_ptr>&) {
+    if (wake_) wake_();
+  });
+}
+
+gateway::~gateway() {
+  *alive_ = false;
+  log_.set_publish({});
+}
+
+void gateway::on_stream_start(const stream_start_info& i) {
+  // A new connection starts a new stream: whatever was half-received is sent again.
+  auto opts = assembler_opts_;
+  opts.context.proto_version = i.proto_version;
+  assembler_ = std::make_unique<protocol::assembler>(opts, *this);
+  log_.abort();   // a transaction cut off by the reconnect comes again, whole
+  between_transactions_ = true;
+}
+
+boost::system::error_code gateway::on_xlog_data(const protocol::xlog_data& x) {
+  if (x.wal_end > metrics_.server_wal_end) metrics_.server_wal_end = x.wal_end;
+  auto r = assembler_->feed(x.wal_start, x.data);
+  if (!r) {
+    failure_ = r.error().message;
+    return make_error_code(r.error().code);
+  }
+  between_transactions_ = !assembler_->in_transaction() && assembler_->open_streams() == 0 &&
+                          assembler_->held_prepared() == 0;
+  return {};
+}
+
+void gateway::on_keepalive(const protocol::primary_keepalive& k) {
+  if (k.wal_end > metrics_.server_wal_end) metrics_.server_wal_end = k.wal_end;
+  // Idle tables: with nothing outstanding, the keepalive position is durable too (the slot
+  // advances and the server can free WAL), once everything logged before it is synced.
+  if (between_transactions_ && !log_.dirty() && !log_.in_transaction()) keepalive_durable_ = k.wal_end;
+}
+
+protocol::lsn gateway::durable_lsn() const { return std::max(log_.durable_lsn(), keepalive_durable_); }
+
+boost::system::error_code gateway::on_begin(const protocol::transaction_info& t) {
+  between_transactions_ = false;
+  log_.begin(t.commit_lsn);   // false: a redelivered transaction, its events are skipped
+  return {};
+}
+
+boost::system::error_code gateway::on_change(const protocol::transaction_info& t, const protocol::change_event& e) {
+  transform::for_each_change(t, e, assembler_->relations(), &assembler_->types(), [&](const transform::change& c) {
+    log_.add(c);
+    ++metrics_.events_in;
+  });
+  return {};
+}
+
+boost::system::error_code gateway::on_commit(const protocol::transaction_info& t) {
+  log_.commit(t.commit_lsn, t.end_lsn);
+  ++metrics_.transactions_in;
+  metrics_.last_commit_time_us = t.commit_time;
+  schedule_sync();
+  return {};
+}
+
+void gateway::schedule_sync() {
+  if (sync_scheduled_) return;
+  sync_scheduled_ = true;
+  // Group commit: everything committed within sync_interval shares one fdatasync.
+  sync_timer_.expires_after(sync_interval_);
+  sync_timer_.async_wait([this, alive = alive_](boost::system::error_code ec) {
+    if (ec || !*alive) return;
+    sync_scheduled_ = false;
+    if (!log_.sync()) failure_ = log_.error();
+  });
+}
+
+void gateway::flush() {
+  if (!log_.sync()) failure_ = log_.error();
+}
+
+}  // namespace walgate::proxy

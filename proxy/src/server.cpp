@@ -1,0 +1,727 @@
+#include "walgate/proxy/server.hpp"
+
+#include "walgate/transform/json.hpp"
+#include "walgate/transform/record.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+#include <boost/beast/websocket.hpp>
+#include <boost/beast/websocket/ssl.hpp>
+#include <boost/url/parse.hpp>
+
+#include <map>
+#include <set>
+#include <sstream>
+
+namespace walgate::proxy {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace websocket = beast::websocket;
+using tcp = asio::ip::tcp;
+using asio::awaitable;
+constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
+
+extern const char* live_page_html;   // live_page.cpp
+
+// --- request parameters --------------------------------------------------------------------
+
+namespace {
+
+bool valid_ident(std::string_view s) {
+  if (s.empty() || s.size() > 63) return false;
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '$' || c == '-' ||
+          static_cast<unsigned char>(c) >= 0x80))
+      return false;
+  return true;
+}
+
+std::vector<std::string_view> split(std::string_view s, char sep) {
+  std::vector<std::string_view> out;
+  std::size_t start = 0;
+  while (true) {
+    auto p = s.find(sep, start);
+    out.push_back(s.substr(start, p == std::string_view::npos ? std::string_view::npos : p - start));
+    if (p == std::string_view::npos) break;
+    start = p + 1;
+  }
+  return out;
+}
+
+bool bool_param(std::string_view v, bool& out) {
+  if (v == "true" || v == "1" || v == "yes") out = true;
+  else if (v == "false" || v == "0" || v == "no") out = false;
+  else return false;
+  return true;
+}
+
+}  // namespace
+
+std::optional<stream_request> parse_stream_query(std::string_view target, request_error& error) {
+  stream_request r;
+  auto u = boost::urls::parse_origin_form(target);
+  if (!u) {
+    error = {"url", "the request target is not a valid URL"};
+    return std::nullopt;
+  }
+  for (auto p : u->params()) {
+    std::string key = p.key, value = p.has_value ? std::string(p.value) : std::string();
+    if (key == "format") {
+      if (value == "pgoutput2json-compact") {
+        r.fmt = transform::format::pgoutput2json;
+        r.compact = true;
+      } else if (auto f = transform::parse_format(value)) {
+        r.fmt = *f;
+      } else {
+        error = {"format", "unknown format '" + value + "': use native, debezium, pgoutput2json, waltail or wal2json"};
+        return std::nullopt;
+      }
+    } else if (key == "tables") {
+      for (auto t : split(value, ',')) {
+        auto dot = t.find('.');
+        if (dot == std::string_view::npos || !valid_ident(t.substr(0, dot)) ||
+            !(t.substr(dot + 1) == "*" || valid_ident(t.substr(dot + 1)))) {
+          error = {"tables", "malformed table pattern '" + std::string(t) + "': use schema.table or schema.*"};
+          return std::nullopt;
+        }
+        r.tables.emplace_back(std::string(t.substr(0, dot)), std::string(t.substr(dot + 1)));
+      }
+    } else if (key == "ops") {
+      for (auto o : split(value, ',')) {
+        char bit = o == "insert" ? 'c' : o == "update" ? 'u' : o == "delete" ? 'd' : o == "truncate" ? 't' : o == "message" ? 'm' : 0;
+        if (!bit) {
+          error = {"ops", "unknown op '" + std::string(o) + "': use insert, update, delete, truncate, message"};
+          return std::nullopt;
+        }
+        r.ops |= 1u << (bit - 'a');
+      }
+    } else if (key == "from") {
+      auto id = transform::event_id::parse(value);
+      if (!id) {
+        error = {"from", "malformed event id '" + value + "': use <commit_lsn>:<index>, e.g. 0/16B3748:0"};
+        return std::nullopt;
+      }
+      r.from = id;
+    } else if (key == "tombstones") {
+      if (!bool_param(value, r.tombstones)) {
+        error = {"tombstones", "use true or false"};
+        return std::nullopt;
+      }
+    } else if (key == "compact") {
+      if (!bool_param(value, r.compact)) {
+        error = {"compact", "use true or false"};
+        return std::nullopt;
+      }
+    } else {
+      error = {key, "unknown parameter '" + key + "'"};
+      return std::nullopt;
+    }
+  }
+  if (r.tombstones && r.fmt != transform::format::debezium) {
+    error = {"tombstones", "tombstones are a debezium option"};
+    return std::nullopt;
+  }
+  if (r.compact && r.fmt != transform::format::pgoutput2json) {
+    error = {"compact", "compact is a pgoutput2json option"};
+    return std::nullopt;
+  }
+  return r;
+}
+
+bool matches(const stream_request& r, const logged_event& e) {
+  if (r.ops && !(r.ops & (1u << (static_cast<char>(e.kind) - 'a')))) return false;
+  if (r.tables.empty()) return true;
+  if (e.table.empty()) return false;   // messages have no table
+  for (const auto& [schema, table] : r.tables)
+    if (schema == e.schema && (table == "*" || table == e.table)) return true;
+  return false;
+}
+
+// --- the server ----------------------------------------------------------------------------
+
+namespace {
+
+std::string json_error(std::string_view parameter, std::string_view message) {
+  std::string out = "{\"error\":";
+  transform::append_json_string(out, message);
+  if (!parameter.empty()) {
+    out += ",\"parameter\":";
+    transform::append_json_string(out, parameter);
+  }
+  out += "}\n";
+  return out;
+}
+
+encoding encoding_for(const stream_request& r) {
+  switch (r.fmt) {
+    case transform::format::native: return encoding::native;
+    case transform::format::debezium: return encoding::debezium;
+    case transform::format::pgoutput2json: return r.compact ? encoding::pgoutput2json_compact : encoding::pgoutput2json;
+    case transform::format::waltail: return encoding::waltail;
+    case transform::format::wal2json: return encoding::wal2json;
+  }
+  return encoding::native;
+}
+
+enum class transport { ndjson, sse, websocket };
+const char* transport_name(transport t) { return t == transport::ndjson ? "ndjson" : t == transport::sse ? "sse" : "websocket"; }
+
+}  // namespace
+
+struct client_state {
+  explicit client_state(asio::any_io_executor ex) : wake(ex), watchdog(ex) {}
+  asio::steady_timer wake;       // cancelled when events arrive
+  asio::steady_timer watchdog;   // write timeout
+  transport kind = transport::ndjson;
+  std::string last_id;           // the last event id delivered: where to resume
+  std::uint64_t cursor = 0;
+  std::size_t queued_bytes = 0;  // bytes handed to the socket and not yet written
+  bool live = false;
+  bool closing = false;
+  std::string close_reason;
+  std::function<void()> force_close;
+};
+
+struct server::impl : std::enable_shared_from_this<server::impl> {
+  impl(asio::any_io_executor ex, server_options o, gateway& g, server_status s)
+      : executor(ex), opts(std::move(o)), gw(g), status(std::move(s)), acceptor(ex) {}
+
+  asio::any_io_executor executor;
+  server_options opts;
+  gateway& gw;
+  server_status status;
+  tcp::acceptor acceptor;
+  std::unique_ptr<asio::ssl::context> tls;
+  std::set<client_state*> clients;
+  std::map<transport, std::size_t> by_transport;
+  bool stopping = false;
+
+  // Encodes once per event and encoding; every client of that encoding shares the bytes.
+  const std::string& encoded(const logged_event& e, encoding enc) {
+    auto& slot = e.json[static_cast<std::size_t>(enc)];
+    if (!slot) {
+      std::string out;
+      if (auto v = transform::read_record(protocol::as_bytes(e.record))) {
+        transform::change c = (*v)->get();
+        c.seq = e.seq;
+        auto o = opts.encoder;
+        o.compact = enc == encoding::pgoutput2json_compact;
+        transform::format f = enc == encoding::pgoutput2json_compact ? transform::format::pgoutput2json
+                                                                      : static_cast<transform::format>(enc);
+        transform::encode_change(out, c, f, o);
+      }
+      slot = std::make_shared<const std::string>(std::move(out));
+    }
+    return *slot;
+  }
+
+  std::string schema_line(const logged_event& e) {
+    std::string out;
+    if (auto v = transform::read_record(protocol::as_bytes(e.record))) {
+      transform::change c = (*v)->get();
+      auto o = opts.encoder;
+      o.compact = true;
+      o.include_schema = true;
+      transform::encode_change(out, c, transform::format::pgoutput2json, o);
+    }
+    return out;
+  }
+
+  void notify() {
+    for (auto* c : clients) c->wake.cancel();
+  }
+
+  // Lag of a client in bytes of records between its cursor and the head (memory tail only).
+  std::size_t lag_bytes(std::uint64_t cursor) const {
+    const auto& tail = gw.log().tail();
+    if (tail.empty() || cursor >= gw.log().next_seq()) return 0;
+    if (cursor < tail.front()->seq) return SIZE_MAX;
+    std::size_t n = 0;
+    for (std::size_t i = static_cast<std::size_t>(cursor - tail.front()->seq); i < tail.size(); ++i) n += tail[i]->record.size();
+    return n;
+  }
+
+  /// Next batch of encoded payloads for a client; empty if nothing new. Sets c.closing when the
+  /// client is too far behind.
+  std::vector<std::pair<std::string, const std::string*>> next_batch(client_state& c, const stream_request& r,
+                                                                     std::map<std::string, bool>& schemas_sent,
+                                                                     std::vector<std::string>& owned) {
+    std::vector<std::pair<std::string, const std::string*>> out;   // (id, payload)
+    auto& log = gw.log();
+    if (c.live && lag_bytes(c.cursor) > opts.client_lag_bytes) {
+      c.closing = true;
+      c.close_reason = "slow client: more than " + std::to_string(opts.client_lag_bytes) +
+                       " bytes behind the stream";
+      ++gw.metrics().clients_disconnected_slow;
+      return out;
+    }
+    if (c.cursor < log.first_seq()) {
+      c.closing = true;
+      c.close_reason = "the resume position is no longer retained; take a new snapshot";
+      return out;
+    }
+    std::size_t bytes = 0;
+    auto batch = log.read(c.cursor, 512);
+    encoding enc = encoding_for(r);
+    for (const auto& e : batch) {
+      c.cursor = e->seq + 1;
+      if (!matches(r, *e)) continue;
+      const std::string* payload = &encoded(*e, enc);
+      if (payload->empty()) continue;   // the format has no such event
+      if (enc == encoding::pgoutput2json_compact) {
+        std::string key = e->schema + "." + e->table;
+        // The schema goes with the first row of a table, and again after the table changes.
+        std::string sig = e->record.size() > 0 ? key : key;
+        if (!schemas_sent[key]) {
+          schemas_sent[key] = true;
+          owned.push_back(schema_line(*e));
+          payload = &owned.back();
+        }
+      }
+      std::string id = e->id.to_string();
+      out.emplace_back(id, payload);
+      bytes += payload->size();
+      if (r.tombstones && e->kind == transform::op::delete_) {
+        if (auto v = transform::read_record(protocol::as_bytes(e->record))) {
+          owned.push_back("{\"key\":" + transform::debezium_key((*v)->get(), opts.encoder) + ",\"value\":null}");
+          out.emplace_back(id, &owned.back());
+        }
+      }
+      if (bytes >= opts.batch_bytes) break;
+    }
+    if (c.cursor >= log.next_seq()) c.live = true;
+    return out;
+  }
+
+  // ------------------------------------------------------------------------------------------
+
+  template <class Stream>
+  awaitable<void> write_simple(Stream& s, unsigned version, http::status st, std::string_view type, std::string body,
+                               bool keep_alive) {
+    http::response<http::string_body> res{st, version};
+    res.set(http::field::server, "walgate");
+    res.set(http::field::content_type, type);
+    res.set(http::field::cache_control, "no-store");
+    res.keep_alive(keep_alive);
+    res.body() = std::move(body);
+    res.prepare_payload();
+    beast::get_lowest_layer(s).expires_after(opts.write_timeout);
+    co_await http::async_write(s, res, use_tuple);
+  }
+
+  std::string metrics_text() {
+    auto& m = gw.metrics();
+    auto& log = gw.log();
+    std::ostringstream o;
+    auto metric = [&](const char* name, const char* type, const char* help, auto value, const std::string& labels = "") {
+      o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n"
+        << name << labels << " " << value << "\n";
+    };
+    metric("walgate_events_in_total", "counter", "Events logged from PostgreSQL.", m.events_in);
+    metric("walgate_transactions_in_total", "counter", "Transactions logged.", m.transactions_in);
+    metric("walgate_events_out_total", "counter", "Events written to clients.", m.events_out);
+    metric("walgate_bytes_out_total", "counter", "Bytes of events written to clients.", m.bytes_out);
+    o << "# HELP walgate_clients Connected stream clients by transport.\n# TYPE walgate_clients gauge\n";
+    for (auto t : {transport::ndjson, transport::sse, transport::websocket})
+      o << "walgate_clients{transport=\"" << transport_name(t) << "\"} " << by_transport[t] << "\n";
+    o << "# HELP walgate_client_lag_events Events between a client's position and the head.\n"
+         "# TYPE walgate_client_lag_events gauge\n";
+    std::size_t i = 0;
+    for (auto* c : clients)
+      o << "walgate_client_lag_events{client=\"" << i++ << "\",transport=\"" << transport_name(c->kind) << "\"} "
+        << (log.next_seq() > c->cursor ? log.next_seq() - c->cursor : 0) << "\n";
+    metric("walgate_clients_disconnected_slow_total", "counter", "Clients disconnected for being too slow.",
+           m.clients_disconnected_slow);
+    std::int64_t lag_bytes = m.server_wal_end.valid() && m.server_wal_end > gw.durable_lsn()
+                                 ? static_cast<std::int64_t>(m.server_wal_end.value - gw.durable_lsn().value)
+                                 : 0;
+    metric("walgate_lag_bytes", "gauge", "Server WAL end minus the durable position.", lag_bytes);
+    double lag_s = 0;
+    if (m.last_commit_time_us)
+      lag_s = std::max<double>(0, (protocol::pg_now_us() - m.last_commit_time_us) / 1e6);
+    metric("walgate_last_commit_age_seconds", "gauge", "Seconds since the commit time of the last logged transaction.", lag_s);
+    metric("walgate_slot_retained_wal_bytes", "gauge", "WAL the slot retains on the server (pg_replication_slots).",
+           m.slot_retained_wal);
+    metric("walgate_reconnects_total", "counter", "Reconnections to PostgreSQL.", status.reconnects ? status.reconnects() : 0);
+    metric("walgate_log_disk_bytes", "gauge", "Bytes of event log on disk.", log.disk_bytes());
+    metric("walgate_log_next_seq", "gauge", "Sequence number of the next event.", log.next_seq());
+    metric("walgate_durable_lsn", "gauge", "Durable position (acknowledged to PostgreSQL) as a number.", gw.durable_lsn().value);
+    return o.str();
+  }
+
+  // The streaming loop shared by NDJSON and SSE.
+  template <class Stream>
+  awaitable<void> serve_http_stream(Stream& s, const http::request<http::empty_body>& req, stream_request r,
+                                    transport kind, std::uint64_t start) {
+    client_state c(executor);
+    c.kind = kind;
+    c.cursor = start;
+    c.force_close = [&s] { beast::get_lowest_layer(s).close(); };
+    clients.insert(&c);
+    ++by_transport[kind];
+    struct cleanup {
+      impl* self;
+      client_state* c;
+      ~cleanup() {
+        self->clients.erase(c);
+        --self->by_transport[c->kind];
+      }
+    } guard{this, &c};
+
+    http::response<http::empty_body> res{http::status::ok, req.version()};
+    res.set(http::field::server, "walgate");
+    res.set(http::field::content_type, kind == transport::sse ? "text/event-stream" : "application/x-ndjson");
+    res.set(http::field::cache_control, "no-cache");
+    res.set("X-Accel-Buffering", "no");
+    res.chunked(true);
+    http::response_serializer<http::empty_body> sr{res};
+    beast::get_lowest_layer(s).expires_after(opts.write_timeout);
+    auto [hec, hn] = co_await http::async_write_header(s, sr, use_tuple);
+    if (hec) co_return;
+    if (kind == transport::sse) {
+      std::string retry = "retry: " + std::to_string(opts.sse_retry.count()) + "\n\n";
+      auto [ec, n] = co_await asio::async_write(s, http::make_chunk(asio::buffer(retry)), use_tuple);
+      if (ec) co_return;
+    }
+    std::map<std::string, bool> schemas;
+    std::vector<std::string> owned;
+    std::string out;
+    while (!stopping && !c.closing) {
+      owned.clear();
+      auto batch = next_batch(c, r, schemas, owned);
+      if (c.closing) break;
+      out.clear();
+      if (batch.empty()) {
+        c.wake.expires_after(opts.keepalive);
+        auto [ec] = co_await c.wake.async_wait(use_tuple);
+        if (!ec && !stopping) out = kind == transport::sse ? ": keep-alive\n\n" : "\n";   // idle keep-alive
+        if (out.empty()) continue;
+      }
+      for (const auto& [id, payload] : batch) {
+        if (kind == transport::sse) {
+          out += "id: ";
+          out += id;
+          out += "\ndata: ";
+          out += *payload;
+          out += "\n\n";
+        } else {
+          out += *payload;
+          out += '\n';
+        }
+        c.last_id = id;
+      }
+      beast::get_lowest_layer(s).expires_after(opts.write_timeout);
+      auto [ec, n] = co_await asio::async_write(s, http::make_chunk(asio::buffer(out)), use_tuple);
+      if (ec) {
+        if (ec == beast::error::timeout) ++gw.metrics().clients_disconnected_slow;
+        co_return;
+      }
+      gw.metrics().events_out += batch.size();
+      gw.metrics().bytes_out += out.size();
+    }
+    // A last line that says why, and where to resume.
+    std::string reason = stopping ? "server shutting down" : c.close_reason;
+    std::string last = "{\"error\":";
+    transform::append_json_string(last, reason);
+    last += ",\"resume_from\":";
+    if (c.last_id.empty()) last += "null";
+    else transform::append_json_string(last, c.last_id);
+    last += "}";
+    std::string tail = kind == transport::sse ? "event: error\ndata: " + last + "\n\n" : last + "\n";
+    beast::get_lowest_layer(s).expires_after(std::chrono::seconds(5));
+    co_await asio::async_write(s, http::make_chunk(asio::buffer(tail)), use_tuple);
+    co_await asio::async_write(s, http::make_chunk_last(), use_tuple);
+  }
+
+  template <class Stream>
+  awaitable<void> serve_websocket(Stream s, http::request<http::empty_body> req, stream_request r, std::uint64_t start) {
+    websocket::stream<Stream> ws(std::move(s));
+    beast::get_lowest_layer(ws).expires_never();
+    websocket::stream_base::timeout t{};
+    t.handshake_timeout = std::chrono::seconds(10);
+    t.idle_timeout = opts.keepalive * 2;   // a ping goes out at half of it; no pong: closed
+    t.keep_alive_pings = true;
+    ws.set_option(t);
+    websocket::permessage_deflate pmd;
+    pmd.server_enable = true;   // used when the client offers it
+    ws.set_option(pmd);
+    ws.read_message_max(opts.ws_message_limit);
+    ws.set_option(websocket::stream_base::decorator([](websocket::response_type& res) { res.set(http::field::server, "walgate"); }));
+    auto [aec] = co_await ws.async_accept(req, use_tuple);
+    if (aec) co_return;
+
+    client_state c(executor);
+    c.kind = transport::websocket;
+    c.cursor = start;
+    c.force_close = [&ws] { beast::get_lowest_layer(ws).close(); };
+    clients.insert(&c);
+    ++by_transport[c.kind];
+    struct cleanup {
+      impl* self;
+      client_state* c;
+      ~cleanup() {
+        self->clients.erase(c);
+        --self->by_transport[c->kind];
+      }
+    } guard{this, &c};
+
+    // The reader answers pings, enforces the message limit (1009) and UTF-8 (1007); walgate
+    // expects nothing from clients, so a message is read and dropped.
+    auto reading = std::make_shared<bool>(true);
+    asio::co_spawn(
+        executor,
+        [&ws, &c, reading]() -> awaitable<void> {
+          beast::flat_buffer b;
+          while (true) {
+            auto [ec, n] = co_await ws.async_read(b, use_tuple);
+            if (ec) break;
+            b.consume(b.size());
+          }
+          *reading = false;
+          c.closing = true;
+          c.wake.cancel();
+        },
+        asio::detached);
+
+    std::map<std::string, bool> schemas;
+    std::vector<std::string> owned;
+    ws.text(true);
+    while (!stopping && !c.closing) {
+      owned.clear();
+      auto batch = next_batch(c, r, schemas, owned);
+      if (c.closing) break;
+      if (batch.empty()) {
+        c.wake.expires_after(opts.keepalive);
+        co_await c.wake.async_wait(use_tuple);
+        continue;
+      }
+      std::size_t bytes = 0;
+      for (const auto& [id, payload] : batch) {
+        // A write that outlasts write_timeout: the client does not read; close it.
+        c.watchdog.expires_after(opts.write_timeout);
+        c.watchdog.async_wait([&c](boost::system::error_code ec) {
+          if (!ec) {
+            c.closing = true;
+            c.close_reason = "slow client: a write took too long";
+            c.force_close();
+          }
+        });
+        auto [ec, n] = co_await ws.async_write(asio::buffer(*payload), use_tuple);
+        c.watchdog.cancel();
+        if (ec) {
+          if (c.close_reason.rfind("slow", 0) == 0) ++gw.metrics().clients_disconnected_slow;
+          co_return;
+        }
+        c.last_id = id;
+        bytes += payload->size();
+      }
+      gw.metrics().events_out += batch.size();
+      gw.metrics().bytes_out += bytes;
+    }
+    if (!*reading) co_return;   // the client closed, or broke the protocol (Beast answered)
+    websocket::close_reason why;
+    if (stopping) {
+      why.code = websocket::close_code::going_away;
+      why.reason = "server shutting down";
+    } else {
+      why.code = websocket::close_code::try_again_later;
+      why.reason = c.close_reason.substr(0, 60);
+    }
+    if (!c.last_id.empty()) why.reason += "; resume from " + c.last_id;
+    if (why.reason.size() > 123) why.reason.resize(123);
+    co_await ws.async_close(why, use_tuple);
+  }
+
+  template <class Stream>
+  awaitable<void> serve(Stream s) {
+    beast::flat_buffer buffer;
+    while (!stopping) {
+      http::request_parser<http::empty_body> parser;
+      parser.header_limit(static_cast<std::uint32_t>(opts.header_limit + opts.url_limit));
+      parser.body_limit(0);
+      beast::get_lowest_layer(s).expires_after(opts.header_timeout);
+      auto [ec, n] = co_await http::async_read(s, buffer, parser, use_tuple);
+      if (ec == http::error::header_limit) {
+        co_await write_simple(s, 11, http::status::request_header_fields_too_large, "application/json",
+                              json_error("", "request header fields too large"), false);
+        co_return;
+      }
+      if (ec == http::error::body_limit) {
+        co_await write_simple(s, 11, http::status::payload_too_large, "application/json",
+                              json_error("", "request bodies are not accepted"), false);
+        co_return;
+      }
+      if (ec) co_return;   // closed, timed out (trickled headers) or malformed
+      auto req = parser.release();
+      std::size_t header_bytes = 0;
+      for (const auto& f : req) header_bytes += f.name_string().size() + f.value().size() + 4;
+      if (req.target().size() > opts.url_limit) {
+        co_await write_simple(s, req.version(), http::status::uri_too_long, "application/json",
+                              json_error("", "request URL too long"), false);
+        co_return;
+      }
+      if (header_bytes > opts.header_limit) {
+        co_await write_simple(s, req.version(), http::status::request_header_fields_too_large, "application/json",
+                              json_error("", "request header fields too large"), false);
+        co_return;
+      }
+      std::string_view target(req.target().data(), req.target().size());
+      std::string_view path = target.substr(0, target.find('?'));
+      bool keep = req.keep_alive();
+      if (req.method() != http::verb::get && req.method() != http::verb::head) {
+        co_await write_simple(s, req.version(), http::status::method_not_allowed, "application/json",
+                              json_error("", "only GET is supported"), false);
+        co_return;
+      }
+      if (path == "/healthz") {
+        co_await write_simple(s, req.version(), http::status::ok, "application/json", "{\"status\":\"ok\"}\n", keep);
+      } else if (path == "/readyz") {
+        bool ready = status.streaming && status.streaming();
+        co_await write_simple(s, req.version(), ready ? http::status::ok : http::status::service_unavailable,
+                              "application/json", ready ? "{\"status\":\"streaming\"}\n" : "{\"status\":\"not streaming\"}\n",
+                              keep);
+      } else if (path == "/metrics") {
+        co_await write_simple(s, req.version(), http::status::ok, "text/plain; version=0.0.4", metrics_text(), keep);
+      } else if (path == "/") {
+        co_await write_simple(s, req.version(), http::status::ok, "text/html; charset=utf-8", live_page_html, keep);
+      } else if (path == "/v1/stream" || path == "/v1/ws") {
+        request_error err;
+        auto r = parse_stream_query(target, err);
+        if (!r) {
+          co_await write_simple(s, req.version(), http::status::bad_request, "application/json",
+                                json_error(err.parameter, err.message), false);
+          co_return;
+        }
+        auto last_event_id = req["Last-Event-ID"];
+        if (!r->from && !last_event_id.empty()) {
+          auto id = transform::event_id::parse(std::string_view(last_event_id.data(), last_event_id.size()));
+          if (!id) {
+            co_await write_simple(s, req.version(), http::status::bad_request, "application/json",
+                                  json_error("Last-Event-ID", "malformed event id"), false);
+            co_return;
+          }
+          r->from = id;
+        }
+        std::uint64_t start = gw.log().next_seq();
+        if (r->from) {
+          auto seq = gw.log().seq_after(*r->from);
+          if (!seq) {
+            co_await write_simple(s, req.version(), http::status::gone, "application/json",
+                                  json_error("from", "event " + r->from->to_string() +
+                                                         " is older than the retained log; take a new snapshot"),
+                                  false);
+            co_return;
+          }
+          start = *seq;
+        }
+        if (path == "/v1/ws") {
+          if (!websocket::is_upgrade(req)) {
+            co_await write_simple(s, req.version(), http::status::upgrade_required, "application/json",
+                                  json_error("", "/v1/ws needs a WebSocket upgrade"), false);
+            co_return;
+          }
+          co_await serve_websocket(std::move(s), std::move(req), std::move(*r), start);
+          co_return;
+        }
+        auto accept = req[http::field::accept];
+        bool sse = std::string_view(accept.data(), accept.size()).find("text/event-stream") != std::string_view::npos;
+        co_await serve_http_stream(s, req, std::move(*r), sse ? transport::sse : transport::ndjson, start);
+        co_return;
+      } else {
+        co_await write_simple(s, req.version(), http::status::not_found, "application/json",
+                              json_error("", "no such endpoint"), keep);
+      }
+      if (!keep) co_return;
+    }
+  }
+
+  awaitable<void> session(tcp::socket socket) {
+    auto self = shared_from_this();
+    beast::tcp_stream stream(std::move(socket));
+    if (tls) {
+      beast::ssl_stream<beast::tcp_stream> ss(std::move(stream), *tls);
+      beast::get_lowest_layer(ss).expires_after(opts.header_timeout);
+      auto [ec] = co_await ss.async_handshake(asio::ssl::stream_base::server, use_tuple);
+      if (ec) co_return;
+      co_await serve(std::move(ss));
+    } else {
+      co_await serve(std::move(stream));
+    }
+  }
+
+  awaitable<void> accept_loop() {
+    auto self = shared_from_this();
+    while (!stopping) {
+      auto [ec, socket] = co_await acceptor.async_accept(use_tuple);
+      if (ec) {
+        if (stopping) break;
+        continue;
+      }
+      asio::co_spawn(executor, session(std::move(socket)), asio::detached);
+    }
+  }
+};
+
+server::server(asio::any_io_executor ex, server_options opts, gateway& gw, server_status status)
+    : impl_(std::make_shared<impl>(ex, std::move(opts), gw, std::move(status))) {}
+
+server::~server() { stop(); }
+
+bool server::start(std::string& error) {
+  auto& i = *impl_;
+  boost::system::error_code ec;
+  auto addr = asio::ip::make_address(i.opts.host, ec);
+  if (ec) {
+    error = "--listen: invalid address '" + i.opts.host + "'";
+    return false;
+  }
+  if (!i.opts.tls_cert.empty()) {
+    i.tls = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
+    i.tls->use_certificate_chain_file(i.opts.tls_cert, ec);
+    if (!ec) i.tls->use_private_key_file(i.opts.tls_key, asio::ssl::context::pem, ec);
+    if (ec) {
+      error = "--tls-cert/--tls-key: " + ec.message();
+      return false;
+    }
+  }
+  tcp::endpoint ep(addr, i.opts.port);
+  i.acceptor.open(ep.protocol(), ec);
+  if (!ec) i.acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) i.acceptor.bind(ep, ec);
+  if (!ec) i.acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    error = "cannot listen on " + i.opts.host + ":" + std::to_string(i.opts.port) + ": " + ec.message();
+    return false;
+  }
+  asio::co_spawn(i.executor, impl_->accept_loop(), asio::detached);
+  return true;
+}
+
+std::uint16_t server::port() const {
+  boost::system::error_code ec;
+  return impl_->acceptor.local_endpoint(ec).port();
+}
+
+void server::stop() {
+  auto& i = *impl_;
+  if (i.stopping) return;
+  i.stopping = true;
+  boost::system::error_code ec;
+  i.acceptor.close(ec);
+  i.notify();
+}
+
+void server::notify() { impl_->notify(); }
+std::size_t server::clients() const { return impl_->clients.size(); }
+
+}  // namespace walgate::proxy

@@ -1,0 +1,439 @@
+// End to end: a real PostgreSQL, the gateway in-process, and clients over real sockets —
+// NDJSON, Server-Sent Events and WebSocket in every format, filters, resume, slow clients, bad
+// requests and shutdown.
+#include "walgate/proxy/gateway.hpp"
+#include "walgate/proxy/server.hpp"
+
+#include "test_cluster.hpp"
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/websocket.hpp>
+#include <boost/json.hpp>
+
+#include <doctest/doctest.h>
+
+#include <sys/socket.h>
+
+#include <thread>
+
+using namespace walgate;
+using namespace walgate::proxy;
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace websocket = beast::websocket;
+namespace json = boost::json;
+using tcp = asio::ip::tcp;
+
+namespace {
+
+struct running_gateway {
+  std::filesystem::path dir;
+  std::unique_ptr<event_log> log;
+  asio::io_context io;
+  std::unique_ptr<gateway> gw;
+  std::unique_ptr<replication_client> client;
+  std::unique_ptr<server> srv;
+  std::thread thread;
+
+  running_gateway(const std::string& slot, const std::string& publication, server_options so = {}) {
+    std::string t = (std::filesystem::temp_directory_path() / "walgate-gw-XXXXXX").string();
+    dir = mkdtemp(t.data());
+    std::string error;
+    log_options lo;
+    lo.dir = dir;
+    lo.fsync = false;
+    log = event_log::open(lo, error);
+    REQUIRE_MESSAGE(log, error);
+    gw = std::make_unique<gateway>(io.get_executor(), *log, protocol::assembler_options{});
+    replication_settings rs;
+    rs.conn = *parse_conninfo(test::cluster().conninfo()).params;
+    rs.slot = slot;
+    rs.publications = {publication};
+    rs.messages = true;
+    rs.status_interval = std::chrono::milliseconds(200);
+    client = std::make_unique<replication_client>(io.get_executor(), rs, *gw);
+    so.port = 0;
+    server_status st;
+    st.streaming = [this] { return client->streaming(); };
+    st.reconnects = [this] { return client->reconnects(); };
+    srv = std::make_unique<server>(io.get_executor(), so, *gw, st);
+    gw->on_new_events([this] { srv->notify(); });
+    REQUIRE_MESSAGE(srv->start(error), error);
+    asio::co_spawn(io, client->run(), [](std::exception_ptr, outcome<void>) {});
+    thread = std::thread([this] { io.run(); });
+    REQUIRE(test::wait_until([this] { return client->streaming(); }));
+  }
+  std::uint16_t port() const { return srv->port(); }
+  void stop_server() {
+    asio::post(io, [this] { srv->stop(); });
+  }
+  ~running_gateway() {
+    asio::post(io, [this] {
+      srv->stop();
+      client->stop();
+      auto t = std::make_shared<asio::steady_timer>(io, std::chrono::milliseconds(500));
+      t->async_wait([this, t](boost::system::error_code) { io.stop(); });
+    });
+    thread.join();
+    std::filesystem::remove_all(dir);
+  }
+};
+
+void set_timeout(tcp::socket& s, int ms) {
+  timeval tv{ms / 1000, (ms % 1000) * 1000};
+  ::setsockopt(s.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
+/// An HTTP client that reads a streaming (chunked) response as it arrives.
+struct stream_client {
+  asio::io_context io;
+  tcp::socket sock{io};
+  beast::flat_buffer buf;
+  http::response_parser<http::string_body> parser;
+  std::size_t consumed = 0;
+  bool ended = false;
+
+  stream_client(std::uint16_t port, const std::string& target, const std::vector<std::pair<std::string, std::string>>& headers = {}) {
+    sock.connect({asio::ip::make_address("127.0.0.1"), port});
+    set_timeout(sock, 10000);
+    std::string req = "GET " + target + " HTTP/1.1\r\nHost: localhost\r\n";
+    for (const auto& [k, v] : headers) req += k + ": " + v + "\r\n";
+    req += "\r\n";
+    asio::write(sock, asio::buffer(req));
+    parser.body_limit(boost::none);
+    boost::system::error_code ec;
+    http::read_header(sock, buf, parser, ec);
+  }
+  unsigned status() { return parser.get().result_int(); }
+  std::string header(const char* name) { return std::string(parser.get()[name]); }
+  /// Reads until the body holds `count` more complete lines (or EOF/timeout); returns them.
+  std::vector<std::string> lines(std::size_t count) {
+    std::vector<std::string> out;
+    while (true) {
+      auto& body = parser.get().body();
+      std::size_t nl;
+      while (out.size() < count && (nl = body.find('\n', consumed)) != std::string::npos) {
+        out.push_back(body.substr(consumed, nl - consumed));
+        consumed = nl + 1;
+      }
+      if (out.size() >= count || ended) return out;
+      boost::system::error_code ec;
+      http::read_some(sock, buf, parser, ec);
+      if (ec || parser.is_done()) ended = true;
+    }
+  }
+  /// Non-blank NDJSON lines.
+  std::vector<std::string> events(std::size_t count) {
+    std::vector<std::string> out;
+    while (out.size() < count) {
+      auto l = lines(1);
+      if (l.empty()) break;
+      if (!l[0].empty()) out.push_back(l[0]);
+    }
+    return out;
+  }
+  /// SSE events as (id, data).
+  std::vector<std::pair<std::string, std::string>> sse(std::size_t count) {
+    std::vector<std::pair<std::string, std::string>> out;
+    std::string id, data;
+    while (out.size() < count) {
+      auto l = lines(1);
+      if (l.empty()) break;
+      const std::string& line = l[0];
+      if (line.empty()) {
+        if (!data.empty()) out.emplace_back(id, data);
+        id.clear();
+        data.clear();
+      } else if (line.rfind("id: ", 0) == 0) {
+        id = line.substr(4);
+      } else if (line.rfind("data: ", 0) == 0) {
+        data = line.substr(6);
+      }
+    }
+    return out;
+  }
+};
+
+struct ws_client {
+  asio::io_context io;
+  websocket::stream<tcp::socket> ws{io};
+  explicit ws_client(std::uint16_t port, const std::string& target, bool deflate = false) {
+    ws.next_layer().connect({asio::ip::make_address("127.0.0.1"), port});
+    set_timeout(ws.next_layer(), 10000);
+    if (deflate) {
+      websocket::permessage_deflate pmd;
+      pmd.client_enable = true;
+      ws.set_option(pmd);
+    }
+    ws.handshake("localhost", target);
+  }
+  std::vector<std::string> messages(std::size_t count) {
+    std::vector<std::string> out;
+    while (out.size() < count) {
+      beast::flat_buffer b;
+      boost::system::error_code ec;
+      ws.read(b, ec);
+      if (ec) break;
+      out.push_back(beast::buffers_to_string(b.data()));
+    }
+    return out;
+  }
+  /// Reads until the server closes; returns the close reason.
+  websocket::close_reason wait_close() {
+    beast::flat_buffer b;
+    boost::system::error_code ec;
+    while (!ec) ws.read(b, ec), b.consume(b.size());
+    return ws.reason();
+  }
+};
+
+/// A plain request; returns (status, body).
+std::pair<unsigned, std::string> get(std::uint16_t port, const std::string& raw_request) {
+  asio::io_context io;
+  tcp::socket s(io);
+  s.connect({asio::ip::make_address("127.0.0.1"), port});
+  set_timeout(s, 10000);
+  asio::write(s, asio::buffer(raw_request));
+  beast::flat_buffer b;
+  http::response<http::string_body> res;
+  boost::system::error_code ec;
+  http::read(s, b, res, ec);
+  if (ec && ec != http::error::end_of_stream) return {0, ec.message()};
+  return {res.result_int(), res.body()};
+}
+std::pair<unsigned, std::string> get_path(std::uint16_t port, const std::string& target) {
+  return get(port, "GET " + target + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+}
+
+std::string id_of(const std::string& native_json) { return std::string(json::parse(native_json).at("id").as_string()); }
+
+void setup_tables(const std::string& prefix) {
+  test::cluster().sql("CREATE TABLE " + prefix + "_items(id int PRIMARY KEY, name text, price numeric(8,2)); "
+                      "CREATE TABLE " + prefix + "_other(id int PRIMARY KEY); "
+                      "CREATE PUBLICATION " + prefix + "_pub FOR TABLE " + prefix + "_items, " + prefix + "_other");
+}
+
+}  // namespace
+
+TEST_CASE("every transport in every format: changes arrive complete and in order") {
+  setup_tables("e2e");
+  running_gateway g("e2e_slot", "e2e_pub");
+  const char* formats[] = {"native", "debezium", "pgoutput2json", "waltail", "wal2json"};
+  std::vector<std::unique_ptr<stream_client>> ndjson, sse;
+  std::vector<std::unique_ptr<ws_client>> ws;
+  for (const char* f : formats) {
+    ndjson.push_back(std::make_unique<stream_client>(g.port(), std::string("/v1/stream?format=") + f));
+    CHECK(ndjson.back()->status() == 200);
+    CHECK(ndjson.back()->header("Content-Type") == "application/x-ndjson");
+    sse.push_back(std::make_unique<stream_client>(g.port(), std::string("/v1/stream?format=") + f,
+                                                  std::vector<std::pair<std::string, std::string>>{{"Accept", "text/event-stream"}}));
+    CHECK(sse.back()->header("Content-Type") == "text/event-stream");
+    ws.push_back(std::make_unique<ws_client>(g.port(), std::string("/v1/ws?format=") + f, f[0] == 'w'));
+  }
+  auto& pg = test::cluster();
+  pg.sql("INSERT INTO e2e_items VALUES (1, 'one', 1.50), (2, 'two \"quoted\"', 2.25)");
+  pg.sql("UPDATE e2e_items SET name = 'uno' WHERE id = 1");
+  pg.sql("DELETE FROM e2e_items WHERE id = 2");
+  for (std::size_t i = 0; i < 5; ++i) {
+    INFO("format " << formats[i]);
+    auto a = ndjson[i]->events(4);
+    auto b = sse[i]->sse(4);
+    auto c = ws[i]->messages(4);
+    REQUIRE(a.size() == 4);
+    REQUIRE(b.size() == 4);
+    REQUIRE(c.size() == 4);
+    for (std::size_t k = 0; k < 4; ++k) {
+      CHECK(a[k] == b[k].second);   // the same bytes on every transport
+      CHECK(a[k] == c[k]);
+      json::parse(a[k]);            // throws if not JSON
+    }
+    // SSE ids are event ids, increasing.
+    auto first = transform::event_id::parse(b[0].first), last = transform::event_id::parse(b[3].first);
+    REQUIRE((first && last));
+    CHECK(*first < *last);
+    if (std::string(formats[i]) == "native") {
+      CHECK(json::parse(a[0]).at("op") == "insert");
+      CHECK(json::parse(a[1]).at("after").at("name") == "two \"quoted\"");
+      CHECK(json::parse(a[2]).at("op") == "update");
+      CHECK(json::parse(a[3]).at("op") == "delete");
+      CHECK(json::parse(a[3]).at("before").at("id") == 2);
+      CHECK(b[1].first == id_of(a[1]));
+    }
+  }
+  auto [code, metrics] = get_path(g.port(), "/metrics");
+  CHECK(code == 200);
+  CHECK(metrics.find("walgate_clients{transport=\"websocket\"} 5") != std::string::npos);
+  CHECK(metrics.find("walgate_events_in_total 4") != std::string::npos);
+  CHECK(get_path(g.port(), "/readyz").first == 200);
+  CHECK(get_path(g.port(), "/healthz").first == 200);
+  auto page = get_path(g.port(), "/");
+  CHECK(page.first == 200);
+  CHECK(page.second.find("EventSource('/v1/stream") != std::string::npos);
+}
+
+TEST_CASE("table and op filters; resume by from and Last-Event-ID with no gap and no duplicate") {
+  setup_tables("flt");
+  running_gateway g("flt_slot", "flt_pub");
+  stream_client other(g.port(), "/v1/stream?tables=public.flt_other");
+  stream_client deletes(g.port(), "/v1/stream?ops=delete&tables=public.*");
+  stream_client all(g.port(), "/v1/stream");
+  auto& pg = test::cluster();
+  for (int i = 1; i <= 10; ++i) pg.sql("INSERT INTO flt_items VALUES (" + std::to_string(i) + ", 'x', 1)");
+  pg.sql("INSERT INTO flt_other VALUES (1), (2)");
+  pg.sql("DELETE FROM flt_items WHERE id <= 3");
+  auto o = other.events(2);
+  REQUIRE(o.size() == 2);
+  for (const auto& e : o) CHECK(json::parse(e).at("table") == "flt_other");
+  auto d = deletes.events(3);
+  REQUIRE(d.size() == 3);
+  for (const auto& e : d) CHECK(json::parse(e).at("op") == "delete");
+  auto every = all.events(15);
+  REQUIRE(every.size() == 15);
+
+  // Resume after the 6th event: exactly events 7..15.
+  std::string from = id_of(every[5]);
+  stream_client resumed(g.port(), "/v1/stream?from=" + from);
+  auto rest = resumed.events(9);
+  REQUIRE(rest.size() == 9);
+  for (std::size_t k = 0; k < 9; ++k) CHECK(rest[k] == every[6 + k]);
+  // (more events may arrive later; none is required)
+
+  // EventSource's reconnect: Last-Event-ID.
+  stream_client sse(g.port(), "/v1/stream", {{"Accept", "text/event-stream"}, {"Last-Event-ID", id_of(every[11])}});
+  auto tail = sse.sse(3);
+  REQUIRE(tail.size() == 3);
+  CHECK(tail[0].second == every[12]);
+  CHECK(tail[2].second == every[14]);
+
+  // Before what is retained: 410 with a clear message; the same over WebSocket's upgrade path.
+  auto gone = get_path(g.port(), "/v1/stream?from=0/1:0");
+  CHECK(gone.first == 410);
+  CHECK(gone.second.find("new snapshot") != std::string::npos);
+}
+
+TEST_CASE("bad requests: 400 naming the parameter, 404, 414, 431, trickled headers, WebSocket 1007 and 1009") {
+  setup_tables("bad");
+  server_options so;
+  so.header_timeout = std::chrono::milliseconds(1000);
+  so.ws_message_limit = 1024;
+  running_gateway g("bad_slot", "bad_pub", so);
+  struct {
+    const char* target;
+    const char* parameter;
+  } cases[] = {{"/v1/stream?format=xml", "format"},   {"/v1/stream?tables=nodot", "tables"},
+               {"/v1/stream?tables=a.b;c", "tables"}, {"/v1/stream?ops=upsert", "ops"},
+               {"/v1/stream?from=12", "from"},        {"/v1/stream?tombstones=true", "tombstones"},
+               {"/v1/stream?bogus=1", "bogus"},       {"/v1/ws?format=nope", "format"}};
+  for (const auto& c : cases) {
+    auto [code, body] = get_path(g.port(), c.target);
+    INFO(c.target << " -> " << body);
+    CHECK(code == 400);
+    CHECK(json::parse(body).at("parameter") == c.parameter);
+  }
+  CHECK(get_path(g.port(), "/nope").first == 404);
+  CHECK(get_path(g.port(), "/v1/ws").first == 426);   // no upgrade
+  CHECK(get_path(g.port(), "/v1/stream?from=" + std::string(5000, '0')).first == 414);
+  CHECK(get(g.port(), "GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(9000, 'a') + "\r\n\r\n").first == 431);
+  CHECK(get(g.port(), "GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(20000, 'a') + "\r\n\r\n").first == 431);
+
+  {  // headers trickled byte by byte: the connection is closed at the header deadline
+    asio::io_context io;
+    tcp::socket s(io);
+    s.connect({asio::ip::make_address("127.0.0.1"), g.port()});
+    set_timeout(s, 5000);
+    std::string req = "GET /healthz HTTP/1.1\r\nHost: x\r\n";
+    auto start = std::chrono::steady_clock::now();
+    boost::system::error_code ec;
+    for (char ch : req) {
+      asio::write(s, asio::buffer(&ch, 1), ec);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (ec) break;
+    }
+    char b[64];
+    s.read_some(asio::buffer(b), ec);   // never completed: the server closes
+    CHECK(ec == asio::error::eof);
+    bool quick = std::chrono::steady_clock::now() - start < std::chrono::seconds(5);
+    CHECK(quick);
+  }
+  {
+    ws_client w(g.port(), "/v1/ws");
+    w.ws.text(true);
+    std::string bad = "\xff\xfe";
+    boost::system::error_code ec;
+    w.ws.write(asio::buffer(bad), ec);
+    CHECK(w.wait_close().code == websocket::close_code::bad_payload);   // 1007
+  }
+  {
+    ws_client w(g.port(), "/v1/ws");
+    w.ws.write(asio::buffer(std::string(2048, 'x')));
+    CHECK(w.wait_close().code == websocket::close_code::too_big);   // 1009
+  }
+  // Nothing crashed; other clients are served.
+  CHECK(get_path(g.port(), "/healthz").first == 200);
+  stream_client c(g.port(), "/v1/stream");
+  test::cluster().sql("INSERT INTO bad_items VALUES (1, 'still', 1)");
+  CHECK(c.events(1).size() == 1);
+}
+
+TEST_CASE("a slow client is disconnected with where to resume; the others are not slowed") {
+  setup_tables("slow");
+  server_options so;
+  so.client_lag_bytes = 4u << 20;
+  so.write_timeout = std::chrono::milliseconds(2000);
+  running_gateway g("slow_slot", "slow_pub", so);
+  stream_client slow(g.port(), "/v1/stream?format=native");   // never reads until the end
+  stream_client fast(g.port(), "/v1/stream?format=native");
+  // 2,000 small transactions, 20 MB of events at about 10 MB/s: far more than the slow client's
+  // socket buffers and its 4 MB bound hold; a client that reads stays well within the bound.
+  std::thread load([] {
+    test::cluster().sql("DO $$ BEGIN FOR t IN 0..1999 LOOP INSERT INTO slow_items SELECT t * 10 + g, "
+                        "repeat('x', 1000), 1 FROM generate_series(1, 10) g; COMMIT; PERFORM pg_sleep(0.001); END LOOP; END $$");
+  });
+  std::size_t received = 0;
+  while (received < 20000) {
+    auto batch = fast.events(500);
+    if (batch.empty()) break;
+    received += batch.size();
+  }
+  load.join();
+  CHECK(received == 20000);
+  // The slow client's stream ended: with a last line saying why and where to resume, unless
+  // its socket was too full to take even that (then the write timeout closed it).
+  std::string last;
+  while (true) {
+    auto l = slow.lines(1);
+    if (l.empty()) break;
+    if (!l[0].empty()) last = l[0];
+  }
+  CHECK(slow.ended);
+  auto metrics = get_path(g.port(), "/metrics").second;
+  CHECK(metrics.find("walgate_clients_disconnected_slow_total 0") == std::string::npos);
+  if (last.rfind("{\"error\"", 0) == 0) {
+    CHECK(last.find("slow client") != std::string::npos);
+    CHECK(last.find("\"resume_from\":") != std::string::npos);
+  }
+}
+
+TEST_CASE("shutdown: NDJSON gets a last line and WebSocket a going-away close, both with the resume id") {
+  setup_tables("down");
+  running_gateway g("down_slot", "down_pub");
+  stream_client s(g.port(), "/v1/stream");
+  ws_client w(g.port(), "/v1/ws");
+  test::cluster().sql("INSERT INTO down_items VALUES (1, 'a', 1)");
+  auto e = s.events(1);
+  REQUIRE(e.size() == 1);
+  REQUIRE(w.messages(1).size() == 1);
+  g.stop_server();
+  auto last = s.events(1);
+  REQUIRE(last.size() == 1);
+  CHECK(last[0].find("server shutting down") != std::string::npos);
+  CHECK(last[0].find("\"resume_from\":\"" + id_of(e[0]) + "\"") != std::string::npos);
+  auto why = w.wait_close();
+  CHECK(why.code == websocket::close_code::going_away);
+  std::string reason(why.reason.data(), why.reason.size());
+  CHECK(reason.find("resume from " + id_of(e[0])) != std::string::npos);
+}

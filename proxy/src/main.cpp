@@ -13,6 +13,7 @@
 #include "walgate/proxy/server.hpp"
 
 #include <CLI/CLI.hpp>
+#include <toml++/toml.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
@@ -23,7 +24,9 @@
 
 #include <libpq-fe.h>
 
+#include <algorithm>
 #include <atomic>
+#include <variant>
 #include <cstdio>
 #include <random>
 #include <thread>
@@ -452,53 +455,162 @@ int run_demo(settings s) {
 
 }  // namespace
 
+namespace {
+
+// One setting: its name (the long flag without --, the config key, WALGATE_<NAME> in the
+// environment) and where it goes.
+struct binding {
+  const char* name;
+  std::variant<std::string*, int*, std::size_t*, bool*, std::vector<std::string>*> target;
+};
+
+std::vector<std::string> split_list(const std::string& v) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (true) {
+    auto c = v.find(',', start);
+    out.push_back(v.substr(start, c == std::string::npos ? std::string::npos : c - start));
+    if (c == std::string::npos) break;
+    start = c + 1;
+  }
+  return out;
+}
+
+/// Sets a binding from text (environment); empty string when it worked, else the error.
+std::string assign(const binding& b, const std::string& text) {
+  try {
+    return std::visit(
+        [&](auto* p) -> std::string {
+          using T = std::remove_pointer_t<decltype(p)>;
+          if constexpr (std::is_same_v<T, std::string>) *p = text;
+          else if constexpr (std::is_same_v<T, int>) *p = std::stoi(text);
+          else if constexpr (std::is_same_v<T, std::size_t>) *p = static_cast<std::size_t>(std::stoull(text));
+          else if constexpr (std::is_same_v<T, bool>) {
+            if (text == "1" || text == "true" || text == "yes") *p = true;
+            else if (text == "0" || text == "false" || text == "no" || text.empty()) *p = false;
+            else return "expected true or false";
+          } else *p = split_list(text);
+          return {};
+        },
+        b.target);
+  } catch (const std::exception&) {
+    return "not a number";
+  }
+}
+
+std::string env_name(const char* name) {
+  std::string out = "WALGATE_";
+  for (const char* c = name; *c; ++c) out.push_back(*c == '-' ? '_' : static_cast<char>(std::toupper(*c)));
+  return out;
+}
+
+/// The config file (TOML, keys as the long flags) and then the environment, into the settings;
+/// the command line is parsed after, so flags win over environment over file.
+bool load_config_and_env(const std::vector<binding>& bindings, const std::string& config, std::string& error) {
+  if (!config.empty()) {
+    toml::table t;
+    try {
+      t = toml::parse_file(config);
+    } catch (const toml::parse_error& e) {
+      error = "--config " + config + ": " + std::string(e.description());
+      return false;
+    }
+    for (const auto& [key, node] : t) {
+      std::string k(key.str());
+      auto it = std::find_if(bindings.begin(), bindings.end(), [&](const binding& b) { return k == b.name; });
+      if (it == bindings.end()) {
+        error = "--config " + config + ": unknown setting '" + k + "'";
+        return false;
+      }
+      std::string text;
+      if (auto v = node.value<std::string>()) text = *v;
+      else if (auto i = node.value<std::int64_t>()) text = std::to_string(*i);
+      else if (auto b = node.value<bool>()) text = *b ? "true" : "false";
+      else if (auto* arr = node.as_array()) {
+        for (const auto& el : *arr)
+          if (auto sv = el.value<std::string>()) text += (text.empty() ? "" : ",") + *sv;
+      } else {
+        error = "--config " + config + ": setting '" + k + "' has an unsupported type";
+        return false;
+      }
+      if (auto e = assign(*it, text); !e.empty()) {
+        error = "--config " + config + ": " + k + ": " + e;
+        return false;
+      }
+    }
+  }
+  for (const auto& b : bindings) {
+    std::string name = env_name(b.name);
+    if (const char* v = std::getenv(name.c_str())) {
+      if (auto e = assign(b, v); !e.empty()) {
+        error = name + ": " + e;
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  CLI::App app{"walgate — PostgreSQL logical replication as JSON for browsers, WebSocket clients and curl"};
+  CLI::App app{"walgate — PostgreSQL logical replication as JSON for browsers, WebSocket clients and curl\n"
+               "Settings: flags over WALGATE_<FLAG> environment variables over the --config TOML file."};
   app.set_version_flag("--version", "walgate 0.1.0");
-  app.set_config("--config", "", "TOML config file (keys as the long flags without --)");
-  app.option_defaults()->always_capture_default();
-  settings s;
-  std::string capture;
-  auto add_common = [&](CLI::App* a) {
-    a->add_option("--pg", s.pg, "libpq connection string or URI (PG* environment honoured)")->envname("WALGATE_PG");
-    a->add_option("--slot", s.slot, "logical replication slot (created if missing)")->envname("WALGATE_SLOT");
-    a->add_option("--publication", s.publications, "publication(s) to stream")
-        ->delimiter(',')
-        ->envname("WALGATE_PUBLICATION");
-    a->add_option("--status-interval", s.status_interval_ms, "status update interval while idle, ms")
-        ->envname("WALGATE_STATUS_INTERVAL")
-        ->check(CLI::Range(100, 60'000));
+  settings s, stream_settings;
+  std::string capture, config;
+  app.add_option("--config", config, "TOML config file (keys as the long flags without --)");
+  std::vector<binding> bindings = {
+      {"pg", &s.pg}, {"slot", &s.slot}, {"publication", &s.publications}, {"status-interval", &s.status_interval_ms},
+      {"create-publication", &s.create_publication}, {"listen", &s.listen}, {"data-dir", &s.data_dir},
+      {"allow-unauthenticated", &s.allow_unauthenticated}, {"tls-cert", &s.tls_cert}, {"tls-key", &s.tls_key},
+      {"client-lag-mb", &s.client_lag_mb}, {"retention-mb", &s.retention_mb}, {"debezium-name", &s.debezium_name},
+      {"debezium-decimal-mode", &s.decimal_mode}, {"debezium-time-precision", &s.time_precision},
+      {"no-fsync", &s.no_fsync}};
+  // --config is needed before the flags are parsed (they override what it sets).
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--config") config = argv[i + 1];
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]).rfind("--config=", 0) == 0) config = std::string(argv[i]).substr(9);
+  if (config.empty())
+    if (const char* c = std::getenv("WALGATE_CONFIG")) config = c;
+  std::string error;
+  if (!load_config_and_env(bindings, config, error)) {
+    std::fprintf(stderr, "walgate: %s\n", error.c_str());
+    return 2;
+  }
+  auto add_common = [&](CLI::App* a, settings& st) {
+    a->add_option("--pg", st.pg, "libpq connection string or URI (PG* environment honoured)");
+    a->add_option("--slot", st.slot, "logical replication slot (created if missing)")->capture_default_str();
+    a->add_option("--publication", st.publications, "publication(s) to stream")->delimiter(',');
+    a->add_option("--status-interval", st.status_interval_ms, "status update interval while idle, ms")
+        ->check(CLI::Range(100, 60'000))
+        ->capture_default_str();
   };
-  auto add_serve = [&](CLI::App* a) {
-    a->add_option("--create-publication", s.create_publication,
-                  "create the publication if missing: 'ALL TABLES' or a table list (schema.t1,schema.t2)")
-        ->envname("WALGATE_CREATE_PUBLICATION");
-    a->add_option("--listen", s.listen, "HOST:PORT to serve on")->envname("WALGATE_LISTEN");
-    a->add_option("--data-dir", s.data_dir, "directory of the event log")->envname("WALGATE_DATA_DIR");
-    a->add_flag("--allow-unauthenticated", s.allow_unauthenticated,
-                "allow a non-loopback --listen without authentication")
-        ->envname("WALGATE_ALLOW_UNAUTHENTICATED");
-    a->add_option("--tls-cert", s.tls_cert, "PEM certificate chain for HTTPS/WSS")->envname("WALGATE_TLS_CERT");
-    a->add_option("--tls-key", s.tls_key, "PEM private key for HTTPS/WSS")->envname("WALGATE_TLS_KEY");
-    a->add_option("--client-lag-mb", s.client_lag_mb, "a client further behind than this is disconnected")
-        ->envname("WALGATE_CLIENT_LAG_MB")
-        ->check(CLI::Range(1, 65536));
-    a->add_option("--retention-mb", s.retention_mb, "event log kept on disk")->envname("WALGATE_RETENTION_MB");
-    a->add_option("--debezium-name", s.debezium_name, "Debezium source.name")->envname("WALGATE_DEBEZIUM_NAME");
-    a->add_option("--debezium-decimal-mode", s.decimal_mode, "string, double or precise")
-        ->envname("WALGATE_DEBEZIUM_DECIMAL_MODE")
-        ->check(CLI::IsMember({"string", "double", "precise"}));
-    a->add_option("--debezium-time-precision", s.time_precision, "adaptive_time_microseconds or connect")
-        ->envname("WALGATE_DEBEZIUM_TIME_PRECISION")
-        ->check(CLI::IsMember({"adaptive_time_microseconds", "connect"}));
-    a->add_flag("--no-fsync", s.no_fsync, "do not fdatasync the event log (benchmarks only: acknowledges unsynced data)");
-  };
-  add_common(&app);
-  add_serve(&app);
+  add_common(&app, s);
+  app.add_option("--create-publication", s.create_publication,
+                 "create the publication if missing: 'ALL TABLES' or a table list (schema.t1,schema.t2)");
+  app.add_option("--listen", s.listen, "HOST:PORT to serve on")->capture_default_str();
+  app.add_option("--data-dir", s.data_dir, "directory of the event log")->capture_default_str();
+  app.add_flag("--allow-unauthenticated", s.allow_unauthenticated, "allow a non-loopback --listen without authentication");
+  app.add_option("--tls-cert", s.tls_cert, "PEM certificate chain for HTTPS/WSS");
+  app.add_option("--tls-key", s.tls_key, "PEM private key for HTTPS/WSS");
+  app.add_option("--client-lag-mb", s.client_lag_mb, "a client further behind than this is disconnected")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
+  app.add_option("--retention-mb", s.retention_mb, "event log kept on disk")->capture_default_str();
+  app.add_option("--debezium-name", s.debezium_name, "Debezium source.name")->capture_default_str();
+  app.add_option("--debezium-decimal-mode", s.decimal_mode, "string, double or precise")
+      ->check(CLI::IsMember({"string", "double", "precise"}))
+      ->capture_default_str();
+  app.add_option("--debezium-time-precision", s.time_precision, "adaptive_time_microseconds or connect")
+      ->check(CLI::IsMember({"adaptive_time_microseconds", "connect"}))
+      ->capture_default_str();
+  app.add_flag("--no-fsync", s.no_fsync, "do not fdatasync the event log (benchmarks only: acknowledges unsynced data)");
   auto* demo = app.add_subcommand("demo", "a throwaway PostgreSQL with a trickle of changes, and the gateway");
   demo->add_option("--listen", s.listen, "HOST:PORT to serve on");
   auto* stream = app.add_subcommand("stream", "stream from a server and print each decoded message");
-  add_common(stream);
+  add_common(stream, stream_settings);
   stream->add_option("--capture", capture, "append every byte read from the server to FILE");
   try {
     app.parse(argc, argv);
@@ -506,7 +618,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   if (*demo) return run_demo(s);
-  if (*stream) return run_stream(s, capture);
+  if (*stream) return run_stream(stream_settings, capture);
   if (s.pg.empty()) {
     std::fprintf(stderr, "walgate: --pg is required (or WALGATE_PG, or pg in the --config file); see walgate --help\n");
     return 2;

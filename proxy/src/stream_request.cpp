@@ -1,0 +1,125 @@
+#include "walgate/proxy/server.hpp"
+
+#include <boost/url/parse.hpp>
+
+#include <cctype>
+
+// Stream request parameters: parsed from untrusted query strings, so kept apart from the server
+// (no Beast) for the fuzz target.
+namespace walgate::proxy {
+
+// --- request parameters --------------------------------------------------------------------
+
+namespace {
+
+bool valid_ident(std::string_view s) {
+  if (s.empty() || s.size() > 63) return false;
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '$' || c == '-' ||
+          static_cast<unsigned char>(c) >= 0x80))
+      return false;
+  return true;
+}
+
+std::vector<std::string_view> split(std::string_view s, char sep) {
+  std::vector<std::string_view> out;
+  std::size_t start = 0;
+  while (true) {
+    auto p = s.find(sep, start);
+    out.push_back(s.substr(start, p == std::string_view::npos ? std::string_view::npos : p - start));
+    if (p == std::string_view::npos) break;
+    start = p + 1;
+  }
+  return out;
+}
+
+bool bool_param(std::string_view v, bool& out) {
+  if (v == "true" || v == "1" || v == "yes") out = true;
+  else if (v == "false" || v == "0" || v == "no") out = false;
+  else return false;
+  return true;
+}
+
+}  // namespace
+
+std::optional<stream_request> parse_stream_query(std::string_view target, request_error& error) {
+  stream_request r;
+  auto u = boost::urls::parse_origin_form(target);
+  if (!u) {
+    error = {"url", "the request target is not a valid URL"};
+    return std::nullopt;
+  }
+  for (auto p : u->params()) {
+    std::string key = p.key, value = p.has_value ? std::string(p.value) : std::string();
+    if (key == "format") {
+      if (value == "pgoutput2json-compact") {
+        r.fmt = transform::format::pgoutput2json;
+        r.compact = true;
+      } else if (auto f = transform::parse_format(value)) {
+        r.fmt = *f;
+      } else {
+        error = {"format", "unknown format '" + value + "': use native, debezium, pgoutput2json, waltail or wal2json"};
+        return std::nullopt;
+      }
+    } else if (key == "tables") {
+      for (auto t : split(value, ',')) {
+        auto dot = t.find('.');
+        if (dot == std::string_view::npos || !valid_ident(t.substr(0, dot)) ||
+            !(t.substr(dot + 1) == "*" || valid_ident(t.substr(dot + 1)))) {
+          error = {"tables", "malformed table pattern '" + std::string(t) + "': use schema.table or schema.*"};
+          return std::nullopt;
+        }
+        r.tables.emplace_back(std::string(t.substr(0, dot)), std::string(t.substr(dot + 1)));
+      }
+    } else if (key == "ops") {
+      for (auto o : split(value, ',')) {
+        char bit = o == "insert" ? 'c' : o == "update" ? 'u' : o == "delete" ? 'd' : o == "truncate" ? 't' : o == "message" ? 'm' : 0;
+        if (!bit) {
+          error = {"ops", "unknown op '" + std::string(o) + "': use insert, update, delete, truncate, message"};
+          return std::nullopt;
+        }
+        r.ops |= 1u << (bit - 'a');
+      }
+    } else if (key == "from") {
+      auto id = transform::event_id::parse(value);
+      if (!id) {
+        error = {"from", "malformed event id '" + value + "': use <commit_lsn>:<index>, e.g. 0/16B3748:0"};
+        return std::nullopt;
+      }
+      r.from = id;
+    } else if (key == "tombstones") {
+      if (!bool_param(value, r.tombstones)) {
+        error = {"tombstones", "use true or false"};
+        return std::nullopt;
+      }
+    } else if (key == "compact") {
+      if (!bool_param(value, r.compact)) {
+        error = {"compact", "use true or false"};
+        return std::nullopt;
+      }
+    } else {
+      error = {key.empty() ? "query" : key, "unknown parameter '" + key + "'"};
+      return std::nullopt;
+    }
+  }
+  if (r.tombstones && r.fmt != transform::format::debezium) {
+    error = {"tombstones", "tombstones are a debezium option"};
+    return std::nullopt;
+  }
+  if (r.compact && r.fmt != transform::format::pgoutput2json) {
+    error = {"compact", "compact is a pgoutput2json option"};
+    return std::nullopt;
+  }
+  return r;
+}
+
+bool matches(const stream_request& r, const logged_event& e) {
+  if (r.ops && !(r.ops & (1u << (static_cast<char>(e.kind) - 'a')))) return false;
+  if (r.tables.empty()) return true;
+  if (e.table.empty()) return false;   // messages have no table
+  for (const auto& [schema, table] : r.tables)
+    if (schema == e.schema && (table == "*" || table == e.table)) return true;
+  return false;
+}
+
+}  // namespace walgate::proxy

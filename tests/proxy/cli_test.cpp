@@ -1,0 +1,72 @@
+// The walgate command line: one-line errors naming the setting, secure defaults, and the
+// precedence flags > WALGATE_* environment > TOML config file.
+#include <doctest/doctest.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <sys/wait.h>
+
+namespace {
+struct run_result {
+  int status = -1;
+  std::string output;
+};
+run_result run(const std::string& args, const std::string& env = "") {
+  std::string cmd = env + " " + std::string(WALGATE_BINARY) + " " + args + " 2>&1";
+  run_result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf{};
+  while (std::fgets(buf.data(), buf.size(), p)) r.output += buf.data();
+  int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+const std::string base = "--pg 'host=/nonexistent port=1' --publication p --data-dir /tmp/walgate-cli-test ";
+}  // namespace
+
+TEST_CASE("--help reads well and --version answers") {
+  auto h = run("--help");
+  CHECK(h.status == 0);
+  for (const char* flag : {"--pg", "--slot", "--publication", "--create-publication", "--listen", "--data-dir",
+                           "--config", "--allow-unauthenticated", "--tls-cert", "--tls-key", "demo", "stream"})
+    CHECK_MESSAGE(h.output.find(flag) != std::string::npos, flag);
+  CHECK(run("--version").output.find("walgate 0.1.0") != std::string::npos);
+}
+
+TEST_CASE("a wrong setting is a one-line error naming it") {
+  auto a = run(base + "--status-interval 5");
+  CHECK(a.status != 0);
+  CHECK(a.output.find("--status-interval") != std::string::npos);
+  auto b = run(base + "--listen nowhere");
+  CHECK(b.status == 2);
+  CHECK(b.output.find("--listen") != std::string::npos);
+  auto c = run(base + "--debezium-decimal-mode exact");
+  CHECK(c.status != 0);
+  CHECK(c.output.find("--debezium-decimal-mode") != std::string::npos);
+  auto d = run("--publication p");
+  CHECK(d.status == 2);
+  CHECK(d.output.find("--pg is required") != std::string::npos);
+  auto e = run("--publication p --pg 'host=x bogus=1'");
+  CHECK(e.status == 2);
+  CHECK(e.output.find("--pg: invalid connection string") != std::string::npos);
+}
+
+TEST_CASE("secure default: a non-loopback address needs --allow-unauthenticated") {
+  auto r = run(base + "--listen 0.0.0.0:0");
+  CHECK(r.status == 2);
+  CHECK(r.output.find("--allow-unauthenticated") != std::string::npos);
+}
+
+TEST_CASE("flags over WALGATE_* environment over the config file") {
+  std::string cfg = "/tmp/walgate-cli-test.toml";
+  std::ofstream(cfg) << "slot = \"from_file_X\"\npg = \"host=/nonexistent port=1\"\npublication = [\"p\"]\n";
+  auto file = run("--config " + cfg);
+  CHECK(file.output.find("'from_file_X'") != std::string::npos);
+  auto env = run("--config " + cfg, "WALGATE_SLOT=from_env_X");
+  CHECK(env.output.find("'from_env_X'") != std::string::npos);
+  auto flag = run("--config " + cfg + " --slot from_flag_X", "WALGATE_SLOT=from_env_X");
+  CHECK(flag.output.find("'from_flag_X'") != std::string::npos);
+  std::remove(cfg.c_str());
+}

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bench=${1:-../shared/bench}
-WALGATE_WITH_FUZZ=0 .ci/install-deps.sh
+WALGATE_WITH_FUZZ=0 WALGATE_WITH_BROWSER=0 .ci/install-deps.sh
 cmake --preset default >/dev/null
 cmake --build --preset default --target decode_bench walgate-capture-workload
 frames=$(mktemp /tmp/walgate-bench-XXXXXX.frames)

@@ -3,7 +3,7 @@
 # streamed through walgate. Ctrl-C stops everything and leaves nothing running.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-WALGATE_WITH_FUZZ=0 .ci/install-deps.sh
+WALGATE_WITH_FUZZ=0 WALGATE_WITH_BROWSER=0 .ci/install-deps.sh
 cmake --preset default >/dev/null
 cmake --build --preset default --target walgate
 exec build/proxy/walgate demo "$@"

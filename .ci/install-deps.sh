@@ -10,6 +10,9 @@ packages=(
   postgresql-15 postgresql-15-wal2json
   nodejs npm
 )
+if [ "${WALGATE_WITH_BROWSER:-1}" = 1 ]; then
+  packages+=(chromium)
+fi
 if [ "${WALGATE_WITH_FUZZ:-1}" = 1 ]; then
   packages+=(clang-19 libclang-rt-19-dev)
 fi

@@ -18,6 +18,9 @@ for v in $versions; do
   bindirs="${bindirs:+$bindirs;}$b"
 done
 
+# playwright-core drives Debian's chromium (it never downloads a browser of its own).
+(cd tests/browser && npm install --no-audit --no-fund --loglevel=error >/dev/null)
+
 cmake --preset default -DWALGATE_PG_BINDIRS="$bindirs" >/dev/null
 cmake --build --preset default
 

@@ -378,6 +378,7 @@ std::optional<std::uint64_t> event_log::seq_after(const transform::event_id& id)
   // At or past the newest event: resume at the head.
   const transform::event_id newest = !tail_.empty() ? tail_.back()->id : segments_.back().last_id;
   if (!(id < newest)) return next_seq_;
+  if (!tail_.empty() && tail_.front()->seq == 0 && id < tail_.front()->id) return 0;
   if (!tail_.empty() && !(id < tail_.front()->id)) {
     auto it = std::upper_bound(tail_.begin(), tail_.end(), id,
                                [](const transform::event_id& v, const event_ptr& e) { return v < e->id; });
@@ -386,8 +387,9 @@ std::optional<std::uint64_t> event_log::seq_after(const transform::event_id& id)
   for (const auto& s : segments_) {
     if (s.end_seq == s.first_seq || s.last_id < id || s.last_id == id) continue;
     if (id < s.first_id) {
-      // Before the oldest retained event: gone, unless it is exactly the one before it.
-      if (&s == &segments_.front()) return std::nullopt;
+      // Before the oldest retained event: gone, unless nothing was ever dropped (the log
+      // still starts at its first event), in which case nothing after it is missing.
+      if (&s == &segments_.front()) return s.first_seq == 0 ? std::optional<std::uint64_t>(0) : std::nullopt;
       return s.first_seq;
     }
     for (std::uint64_t seq = s.first_seq; seq < s.end_seq;) {

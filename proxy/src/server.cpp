@@ -151,7 +151,7 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
       ++gw.metrics().clients_disconnected_slow;
       return out;
     }
-    if (c.cursor < log.first_seq()) {
+    if (c.cursor < log.first_seq() && (log.tail().empty() || c.cursor < log.tail().front()->seq)) {
       c.closing = true;
       c.close_reason = "the resume position is no longer retained; take a new snapshot";
       return out;

@@ -15,6 +15,7 @@
 
 #include <doctest/doctest.h>
 
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <thread>
@@ -39,11 +40,11 @@ struct running_gateway {
   std::unique_ptr<server> srv;
   std::thread thread;
 
-  running_gateway(const std::string& slot, const std::string& publication, server_options so = {}) {
+  running_gateway(const std::string& slot, const std::string& publication, server_options so = {},
+                  log_options lo = {}) {
     std::string t = (std::filesystem::temp_directory_path() / "walgate-gw-XXXXXX").string();
     dir = mkdtemp(t.data());
     std::string error;
-    log_options lo;
     lo.dir = dir;
     lo.fsync = false;
     log = event_log::open(lo, error);
@@ -82,6 +83,12 @@ struct running_gateway {
     std::filesystem::remove_all(dir);
   }
 };
+
+/// Waits up to ms for the socket to become readable (asio's blocking reads ignore SO_RCVTIMEO).
+bool wait_readable(tcp::socket& s, int ms) {
+  pollfd p{s.native_handle(), POLLIN, 0};
+  return ::poll(&p, 1, ms) > 0;
+}
 
 void set_timeout(tcp::socket& s, int ms) {
   timeval tv{ms / 1000, (ms % 1000) * 1000};
@@ -122,14 +129,19 @@ struct stream_client {
       }
       if (out.size() >= count || ended) return out;
       boost::system::error_code ec;
+      if (buf.size() == 0 && !wait_readable(sock, 10000)) {
+        ended = true;   // nothing for 10 s
+        return out;
+      }
       http::read_some(sock, buf, parser, ec);
       if (ec || parser.is_done()) ended = true;
     }
   }
-  /// Non-blank NDJSON lines.
+  /// Non-blank NDJSON lines (at most 20 s: keep-alive blank lines do not extend the wait).
   std::vector<std::string> events(std::size_t count) {
     std::vector<std::string> out;
-    while (out.size() < count) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (out.size() < count && std::chrono::steady_clock::now() < deadline) {
       auto l = lines(1);
       if (l.empty()) break;
       if (!l[0].empty()) out.push_back(l[0]);
@@ -309,10 +321,36 @@ TEST_CASE("table and op filters; resume by from and Last-Event-ID with no gap an
   CHECK(tail[0].second == every[12]);
   CHECK(tail[2].second == every[14]);
 
-  // Before what is retained: 410 with a clear message; the same over WebSocket's upgrade path.
-  auto gone = get_path(g.port(), "/v1/stream?from=0/1:0");
+  // From before the first event of a log that never dropped anything: the whole log.
+  stream_client whole(g.port(), "/v1/stream?from=0/1:0");
+  auto everything = whole.events(15);
+  REQUIRE(everything.size() == 15);
+  CHECK(everything[0] == every[0]);
+}
+
+TEST_CASE("a resume position older than the retained log is 410 Gone") {
+  setup_tables("ret");
+  log_options lo;
+  lo.segment_bytes = 4096;
+  lo.retention_bytes = 16384;
+  lo.memory_bytes = 8192;
+  running_gateway g("ret_slot", "ret_pub", {}, lo);
+  stream_client c(g.port(), "/v1/stream");
+  std::vector<std::string> all;
+  for (int t = 0; t < 20; ++t) {
+    test::cluster().sql("INSERT INTO ret_items SELECT g, repeat('x', 200), 1 FROM generate_series(" +
+                        std::to_string(t * 10 + 1) + ", " + std::to_string(t * 10 + 10) + ") g");
+    auto batch = c.events(10);   // a client that keeps up is never cut off by retention
+    all.insert(all.end(), batch.begin(), batch.end());
+  }
+  REQUIRE(all.size() == 200);
+  auto gone = get_path(g.port(), "/v1/stream?from=" + id_of(all[0]));
   CHECK(gone.first == 410);
-  CHECK(gone.second.find("new snapshot") != std::string::npos);
+  CHECK(gone.second.find("take a new snapshot") != std::string::npos);
+  stream_client recent(g.port(), "/v1/stream?from=" + id_of(all[197]));
+  auto rest = recent.events(2);
+  REQUIRE(rest.size() == 2);
+  CHECK(rest[1] == all[199]);
 }
 
 TEST_CASE("bad requests: 400 naming the parameter, 404, 414, 431, trickled headers, WebSocket 1007 and 1009") {

@@ -1,0 +1,313 @@
+// Serving benchmarks (docs/benchmarks.md), side by side with the reference in one run:
+//   drain    the standard workload (../shared/bench) drained by pg_recvlogical and, from an
+//            identical slot, by walgate to an NDJSON client: wall time ratio, CPU seconds of
+//            each side and of the walsenders, walgate's peak RSS
+//   latency  commit-to-client latency at a steady 2,000 changes/s with 100 WebSocket clients
+//   memory   RSS growth per idle WebSocket client, 5,000 of them
+// usage: walgate-bench-serve PATH/TO/walgate [SHARED_BENCH_DIR]
+#include "walgate/proxy/local_cluster.hpp"
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/websocket.hpp>
+#include <libpq-fe.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <signal.h>
+#include <sstream>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+using namespace walgate;
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace websocket = beast::websocket;
+using tcp = asio::ip::tcp;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+double cpu_seconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto close = s.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream rest(s.substr(close + 2));
+  std::string field;
+  unsigned long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::stoul(field);
+    if (i == 15) stime = std::stoul(field);
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+long rss_kib(pid_t pid, const char* field = "VmRSS:") {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(field, 0) == 0) return std::stol(line.substr(std::strlen(field)));
+  return -1;
+}
+
+pid_t spawn(const std::vector<std::string>& argv, const std::string& out = "/dev/null") {
+  std::fflush(stdout);   // or the child prints our buffered output again
+  pid_t pid = fork();
+  if (pid == 0) {
+    FILE* f = std::freopen(out.c_str(), "w", stdout);
+    (void)f;
+    std::vector<char*> a;
+    for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+    a.push_back(nullptr);
+    execvp(a[0], a.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+std::string sql1(const std::string& conninfo, const std::string& q) {
+  PGconn* c = PQconnectdb(conninfo.c_str());
+  PGresult* r = PQexec(c, q.c_str());
+  std::string v = PQntuples(r) > 0 && !PQgetisnull(r, 0, 0) ? PQgetvalue(r, 0, 0) : "";
+  PQclear(r);
+  PQfinish(c);
+  return v;
+}
+
+/// Samples the walsender of a slot until stop; returns its last CPU seconds.
+struct walsender_watch {
+  std::atomic<bool> stop{false};
+  std::atomic<double> cpu{0};
+  std::thread t;
+  walsender_watch(std::string conninfo, std::string slot) {
+    t = std::thread([this, conninfo, slot] {
+      pid_t pid = 0;
+      while (!stop) {
+        if (!pid) pid = std::atoi(sql1(conninfo, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = '" + slot + "'").c_str());
+        if (pid) {
+          double c = cpu_seconds(pid);
+          if (c >= 0) cpu = c;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(pid ? 20 : 5));
+      }
+    });
+  }
+  double finish() {
+    stop = true;
+    t.join();
+    return cpu;
+  }
+};
+
+std::uint16_t free_port() {
+  asio::io_context io;
+  tcp::acceptor a(io, {asio::ip::make_address("127.0.0.1"), 0});
+  return a.local_endpoint().port();
+}
+
+bool wait_ready(std::uint16_t port) {
+  for (int i = 0; i < 300; ++i) {
+    asio::io_context io;
+    tcp::socket s(io);
+    boost::system::error_code ec;
+    s.connect({asio::ip::make_address("127.0.0.1"), port}, ec);
+    if (!ec) {
+      std::string req = "GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+      asio::write(s, asio::buffer(req), ec);
+      char buf[64] = {};
+      s.read_some(asio::buffer(buf), ec);
+      if (std::string(buf).find(" 200 ") != std::string::npos) return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: walgate-bench-serve PATH/TO/walgate [SHARED_BENCH_DIR]\n");
+    return 2;
+  }
+  std::string walgate = argv[1], bench = argc > 2 ? argv[2] : "../shared/bench";
+  rlimit rl{};
+  getrlimit(RLIMIT_NOFILE, &rl);
+  rl.rlim_cur = rl.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &rl);
+
+  std::string error;
+  proxy::cluster_options o;
+  o.name = "walgate-bench";
+  o.extra_conf = {"max_connections = 200"};
+  auto pg = proxy::local_cluster::start(o, error);
+  if (!pg) {
+    std::fprintf(stderr, "%s\n", error.c_str());
+    return 1;
+  }
+  std::string conninfo = pg->conninfo();
+  std::string psql_args = "-h " + pg->socket_dir().string() + " -p " + std::to_string(pg->port()) + " -U postgres -d postgres";
+  if (std::system(("psql -X -q " + psql_args + " -v ON_ERROR_STOP=1 -f " + bench + "/workload.sql >/dev/null 2>&1").c_str()) != 0)
+    return 1;
+  pg->sql("CREATE PUBLICATION bench_pub FOR TABLE bench_orders");
+  pg->sql("SELECT pg_create_logical_replication_slot('bench_ref', 'pgoutput')");
+  pg->sql("SELECT pg_create_logical_replication_slot('bench_gw', 'pgoutput')");
+  if (std::system((bench + "/load.sh " + psql_args).c_str()) != 0) return 1;
+  std::string end = *pg->sql("SELECT pg_current_wal_lsn()")[0][0];
+  long changes = std::stol(*pg->sql("SELECT 260000")[0][0]);
+  std::printf("workload loaded; end LSN %s\n", end.c_str());
+
+  // --- drain: the reference ---
+  std::string bindir = pg->bindir().string();
+  walsender_watch ref_ws(conninfo, "bench_ref");
+  auto t0 = clock_type::now();
+  pid_t ref = spawn({bindir + "/pg_recvlogical", "-d", conninfo, "--start", "-S", "bench_ref", "-o", "proto_version=1", "-o",
+                     "publication_names=bench_pub", "--endpos=" + end, "-F", "0", "-f", "-", "--no-loop"});
+  rusage ru{};
+  int status = 0;
+  wait4(ref, &status, 0, &ru);
+  double ref_s = std::chrono::duration<double>(clock_type::now() - t0).count();
+  double ref_cpu = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+  double ref_walsender = ref_ws.finish();
+
+  // --- drain: walgate to an NDJSON client ---
+  std::string data = (pg->dir() / "walgate-data").string();
+  std::uint16_t port = free_port();
+  walsender_watch gw_ws(conninfo, "bench_gw");
+  t0 = clock_type::now();
+  pid_t gw = spawn({walgate, "--pg", conninfo, "--slot", "bench_gw", "--publication", "bench_pub", "--data-dir", data,
+                    "--listen", "127.0.0.1:" + std::to_string(port)});
+  if (!wait_ready(port)) {
+    std::fprintf(stderr, "walgate did not become ready\n");
+    kill(gw, SIGKILL);
+    return 1;
+  }
+  long received = 0;
+  {
+    asio::io_context io;
+    tcp::socket s(io);
+    s.connect({asio::ip::make_address("127.0.0.1"), port});
+    std::string req = "GET /v1/stream?format=native&from=0/0:0 HTTP/1.1\r\nHost: x\r\n\r\n";
+    asio::write(s, asio::buffer(req));
+    std::string carry;
+    std::vector<char> buf(1 << 20);
+    const std::string marker = "{\"id\":";
+    while (received < changes) {
+      boost::system::error_code ec;
+      std::size_t n = s.read_some(asio::buffer(buf), ec);
+      if (ec) break;
+      carry.append(buf.data(), n);
+      std::size_t pos = 0, last = 0;
+      while ((pos = carry.find(marker, pos)) != std::string::npos) {
+        ++received;
+        pos += marker.size();
+        last = pos;
+      }
+      carry.erase(0, last);
+    }
+  }
+  double gw_s = std::chrono::duration<double>(clock_type::now() - t0).count();
+  double gw_cpu = cpu_seconds(gw);
+  long gw_hwm = rss_kib(gw, "VmHWM:");
+  double gw_walsender = gw_ws.finish();
+  std::printf("\ndrain of %ld changes\n", received);
+  std::printf("  pg_recvlogical   %6.2f s wall, %5.2f CPU s; walsender %5.2f CPU s\n", ref_s, ref_cpu, ref_walsender);
+  std::printf("  walgate (NDJSON) %6.2f s wall, %5.2f CPU s; walsender %5.2f CPU s; peak RSS %ld MiB\n", gw_s, gw_cpu,
+              gw_walsender, gw_hwm / 1024);
+  std::printf("  ratio walgate/reference wall %.2f; walgate CPU / its walsender CPU %.0f%%\n", gw_s / ref_s,
+              100.0 * gw_cpu / std::max(gw_walsender, 0.001));
+
+  // --- latency: 100 WebSocket clients, 2,000 changes/s for 15 s ---
+  {
+    asio::io_context io;
+    std::vector<std::unique_ptr<websocket::stream<tcp::socket>>> clients;
+    std::vector<double> latencies_ms;
+    std::atomic<bool> measuring{false};
+    for (int i = 0; i < 100; ++i) {
+      auto ws = std::make_unique<websocket::stream<tcp::socket>>(io);
+      ws->next_layer().connect({asio::ip::make_address("127.0.0.1"), port});
+      ws->handshake("localhost", "/v1/ws?format=native");
+      clients.push_back(std::move(ws));
+    }
+    auto buffers = std::make_shared<std::vector<beast::flat_buffer>>(100);
+    std::function<void(int)> read_one = [&](int i) {
+      clients[i]->async_read((*buffers)[i], [&, i](boost::system::error_code ec, std::size_t) {
+        if (ec) return;
+        auto now = std::chrono::system_clock::now();
+        std::string msg = beast::buffers_to_string((*buffers)[i].data());
+        (*buffers)[i].consume((*buffers)[i].size());
+        auto p = msg.find("\"commit_time\":\"");
+        if (p != std::string::npos && measuring) {
+          std::tm tm{};
+          std::string ts = msg.substr(p + 15, 26);
+          strptime(ts.c_str(), "%Y-%m-%dT%H:%M:%S", &tm);
+          double frac = std::stod(ts.substr(19, 7));
+          auto commit = std::chrono::system_clock::from_time_t(timegm(&tm)) +
+                        std::chrono::microseconds(static_cast<long>(frac * 1e6));
+          latencies_ms.push_back(std::chrono::duration<double, std::milli>(now - commit).count());
+        }
+        read_one(i);
+      });
+    };
+    for (int i = 0; i < 100; ++i) read_one(i);
+    std::thread reader([&] { io.run(); });
+    std::thread load([&] {
+      PGconn* c = PQconnectdb(conninfo.c_str());
+      auto start = clock_type::now();
+      int n = 0;
+      // 200 transactions of 10 rows per second = 2,000 changes/s, paced.
+      while (clock_type::now() - start < std::chrono::seconds(16)) {
+        if (clock_type::now() - start > std::chrono::seconds(1)) measuring = true;
+        PQclear(PQexec(c, "INSERT INTO bench_orders(customer_id,status,amount,paid) SELECT g, 'paid', 1.5, true "
+                          "FROM generate_series(1,10) g"));
+        ++n;
+        std::this_thread::sleep_until(start + std::chrono::microseconds(5000L * n));
+      }
+      PQfinish(c);
+    });
+    load.join();
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    io.stop();
+    reader.join();
+    std::sort(latencies_ms.begin(), latencies_ms.end());
+    auto pct = [&](double q) { return latencies_ms.empty() ? -1.0 : latencies_ms[static_cast<std::size_t>(q * (latencies_ms.size() - 1))]; };
+    std::printf("\nlatency, commit to WebSocket client, 100 clients, 2,000 changes/s: %zu samples\n", latencies_ms.size());
+    std::printf("  p50 %.2f ms, p99 %.2f ms, max %.2f ms\n", pct(0.5), pct(0.99), pct(1.0));
+  }
+
+  // --- memory: 5,000 idle WebSocket clients ---
+  {
+    long before = rss_kib(gw);
+    asio::io_context io;
+    std::vector<std::unique_ptr<websocket::stream<tcp::socket>>> idle;
+    for (int i = 0; i < 5000; ++i) {
+      auto ws = std::make_unique<websocket::stream<tcp::socket>>(io);
+      boost::system::error_code ec;
+      ws->next_layer().connect({asio::ip::make_address("127.0.0.1"), port}, ec);
+      if (!ec) ws->handshake("localhost", "/v1/ws?format=native", ec);
+      if (ec) {
+        std::printf("client %d: %s\n", i, ec.message().c_str());
+        break;
+      }
+      idle.push_back(std::move(ws));
+    }
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    long after = rss_kib(gw);
+    std::printf("\nmemory: %zu idle WebSocket clients: RSS %ld -> %ld KiB, %.1f KiB per client\n", idle.size(), before,
+                after, idle.empty() ? 0.0 : static_cast<double>(after - before) / static_cast<double>(idle.size()));
+  }
+  kill(gw, SIGTERM);
+  waitpid(gw, &status, 0);
+  std::printf("\nwalgate exited with %d on SIGTERM\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  return 0;
+}

@@ -392,24 +392,29 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
         continue;
       }
       std::size_t bytes = 0;
+      // A batch that takes longer than write_timeout: the client does not read; close it.
+      c.watchdog.expires_after(opts.write_timeout);
+      c.watchdog.async_wait([&c](boost::system::error_code ec) {
+        if (!ec) {
+          c.closing = true;
+          c.close_reason = "slow client: a write took too long";
+          c.force_close();
+        }
+      });
+      bool failed = false;
       for (const auto& [id, payload] : batch) {
-        // A write that outlasts write_timeout: the client does not read; close it.
-        c.watchdog.expires_after(opts.write_timeout);
-        c.watchdog.async_wait([&c](boost::system::error_code ec) {
-          if (!ec) {
-            c.closing = true;
-            c.close_reason = "slow client: a write took too long";
-            c.force_close();
-          }
-        });
         auto [ec, n] = co_await ws.async_write(asio::buffer(*payload), use_tuple);
-        c.watchdog.cancel();
         if (ec) {
-          if (c.close_reason.rfind("slow", 0) == 0) ++gw.metrics().clients_disconnected_slow;
-          co_return;
+          failed = true;
+          break;
         }
         c.last_id = id;
         bytes += payload->size();
+      }
+      c.watchdog.cancel();
+      if (failed) {
+        if (c.close_reason.rfind("slow", 0) == 0) ++gw.metrics().clients_disconnected_slow;
+        co_return;
       }
       gw.metrics().events_out += batch.size();
       gw.metrics().bytes_out += bytes;

@@ -268,20 +268,7 @@ void event_log::add(const transform::change& c) {
   }
   // A large transaction goes to the file as it comes (without fsync: it is not durable until
   // its end frame is, and recovery cuts unterminated transactions).
-  if (pending_.size() > (1u << 20)) {
-    std::size_t done = 0;
-    while (done < pending_.size()) {
-      ssize_t n = ::write(fd_, pending_.data() + done, pending_.size() - done);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        error_ = "cannot write the event log: " + std::string(std::strerror(errno));
-        break;
-      }
-      done += static_cast<std::size_t>(n);
-    }
-    seg.bytes += done;
-    pending_.erase(0, done);
-  }
+  if (pending_.size() > (1u << 20)) write_pending();
   if (publish_) publish_({ev});
 }
 
@@ -310,21 +297,26 @@ bool event_log::append(const protocol::transaction_info& txn, const std::vector<
   return true;
 }
 
-bool event_log::sync() {
-  if (!pending_.empty()) {
-    std::size_t done = 0;
-    while (done < pending_.size()) {
-      ssize_t n = ::write(fd_, pending_.data() + done, pending_.size() - done);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        error_ = "cannot write the event log: " + std::string(std::strerror(errno));
-        return false;
-      }
-      done += static_cast<std::size_t>(n);
+bool event_log::write_pending() {
+  std::size_t done = 0;
+  bool ok = true;
+  while (done < pending_.size()) {
+    ssize_t n = ::write(fd_, pending_.data() + done, pending_.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      error_ = "cannot write the event log: " + std::string(std::strerror(errno));
+      ok = false;
+      break;
     }
-    segments_.back().bytes += pending_.size();
-    pending_.clear();
+    done += static_cast<std::size_t>(n);
   }
+  segments_.back().bytes += done;
+  pending_.erase(0, done);
+  return ok;
+}
+
+bool event_log::sync() {
+  if (!pending_.empty() && !write_pending()) return false;
   if (opts_.fsync && ::fdatasync(fd_) != 0) {
     error_ = "cannot fsync the event log: " + std::string(std::strerror(errno));
     return false;

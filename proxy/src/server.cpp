@@ -92,6 +92,20 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
   std::map<transport, std::size_t> by_transport;
   bool stopping = false;
 
+  /// A connected stream client, counted while it lives.
+  struct registration {
+    impl& self;
+    client_state& c;
+    registration(impl& s, client_state& cs) : self(s), c(cs) {
+      self.clients.insert(&c);
+      ++self.by_transport[c.kind];
+    }
+    ~registration() {
+      self.clients.erase(&c);
+      --self.by_transport[c.kind];
+    }
+  };
+
   // Encodes once per event and encoding; every client of that encoding shares the bytes.
   const std::string& encoded(const logged_event& e, encoding enc) {
     auto& slot = e.json[static_cast<std::size_t>(enc)];
@@ -253,16 +267,7 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
     c.kind = kind;
     c.cursor = start;
     c.force_close = [&s] { beast::get_lowest_layer(s).close(); };
-    clients.insert(&c);
-    ++by_transport[kind];
-    struct cleanup {
-      impl* self;
-      client_state* c;
-      ~cleanup() {
-        self->clients.erase(c);
-        --self->by_transport[c->kind];
-      }
-    } guard{this, &c};
+    registration guard(*this, c);
 
     http::response<http::empty_body> res{http::status::ok, req.version()};
     res.set(http::field::server, "walgate");
@@ -350,16 +355,7 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
     c.kind = transport::websocket;
     c.cursor = start;
     c.force_close = [&ws] { beast::get_lowest_layer(ws).close(); };
-    clients.insert(&c);
-    ++by_transport[c.kind];
-    struct cleanup {
-      impl* self;
-      client_state* c;
-      ~cleanup() {
-        self->clients.erase(c);
-        --self->by_transport[c->kind];
-      }
-    } guard{this, &c};
+    registration guard(*this, c);
 
     // The reader answers pings, enforces the message limit (1009) and UTF-8 (1007); walgate
     // expects nothing from clients, so a message is read and dropped.

@@ -3,6 +3,7 @@
 // WALGATE_GOLDEN_OUT=DIR the captured frames are also written to DIR (how tests/golden/ was made).
 #include "walgate/proxy/replication_client.hpp"
 
+#include "capture_sink.hpp"
 #include "golden.hpp"
 #include "golden_expected.hpp"
 #include "test_cluster.hpp"
@@ -23,31 +24,6 @@ namespace asio = boost::asio;
 
 namespace {
 
-class capture_sink final : public replication_sink {
- public:
-  boost::system::error_code on_xlog_data(const protocol::xlog_data& x) override {
-    std::lock_guard g(m_);
-    std::string data(protocol::as_string_view(x.data));
-    if (!data.empty() && data[0] == 'M' && data.find("g_end") != std::string::npos) done_ = true;
-    frames_.push_back({x.wal_start, std::move(data)});
-    return {};
-  }
-  protocol::lsn durable_lsn() const override { return {}; }
-  bool done() const {
-    std::lock_guard g(m_);
-    return done_;
-  }
-  std::vector<test::frame_record> frames() const {
-    std::lock_guard g(m_);
-    return frames_;
-  }
-
- private:
-  mutable std::mutex m_;
-  std::vector<test::frame_record> frames_;
-  bool done_ = false;
-};
-
 std::vector<test::frame_record> capture(const std::string& slot, bool binary, std::uint32_t& proto) {
   auto& pg = test::cluster();
   replication_settings s;
@@ -61,7 +37,7 @@ std::vector<test::frame_record> capture(const std::string& slot, bool binary, st
   s.two_phase = pg.server_major() >= 15;
   s.max_attempts = 1;
   proto = protocol::max_pgoutput_protocol(pg.server_major());
-  capture_sink sink;
+  test::capture_sink sink("g_end");
   asio::io_context io;
   replication_client client(io.get_executor(), s, sink);
   std::optional<outcome<void>> result;

@@ -5,6 +5,7 @@
 #include "walgate/proxy/replication_client.hpp"
 #include "walgate/transform/formats.hpp"
 
+#include "capture_sink.hpp"
 #include "golden.hpp"
 #include "test_cluster.hpp"
 
@@ -89,30 +90,6 @@ const column_case cases[] = {
 };
 // clang-format on
 
-class change_sink final : public replication_sink {
- public:
-  boost::system::error_code on_xlog_data(const protocol::xlog_data& x) override {
-    std::lock_guard g(m_);
-    std::string data(protocol::as_string_view(x.data));
-    if (!data.empty() && data[0] == 'M' && data.find("types_end") != std::string::npos) done_ = true;
-    frames_.push_back({x.wal_start, std::move(data)});
-    return {};
-  }
-  protocol::lsn durable_lsn() const override { return {}; }
-  bool done() const {
-    std::lock_guard g(m_);
-    return done_;
-  }
-  std::vector<test::frame_record> frames() const {
-    std::lock_guard g(m_);
-    return frames_;
-  }
-
- private:
-  mutable std::mutex m_;
-  std::vector<test::frame_record> frames_;
-  bool done_ = false;
-};
 
 /// Every encoded change, per format, in order.
 struct encoded_stream final : protocol::transaction_handler {
@@ -142,7 +119,7 @@ std::vector<test::frame_record> capture(const std::string& slot) {
   s.create_slot = false;
   s.messages = true;
   s.max_attempts = 1;
-  change_sink sink;
+  test::capture_sink sink("types_end");
   asio::io_context io;
   replication_client client(io.get_executor(), s, sink);
   asio::co_spawn(io, client.run(), [](std::exception_ptr, outcome<void>) {});

@@ -190,22 +190,28 @@ void native_value(std::string& out, std::uint32_t t, std::int32_t, std::string_v
   }
 }
 
-// pgoutput2json: numbers with every digit (NaN/±Infinity -> null); bool; bytea as hex digits;
-// arrays of built-in types as JSON arrays; everything else text.
-void p2j_value(std::string& out, std::uint32_t t, std::int32_t typmod, std::string_view v, const encoder_options& o) {
+// Shared by pgoutput2json and wal2json (which agree on scalars): numbers with every digit
+// (NaN/±Infinity -> null), booleans, bytea as hex digits; false for anything else.
+bool numeric_bool_bytea(std::string& out, std::uint32_t t, std::string_view v) {
   if (is_integer_type(t) || is_float_type(t) || t == oid::numeric) {
     if (is_json_number(v)) out.append(v);
     else out += "null";
-    return;
+    return true;
   }
   if (t == oid::bool_) {
     out += v == "t" ? "true" : "false";
-    return;
+    return true;
   }
   if (t == oid::bytea) {
     append_json_string(out, v.size() >= 2 && v[0] == '\\' && v[1] == 'x' ? v.substr(2) : v);
-    return;
+    return true;
   }
+  return false;
+}
+
+// pgoutput2json: the scalars above; arrays of built-in types as JSON arrays; everything else text.
+void p2j_value(std::string& out, std::uint32_t t, std::int32_t typmod, std::string_view v, const encoder_options& o) {
+  if (numeric_bool_bytea(out, t, v)) return;
   if (array_element_type(t) && append_array(out, t, v, p2j_value, o)) return;
   append_json_string(out, v);
 }
@@ -231,19 +237,7 @@ void waltail_value(std::string& out, std::uint32_t t, std::int32_t, std::string_
 // wal2json format-version 2 (checked against the real plugin): numbers unquoted, NaN/±Infinity
 // null, booleans, bytea as hex digits, everything else (json included) as strings.
 void wal2json_value(std::string& out, std::uint32_t t, std::int32_t, std::string_view v, const encoder_options&) {
-  if (is_integer_type(t) || is_float_type(t) || t == oid::numeric) {
-    if (is_json_number(v)) out.append(v);
-    else out += "null";
-    return;
-  }
-  if (t == oid::bool_) {
-    out += v == "t" ? "true" : "false";
-    return;
-  }
-  if (t == oid::bytea) {
-    append_json_string(out, v.size() >= 2 && v[0] == '\\' && v[1] == 'x' ? v.substr(2) : v);
-    return;
-  }
+  if (numeric_bool_bytea(out, t, v)) return;
   append_json_string(out, v);
 }
 

@@ -107,6 +107,7 @@ class event_log {
   bool recover(std::string& error);
   bool scan_segment(segment& s, std::string& error, bool truncate_torn);
   bool roll_segment();
+  bool write_pending();   // write() what is pending (no fsync)
   void enforce_retention();
   std::vector<event_ptr> read_disk(std::uint64_t seq, std::size_t max) const;
 

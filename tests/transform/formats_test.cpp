@@ -255,6 +255,13 @@ TEST_CASE("event records round-trip: every format encodes the same from the reco
   msg.message = &m;
   changes.push_back(msg);
   s.txn.origin = "node_a";
+  {
+    std::string native, w2j;
+    encode_change(native, msg, format::native);
+    encode_change(w2j, msg, format::wal2json);
+    CHECK(native.find(R"j("op":"message","transactional":true,"prefix":"app","content":"payload \u0001"})j") != std::string::npos);
+    CHECK(w2j == R"j({"action":"M","transactional":true,"prefix":"app","content":"payload \u0001"})j");
+  }
   for (const auto& c : changes) {
     std::string rec;
     write_record(rec, c);

@@ -402,6 +402,18 @@ void append_values(std::string& out, const pg::cached_relation& r, pg::tuple_vie
 /// else none.
 bool has_before(const change& c) { return c.before_kind != 0 && !c.before.empty(); }
 
+/// ,"transactional":..,"prefix":..,"content":..} — a logical message's fields, as native and
+/// wal2json both write them (content as text).
+void append_message_fields(std::string& out, const pg::message& m) {
+  out += ",\"transactional\":";
+  out += m.transactional ? "true" : "false";
+  out += ",\"prefix\":";
+  append_json_string(out, m.prefix);
+  out += ",\"content\":";
+  append_json_string(out, as_string_view(m.content));
+  out.push_back('}');
+}
+
 // --- native ----------------------------------------------------------------------------------
 
 const char* native_op(op k) {
@@ -430,13 +442,8 @@ void encode_native(std::string& out, const change& c, const encoder_options& o) 
   temporal::append_iso8601(out, protocol::pg_us_to_unix(t.commit_time));
   out.push_back('"');
   if (c.kind == op::message) {
-    out += ",\"op\":\"message\",\"transactional\":";
-    out += c.message->transactional ? "true" : "false";
-    out += ",\"prefix\":";
-    append_json_string(out, c.message->prefix);
-    out += ",\"content\":";
-    append_json_string(out, as_string_view(c.message->content));
-    out.push_back('}');
+    out += ",\"op\":\"message\"";
+    append_message_fields(out, *c.message);
     return;
   }
   const auto& r = *c.relation;
@@ -679,13 +686,8 @@ void wal2json_columns(std::string& out, const change& c, pg::tuple_view t, bool 
 
 void encode_wal2json(std::string& out, const change& c, const encoder_options& o) {
   if (c.kind == op::message) {
-    out += "{\"action\":\"M\",\"transactional\":";
-    out += c.message->transactional ? "true" : "false";
-    out += ",\"prefix\":";
-    append_json_string(out, c.message->prefix);
-    out += ",\"content\":";
-    append_json_string(out, as_string_view(c.message->content));
-    out.push_back('}');
+    out += "{\"action\":\"M\"";
+    append_message_fields(out, *c.message);
     return;
   }
   const auto& r = *c.relation;

@@ -12,7 +12,7 @@ for bin in build-fuzz/fuzz/*_fuzzer; do
   dict=()
   [ -f "fuzz/dict/$name.dict" ] && dict=(-dict="fuzz/dict/$name.dict")
   echo "fuzz: $name for ${seconds}s"
-  if ! "$bin" -max_total_time="$seconds" -rss_limit_mb=2048 -max_len=65536 -print_final_stats=0 \
+  if ! "$bin" -seed=1 -max_total_time="$seconds" -rss_limit_mb=2048 -max_len=65536 -print_final_stats=0 \
       "${dict[@]}" "$work" "fuzz/corpus/$name" >"$work/log" 2>&1; then
     echo "fuzz: $name FAILED"; tail -40 "$work/log"; failed=1
   else

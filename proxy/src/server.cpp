@@ -17,6 +17,7 @@
 #include <boost/beast/websocket/ssl.hpp>
 #include <boost/url/parse.hpp>
 
+#include <deque>
 #include <map>
 #include <set>
 #include <sstream>
@@ -154,8 +155,8 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
   /// Next batch of encoded payloads for a client; empty if nothing new. Sets c.closing when the
   /// client is too far behind.
   std::vector<std::pair<std::string, const std::string*>> next_batch(client_state& c, const stream_request& r,
-                                                                     std::map<std::string, bool>& schemas_sent,
-                                                                     std::vector<std::string>& owned) {
+                                                                     std::map<std::string, std::string>& schemas_sent,
+                                                                     std::deque<std::string>& owned) {
     std::vector<std::pair<std::string, const std::string*>> out;   // (id, payload)
     auto& log = gw.log();
     if (c.live && lag_bytes(c.cursor) > opts.client_lag_bytes) {
@@ -181,9 +182,16 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
       if (enc == encoding::pgoutput2json_compact) {
         std::string key = e->schema + "." + e->table;
         // The schema goes with the first row of a table, and again after the table changes.
-        std::string sig = e->record.size() > 0 ? key : key;
-        if (!schemas_sent[key]) {
-          schemas_sent[key] = true;
+        // The schema goes with the first row of a table for this client, and again when the
+        // table's definition (column names, types, typmods, key flags) is not the one last sent.
+        std::string signature;
+        if (auto v = transform::read_record(protocol::as_bytes(e->record)); v && (*v)->get().relation)
+          for (const auto& col : (*v)->get().relation->columns)
+            signature += col.name + '\x1f' + std::to_string(col.type_oid) + '\x1f' +
+                         std::to_string(col.type_modifier) + (col.key ? "k" : "") + '\x1e';
+        auto& sent = schemas_sent[key];
+        if (sent != signature) {
+          sent = signature;
           owned.push_back(schema_line(*e));
           payload = &owned.back();
         }
@@ -284,8 +292,8 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
       auto [ec, n] = co_await asio::async_write(s, http::make_chunk(asio::buffer(retry)), use_tuple);
       if (ec) co_return;
     }
-    std::map<std::string, bool> schemas;
-    std::vector<std::string> owned;
+    std::map<std::string, std::string> schemas;
+    std::deque<std::string> owned;   // stable addresses: payload pointers refer into it
     std::string out;
     while (!stopping && !c.closing) {
       owned.clear();
@@ -375,8 +383,8 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
         },
         asio::detached);
 
-    std::map<std::string, bool> schemas;
-    std::vector<std::string> owned;
+    std::map<std::string, std::string> schemas;
+    std::deque<std::string> owned;   // stable addresses: payload pointers refer into it
     ws.text(true);
     while (!stopping && !c.closing) {
       owned.clear();

@@ -506,3 +506,27 @@ TEST_CASE("TLS on the listening side") {
   auto plain = get_path(g.port(), "/healthz");
   CHECK(plain.first != 200);
 }
+
+TEST_CASE("pgoutput2json compact mode: s with a table's first row per client, and again after the table changes") {
+  setup_tables("cmp");
+  running_gateway g("cmp_slot", "cmp_pub");
+  stream_client c(g.port(), "/v1/stream?format=pgoutput2json&compact=true");
+  auto& pg = test::cluster();
+  pg.sql("INSERT INTO cmp_items VALUES (1, 'a', 1.5)");
+  pg.sql("INSERT INTO cmp_items VALUES (2, 'b', 2.5)");
+  pg.sql("ALTER TABLE cmp_items ADD COLUMN note text DEFAULT 'n'");
+  pg.sql("INSERT INTO cmp_items(id, name, price) VALUES (3, 'c', 3.5)");
+  auto e = c.events(3);
+  REQUIRE(e.size() == 3);
+  CHECK(e[0].find(R"j("s":["public.cmp_items",["id",1,23],["name",0,25],["price",0,1700,524294]])j") != std::string::npos);
+  CHECK(e[0].find(R"j("r":[1,"a",1.50])j") != std::string::npos);
+  CHECK(e[1].find("\"s\"") == std::string::npos);
+  CHECK(e[2].find(R"j(["note",0,25]])j") != std::string::npos);
+  CHECK(e[2].find(R"j("r":[3,"c",3.50,"n"])j") != std::string::npos);
+  // Another client gets its own first "s".
+  stream_client d(g.port(), "/v1/stream?format=pgoutput2json&compact=true&from=" +
+                                std::string("0/0:0"));
+  auto again = d.events(1);
+  REQUIRE(again.size() == 1);
+  CHECK(again[0].find("\"s\"") != std::string::npos);
+}

@@ -88,7 +88,11 @@ bool is_json_number(std::string_view s) {
     ++i;
     if (i < n && (s[i] == '+' || s[i] == '-')) ++i;
     if (!digit(i)) return false;
+    std::size_t start = i;
     while (digit(i)) ++i;
+    // PostgreSQL prints at most 3 exponent digits (float8: e+308, e-324); a longer exponent is
+    // valid JSON grammar but overflows common parsers, so it is not passed on as a number.
+    if (i - start > 4) return false;
   }
   return i == n;
 }

@@ -13,7 +13,8 @@ namespace walgate::transform {
 /// Appends s as a JSON string literal (with the quotes).
 void append_json_string(std::string& out, std::string_view s);
 
-/// True if s is a JSON number (RFC 8259: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?).
+/// True if s is a JSON number (RFC 8259: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?) whose
+/// exponent has at most 4 digits (what any JSON parser reads without overflow).
 bool is_json_number(std::string_view s);
 
 /// Appends s as a number if it is a JSON number, else as a string.

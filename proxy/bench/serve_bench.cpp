@@ -18,6 +18,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
@@ -192,6 +193,10 @@ int main(int argc, char** argv) {
     kill(gw, SIGKILL);
     return 1;
   }
+  // WALGATE_BENCH_PERF=FILE: record a CPU profile of walgate during the drain (perf record).
+  pid_t perf = 0;
+  if (const char* f = std::getenv("WALGATE_BENCH_PERF"))
+    perf = spawn({"perf", "record", "-F", "1000", "--call-graph", "dwarf,16384", "-o", f, "-p", std::to_string(gw)});
   long received = 0;
   {
     asio::io_context io;
@@ -220,6 +225,10 @@ int main(int argc, char** argv) {
   double gw_cpu = cpu_seconds(gw);
   long gw_hwm = rss_kib(gw, "VmHWM:");
   double gw_walsender = gw_ws.finish();
+  if (perf) {
+    kill(perf, SIGINT);
+    waitpid(perf, &status, 0);
+  }
   std::printf("\ndrain of %ld changes\n", received);
   std::printf("  pg_recvlogical   %6.2f s wall, %5.2f CPU s; walsender %5.2f CPU s\n", ref_s, ref_cpu, ref_walsender);
   std::printf("  walgate (NDJSON) %6.2f s wall, %5.2f CPU s; walsender %5.2f CPU s; peak RSS %ld MiB\n", gw_s, gw_cpu,
@@ -260,6 +269,10 @@ int main(int argc, char** argv) {
       });
     };
     for (int i = 0; i < 100; ++i) read_one(i);
+    // WALGATE_BENCH_PERF_LATENCY=FILE: a CPU profile of walgate during this phase.
+    pid_t perf_lat = 0;
+    if (const char* f = std::getenv("WALGATE_BENCH_PERF_LATENCY"))
+      perf_lat = spawn({"perf", "record", "-F", "1000", "-g", "-o", f, "-p", std::to_string(gw)});
     std::thread reader([&] { io.run(); });
     std::thread load([&] {
       PGconn* c = PQconnectdb(conninfo.c_str());
@@ -276,6 +289,10 @@ int main(int argc, char** argv) {
       PQfinish(c);
     });
     load.join();
+    if (perf_lat) {
+      kill(perf_lat, SIGINT);
+      waitpid(perf_lat, nullptr, 0);
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     io.stop();
     reader.join();

@@ -1,5 +1,6 @@
 #include "walgate/proxy/event_log.hpp"
 
+#include "walgate/protocol/crc32c.hpp"
 #include "walgate/protocol/cursor.hpp"
 #include "walgate/transform/record.hpp"
 
@@ -18,22 +19,15 @@ using protocol::lsn;
 
 namespace {
 
-std::uint64_t fnv1a(std::string_view a, std::uint64_t h = 1469598103934665603ULL) {
-  for (unsigned char c : a) {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
-
 void frame(std::string& out, char type, std::string_view payload) {
   std::size_t start = out.size();
   protocol::writer w(out);
   w.u8(static_cast<std::uint8_t>(type)).u32(static_cast<std::uint32_t>(payload.size())).raw(payload);
-  w.u64(fnv1a(std::string_view(out).substr(start)));
+  w.u32(protocol::crc32c(std::string_view(out).substr(start)));
 }
 
-constexpr std::size_t frame_overhead = 1 + 4 + 8;
+constexpr std::size_t frame_overhead = 1 + 4 + 4;
+constexpr std::string_view format_line = "walgate event log 2\n";
 constexpr std::size_t index_every = 256;
 
 std::string segment_name(std::uint64_t first_seq) {
@@ -42,7 +36,7 @@ std::string segment_name(std::uint64_t first_seq) {
   return buf;
 }
 
-event_ptr make_event(std::uint64_t seq, std::string record) {
+std::shared_ptr<logged_event> make_event(std::uint64_t seq, std::string record) {
   auto e = std::make_shared<logged_event>();
   e->seq = seq;
   e->record = std::move(record);
@@ -68,6 +62,28 @@ std::unique_ptr<event_log> event_log::open(const log_options& o, std::string& er
   if (ec) {
     error = "cannot create data directory " + o.dir.string() + ": " + ec.message();
     return nullptr;
+  }
+  // The layout marker: a log written in another layout is refused, not cut off as damaged.
+  auto format_path = o.dir / "FORMAT";
+  bool has_segments = false;
+  for (const auto& e : fs::directory_iterator(o.dir, ec))
+    if (e.path().filename().string().rfind("segment-", 0) == 0) has_segments = true;
+  std::ifstream fin(format_path, std::ios::binary);
+  std::string found((std::istreambuf_iterator<char>(fin)), std::istreambuf_iterator<char>());
+  if (found != format_line && (has_segments || !found.empty())) {
+    error = "data directory " + o.dir.string() + " holds an event log of another layout (" +
+            (found.empty() ? std::string("no FORMAT file") : "FORMAT: " + found.substr(0, found.find('\n'))) +
+            ") than this walgate writes (" + std::string(format_line.substr(0, format_line.size() - 1)) +
+            "); move it away or remove it";
+    return nullptr;
+  }
+  if (found.empty()) {
+    std::ofstream fout(format_path, std::ios::binary | std::ios::trunc);
+    fout << format_line;
+    if (!fout.flush()) {
+      error = "cannot write " + format_path.string();
+      return nullptr;
+    }
   }
   if (!log->recover(error)) return nullptr;
   return log;
@@ -107,14 +123,14 @@ bool event_log::scan_segment(segment& s, std::string& error, bool truncate_torn)
     char type = static_cast<char>(c.u8());
     std::uint32_t len = c.u32();
     auto payload = c.bytes(len);
-    std::uint64_t sum = c.u64();
-    if (!c.ok() || sum != fnv1a(std::string_view(data).substr(offset, frame_overhead - 8 + len))) break;
+    std::uint32_t sum = c.u32();
+    if (!c.ok() || sum != protocol::crc32c(std::string_view(data).substr(offset, frame_overhead - 4 + len))) break;
     protocol::cursor p(payload);
     if (type == 'E') {
       std::uint64_t s_seq = p.u64();
       if (s_seq != seq) break;
       if ((seq - s.first_seq) % index_every == 0) index.emplace_back(seq, offset);
-      auto ev = make_event(seq, std::string(protocol::as_string_view(p.rest())));
+      auto ev = make_event(seq, std::string(protocol::as_string_view(p.rest())));   // (ids of the first and last)
       if (!have_first) {
         first = ev->id;
         have_first = true;
@@ -165,6 +181,7 @@ bool event_log::recover(std::string& error) {
       return false;
     }
     if (!scan_segment(s, error, i + 1 == files.size())) return false;
+    s.base = segments_.empty() ? 0 : segments_.back().base + segments_.back().bytes;
     segments_.push_back(std::move(s));
   }
   next_seq_ = segments_.empty() ? 0 : segments_.back().end_seq;
@@ -190,6 +207,7 @@ bool event_log::roll_segment() {
   }
   segment s;
   s.first_seq = s.end_seq = next_seq_;
+  s.base = segments_.empty() ? 0 : segments_.back().base + segments_.back().bytes;
   s.path = opts_.dir / segment_name(next_seq_);
   fd_ = ::open(s.path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
   if (fd_ < 0) {
@@ -242,6 +260,7 @@ void event_log::abort() {
                   seg.index.end());
   while (!tail_.empty() && tail_.back()->seq >= txn_first_seq_) {
     tail_bytes_ -= tail_.back()->memory();
+    tail_.back()->in_tail = false;
     tail_.pop_back();
   }
   next_seq_ = txn_first_seq_;
@@ -250,26 +269,47 @@ void event_log::abort() {
 void event_log::add(const transform::change& c) {
   if (!open_ || skipping_) return;
   auto& seg = segments_.back();
-  std::string payload;
-  protocol::writer(payload).u64(next_seq_);
-  transform::write_record(payload, c);
+  scratch_.clear();
+  protocol::writer(scratch_).u64(next_seq_);
+  transform::write_record(scratch_, c);
   std::size_t offset = seg.bytes + pending_.size();
   if ((next_seq_ - seg.first_seq) % index_every == 0) seg.index.emplace_back(next_seq_, offset);
-  frame(pending_, 'E', payload);
-  auto ev = make_event(next_seq_, payload.substr(8));
+  frame(pending_, 'E', scratch_);
+  auto ev = std::make_shared<logged_event>();
+  ev->seq = next_seq_;
+  ev->record.assign(scratch_, 8);
+  ev->id = transform::event_id{c.txn->commit_lsn, c.index};
+  ev->kind = c.kind;
+  if (c.relation) {
+    ev->schema = c.relation->nspname;
+    ev->table = c.relation->relname;
+  }
+  ev->end_offset = end_offset();
   if (seg.end_seq == seg.first_seq) seg.first_id = ev->id;
   seg.last_id = ev->id;
   ++next_seq_;
-  tail_.push_back(ev);
+  ev->in_tail = true;
   tail_bytes_ += ev->memory();
-  while (tail_.size() > 1 && tail_bytes_ > opts_.memory_bytes) {
-    tail_bytes_ -= tail_.front()->memory();
-    tail_.pop_front();
-  }
+  tail_.push_back(ev);
+  evict();
   // A large transaction goes to the file as it comes (without fsync: it is not durable until
   // its end frame is, and recovery cuts unterminated transactions).
   if (pending_.size() > (1u << 20)) write_pending();
   if (publish_) publish_({ev});
+}
+
+void event_log::evict() {
+  while (tail_.size() > 1 && tail_bytes_ > opts_.memory_bytes) {
+    tail_bytes_ -= tail_.front()->memory();
+    tail_.front()->in_tail = false;
+    tail_.pop_front();
+  }
+}
+
+void event_log::account_encoding(const logged_event& e, std::size_t bytes) {
+  if (!e.in_tail) return;
+  tail_bytes_ += logged_event::encoding_memory(bytes);
+  evict();
 }
 
 void event_log::commit(lsn commit_lsn, lsn end_lsn) {
@@ -351,14 +391,17 @@ std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max) 
       char type = static_cast<char>(h.u8());
       std::uint32_t len = h.u32();
       std::string payload(len, '\0');
-      char sum[8];
-      if (!in.read(payload.data(), len) || !in.read(sum, 8)) break;
+      char sum[4];
+      if (!in.read(payload.data(), len) || !in.read(sum, 4)) break;
+      offset += frame_overhead + len;
       if (type != 'E') continue;
       protocol::cursor p(payload);
       std::uint64_t s_seq = p.u64();
       if (s_seq >= s.end_seq) break;
       if (s_seq < seq) continue;
-      out.push_back(make_event(s_seq, std::string(protocol::as_string_view(p.rest()))));
+      auto ev = make_event(s_seq, std::string(protocol::as_string_view(p.rest())));
+      ev->end_offset = s.base + offset;
+      out.push_back(std::move(ev));
     }
     return out;
   }

@@ -95,3 +95,19 @@ TEST_CASE("base64 encodes and strictly decodes") {
   for (int i = 0; i < 256; ++i) all.push_back(static_cast<char>(i));
   CHECK(base64_decode(base64_encode(all)) == all);
 }
+
+#include "walgate/protocol/crc32c.hpp"
+
+TEST_CASE("CRC-32C: the standard check value, hardware and table agree, and it continues") {
+  CHECK(crc32c("123456789") == 0xE3069283u);   // RFC 3720 B.4 / the CRC catalogue's check value
+  CHECK(crc32c_portable("123456789") == 0xE3069283u);
+  CHECK(crc32c("") == 0u);
+  CHECK(crc32c(std::string(32, '\0')) == 0x8A9136AAu);   // RFC 3720 B.4: 32 bytes of zeros
+  CHECK(crc32c(std::string(32, '\xff')) == 0x62A8AB43u);   // RFC 3720 B.4: 32 bytes of 0xff
+  std::string data;
+  for (int i = 0; i < 1000; ++i) data += static_cast<char>(i * 7 + 3);
+  for (std::size_t len = 0; len < 40; ++len) CHECK(crc32c(data.substr(0, len)) == crc32c_portable(data.substr(0, len)));
+  CHECK(crc32c(data) == crc32c_portable(data));
+  for (std::size_t split = 0; split <= data.size(); split += 37)
+    CHECK(crc32c(std::string_view(data).substr(split), crc32c(std::string_view(data).substr(0, split))) == crc32c(data));
+}

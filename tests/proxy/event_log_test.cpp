@@ -101,9 +101,11 @@ TEST_CASE("recovery after a restart, and a torn tail is cut off") {
     REQUIRE(log->sync());
   }
   // A crash in the middle of writing the next transaction: half a frame at the end.
-  auto seg = *std::filesystem::directory_iterator(d.path);
+  std::filesystem::path seg;
+  for (const auto& e : std::filesystem::directory_iterator(d.path))
+    if (e.path().filename().string().rfind("segment-", 0) == 0) seg = e.path();
   {
-    std::ofstream out(seg.path(), std::ios::binary | std::ios::app);
+    std::ofstream out(seg, std::ios::binary | std::ios::app);
     out << std::string("E\x00\x00\x00\x40partial", 12);
   }
   auto log = event_log::open(o, error);
@@ -153,4 +155,94 @@ TEST_CASE("segments roll, retention drops the oldest, the memory tail stays boun
     for (const auto& e : batch) CHECK(e->seq == expect++);
   }
   CHECK_FALSE(log->seq_after(transform::event_id{lsn{0x1000}, 0}));   // dropped by retention
+}
+
+TEST_CASE("a frame whose checksum fails ends the log there; a log of another layout is refused") {
+  temp_dir d;
+  std::string error;
+  log_options o;
+  o.dir = d.path;
+  txn_builder b;
+  protocol::transaction_info t1, t2;
+  std::uint64_t end_after_first = 0;
+  {
+    auto log = event_log::open(o, error);
+    REQUIRE(log);
+    b.append(*log, 0x100, 2, t1);
+    end_after_first = log->end_offset();
+    b.append(*log, 0x200, 2, t2);
+    REQUIRE(log->sync());
+  }
+  std::filesystem::path seg;
+  for (const auto& e : std::filesystem::directory_iterator(d.path))
+    if (e.path().filename().string().rfind("segment-", 0) == 0) seg = e.path();
+  REQUIRE(std::filesystem::file_size(seg) > end_after_first);
+  {
+    // Flip one bit in the second transaction's first event: CRC-32C catches it.
+    std::fstream f(seg, std::ios::binary | std::ios::in | std::ios::out);
+    f.seekg(static_cast<std::streamoff>(end_after_first + 20));
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x10;
+    f.seekp(static_cast<std::streamoff>(end_after_first + 20));
+    f.write(&c, 1);
+  }
+  {
+    auto log = event_log::open(o, error);
+    REQUIRE_MESSAGE(log, error);
+    CHECK(log->next_seq() == 2);
+    CHECK(log->durable_lsn().value == 0x108);
+    CHECK(std::filesystem::file_size(seg) == end_after_first);
+    // end_offset of an event read from disk is where its frame ends.
+    auto events = log->read(0, 10);
+    REQUIRE(events.size() == 2);
+    CHECK(events[1]->end_offset == end_after_first - 25);   // then its transaction's C frame
+    CHECK(log->end_offset() == end_after_first);
+  }
+  // Another layout (an older FORMAT, or segments with no FORMAT file): refused, untouched.
+  {
+    std::ofstream(d.path / "FORMAT", std::ios::trunc) << "walgate event log 1\n";
+  }
+  CHECK_FALSE(event_log::open(o, error));
+  CHECK(error.find("another layout (FORMAT: walgate event log 1)") != std::string::npos);
+  std::filesystem::remove(d.path / "FORMAT");
+  CHECK_FALSE(event_log::open(o, error));
+  CHECK(error.find("no FORMAT file") != std::string::npos);
+  CHECK(std::filesystem::file_size(seg) == end_after_first);
+}
+
+TEST_CASE("encodings count against the memory tail; end offsets grow with the log") {
+  temp_dir d;
+  std::string error;
+  log_options o;
+  o.dir = d.path;
+  o.memory_bytes = 64 * 1024;
+  o.fsync = false;
+  auto log = event_log::open(o, error);
+  REQUIRE(log);
+  txn_builder b;
+  std::vector<protocol::transaction_info> txns(20);
+  for (int i = 0; i < 20; ++i) REQUIRE(b.append(*log, 0x1000 + 0x10 * static_cast<std::uint64_t>(i), 5, txns[static_cast<std::size_t>(i)]));
+  REQUIRE(log->tail().size() == 100);
+  std::uint64_t prev = 0;
+  for (const auto& e : log->tail()) {
+    CHECK(e->end_offset > prev);
+    prev = e->end_offset;
+  }
+  CHECK(prev == log->end_offset() - 9 - 16);   // the last transaction's 'C' frame follows
+  // Caching a 4 KiB encoding on each event, as the server does, pushes the oldest out.
+  for (std::uint64_t seq = 0; seq < 100; ++seq) {
+    auto batch = log->read(seq, 1);
+    REQUIRE(batch.size() == 1);
+    const auto& e = *batch[0];
+    if (!e.json[0]) {
+      e.json[0] = std::make_shared<const std::string>(4096, 'x');
+      log->account_encoding(e, 4096);
+    }
+  }
+  std::size_t tail_bytes = 0;
+  for (const auto& e : log->tail()) tail_bytes += e->memory();
+  CHECK(tail_bytes <= 64 * 1024);
+  CHECK(log->tail().size() < 20);
+  CHECK(log->tail().back()->seq == 99);
 }

@@ -3,8 +3,9 @@
 // (one fdatasync for everything appended since the last), and kept in a bounded in-memory tail
 // for live clients. Its durable position is what the replication client acknowledges.
 //
-// Segment file: frames of  Byte1 type | Int32 length | payload | Int64 checksum (FNV-1a of
-// type, length and payload). 'E' events: Int64 seq | record. 'C' transaction ends:
+// Segment file: frames of  Byte1 type | Int32 length | payload | Int32 checksum (CRC-32C of
+// type, length and payload). The data directory's FORMAT file names the layout ("walgate event
+// log 2"); a directory of another layout is refused, never read as damaged. 'E' events: Int64 seq | record. 'C' transaction ends:
 // Int64 commit_lsn | Int64 end_lsn. On open, a torn or unterminated tail (events after the
 // last 'C', or a frame whose checksum fails) is cut off: it was never acknowledged.
 #pragma once
@@ -33,9 +34,20 @@ struct logged_event {
   std::string record;              ///< transform::write_record bytes.
   std::string schema, table;       ///< For filters ("" for messages).
   transform::op kind = transform::op::insert;
+  /// Byte position just past this event's frame in the log as this process sees it (segments
+  /// laid end to end from the oldest retained one): a client's lag in bytes is the log's
+  /// end_offset() minus that of the last event it was given.
+  std::uint64_t end_offset = 0;
   /// Encodings, made once on first demand and shared by every client (single-threaded).
   mutable std::array<std::shared_ptr<const std::string>, static_cast<std::size_t>(encoding::count_)> json;
-  std::size_t memory() const { return sizeof(*this) + record.size() + schema.size() + table.size(); }
+  mutable bool in_tail = false;   ///< held by the log's memory tail (its encodings count there)
+  static std::size_t encoding_memory(std::size_t bytes) { return bytes + sizeof(std::string) + 32; }
+  std::size_t memory() const {
+    std::size_t n = sizeof(*this) + record.size() + schema.size() + table.size();
+    for (const auto& j : json)
+      if (j) n += encoding_memory(j->size());
+    return n;
+  }
 };
 using event_ptr = std::shared_ptr<const logged_event>;
 
@@ -43,7 +55,7 @@ struct log_options {
   std::filesystem::path dir;
   std::size_t segment_bytes = 64u << 20;
   std::size_t retention_bytes = 1u << 30;   ///< Oldest segments are removed past this.
-  std::size_t memory_bytes = 64u << 20;     ///< In-memory tail for live clients.
+  std::size_t memory_bytes = 16u << 20;     ///< In-memory tail for live clients, with their encodings.
   bool fsync = true;                        ///< false only for tests and benchmarks that say so.
 };
 
@@ -94,11 +106,17 @@ class event_log {
   void set_publish(std::function<void(const std::vector<event_ptr>&)> f) { publish_ = std::move(f); }
 
   std::size_t disk_bytes() const;
+  /// Byte position of the end of the log (see logged_event::end_offset).
+  std::uint64_t end_offset() const { return segments_.back().base + segments_.back().bytes + pending_.size(); }
+  /// Counts an encoding just cached on e against the memory tail (if e is in it), evicting the
+  /// oldest events past the bound.
+  void account_encoding(const logged_event& e, std::size_t bytes);
 
  private:
   struct segment {
     std::filesystem::path path;
     std::uint64_t first_seq = 0, end_seq = 0;   // [first, end)
+    std::uint64_t base = 0;                      // end_offset of the previous segment
     transform::event_id first_id, last_id;
     std::size_t bytes = 0;
     std::vector<std::pair<std::uint64_t, std::size_t>> index;   // sparse: seq -> offset of its frame
@@ -109,12 +127,14 @@ class event_log {
   bool roll_segment();
   bool write_pending();   // write() what is pending (no fsync)
   void enforce_retention();
+  void evict();
   std::vector<event_ptr> read_disk(std::uint64_t seq, std::size_t max) const;
 
   log_options opts_;
   std::vector<segment> segments_;
   int fd_ = -1;
   std::string pending_;                 // frames not yet written
+  std::string scratch_;                 // add(): the event's payload
   protocol::lsn pending_durable_;       // end LSN that becomes durable at the next sync
   protocol::lsn durable_lsn_, last_commit_;
   std::uint64_t next_seq_ = 0;

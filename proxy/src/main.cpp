@@ -410,6 +410,9 @@ int run_demo(settings s) {
   std::string error;
   proxy::cluster_options o;
   o.name = "walgate-demo";
+  // A commit is sent to walgate when its WAL is flushed: with synchronous_commit off that waits
+  // for the WAL writer (up to 200 ms); on, as on most servers, changes show at once.
+  o.extra_conf = {"synchronous_commit = on"};
   log_line("demo: starting a throwaway PostgreSQL...");
   auto cluster = proxy::local_cluster::start(o, error);
   if (!cluster) {

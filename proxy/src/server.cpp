@@ -1,5 +1,7 @@
 #include "walgate/proxy/server.hpp"
 
+#include "corked_stream.hpp"
+
 #include "walgate/transform/json.hpp"
 #include "walgate/transform/record.hpp"
 
@@ -71,8 +73,8 @@ struct client_state {
   asio::steady_timer watchdog;   // write timeout
   transport kind = transport::ndjson;
   std::string last_id;           // the last event id delivered: where to resume
-  std::uint64_t cursor = 0;
-  std::size_t queued_bytes = 0;  // bytes handed to the socket and not yet written
+  std::uint64_t cursor = 0;      // seq of the next event to look at
+  std::uint64_t offset = 0;      // the log's end_offset at the cursor (while live): lag in bytes
   bool live = false;
   bool closing = false;
   std::string close_reason;
@@ -107,33 +109,44 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
     }
   };
 
-  // Encodes once per event and encoding; every client of that encoding shares the bytes.
-  const std::string& encoded(const logged_event& e, encoding enc) {
+  transform::record_view record_scratch;   // one parse buffer for every record read here
+  std::string encode_scratch;
+
+  // Encodes once per event and encoding; every client of that encoding shares the bytes. The
+  // bytes count against the log's memory tail while the event is in it.
+  std::shared_ptr<const std::string> encoded(const logged_event& e, encoding enc) {
     auto& slot = e.json[static_cast<std::size_t>(enc)];
     if (!slot) {
-      std::string out;
-      if (auto v = transform::read_record(protocol::as_bytes(e.record))) {
-        transform::change c = (*v)->get();
+      encode_scratch.clear();
+      if (transform::read_record(protocol::as_bytes(e.record), record_scratch)) {
+        transform::change c = record_scratch.get();
         c.seq = e.seq;
         auto o = opts.encoder;
         o.compact = enc == encoding::pgoutput2json_compact;
         transform::format f = enc == encoding::pgoutput2json_compact ? transform::format::pgoutput2json
                                                                       : static_cast<transform::format>(enc);
-        transform::encode_change(out, c, f, o);
+        transform::encode_change(encode_scratch, c, f, o);
       }
-      slot = std::make_shared<const std::string>(std::move(out));
+      slot = std::make_shared<const std::string>(encode_scratch);
+      gw.log().account_encoding(e, slot->size());
     }
-    return *slot;
+    return slot;
   }
 
-  std::string schema_line(const logged_event& e) {
-    std::string out;
-    if (auto v = transform::read_record(protocol::as_bytes(e.record))) {
-      transform::change c = (*v)->get();
+  /// The pgoutput2json compact "s" line for e, and the signature of its table's definition
+  /// (column names, types, typmods, key flags) that says when it must be sent again.
+  std::pair<std::string, std::string> schema_line(const logged_event& e) {
+    std::pair<std::string, std::string> out;
+    if (transform::read_record(protocol::as_bytes(e.record), record_scratch)) {
+      const auto& c = record_scratch.get();
+      if (c.relation)
+        for (const auto& col : c.relation->columns)
+          out.second += col.name + '\x1f' + std::to_string(col.type_oid) + '\x1f' + std::to_string(col.type_modifier) +
+                        (col.key ? "k" : "") + '\x1e';
       auto o = opts.encoder;
       o.compact = true;
       o.include_schema = true;
-      transform::encode_change(out, c, transform::format::pgoutput2json, o);
+      transform::encode_change(out.first, c, transform::format::pgoutput2json, o);
     }
     return out;
   }
@@ -142,73 +155,63 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
     for (auto* c : clients) c->wake.cancel();
   }
 
-  // Lag of a client in bytes of records between its cursor and the head (memory tail only).
-  std::size_t lag_bytes(std::uint64_t cursor) const {
-    const auto& tail = gw.log().tail();
-    if (tail.empty() || cursor >= gw.log().next_seq()) return 0;
-    if (cursor < tail.front()->seq) return SIZE_MAX;
-    std::size_t n = 0;
-    for (std::size_t i = static_cast<std::size_t>(cursor - tail.front()->seq); i < tail.size(); ++i) n += tail[i]->record.size();
-    return n;
-  }
+  struct item {
+    std::shared_ptr<const std::string> payload;
+    transform::event_id id;
+  };
 
   /// Next batch of encoded payloads for a client; empty if nothing new. Sets c.closing when the
   /// client is too far behind.
-  std::vector<std::pair<std::string, const std::string*>> next_batch(client_state& c, const stream_request& r,
-                                                                     std::map<std::string, std::string>& schemas_sent,
-                                                                     std::deque<std::string>& owned) {
-    std::vector<std::pair<std::string, const std::string*>> out;   // (id, payload)
+  void next_batch(client_state& c, const stream_request& r, std::map<std::string, std::string>& schemas_sent,
+                  std::vector<item>& out) {
+    out.clear();
     auto& log = gw.log();
-    if (c.live && lag_bytes(c.cursor) > opts.client_lag_bytes) {
+    if (c.live && log.end_offset() - c.offset > opts.client_lag_bytes) {
       c.closing = true;
       c.close_reason = "slow client: more than " + std::to_string(opts.client_lag_bytes) +
                        " bytes behind the stream";
       ++gw.metrics().clients_disconnected_slow;
-      return out;
+      return;
     }
     if (c.cursor < log.first_seq() && (log.tail().empty() || c.cursor < log.tail().front()->seq)) {
       c.closing = true;
       c.close_reason = "the resume position is no longer retained; take a new snapshot";
-      return out;
+      return;
     }
     std::size_t bytes = 0;
     auto batch = log.read(c.cursor, 512);
     encoding enc = encoding_for(r);
     for (const auto& e : batch) {
       c.cursor = e->seq + 1;
+      c.offset = e->end_offset;
       if (!matches(r, *e)) continue;
-      const std::string* payload = &encoded(*e, enc);
+      auto payload = encoded(*e, enc);
       if (payload->empty()) continue;   // the format has no such event
       if (enc == encoding::pgoutput2json_compact) {
-        std::string key = e->schema + "." + e->table;
-        // The schema goes with the first row of a table, and again after the table changes.
         // The schema goes with the first row of a table for this client, and again when the
-        // table's definition (column names, types, typmods, key flags) is not the one last sent.
-        std::string signature;
-        if (auto v = transform::read_record(protocol::as_bytes(e->record)); v && (*v)->get().relation)
-          for (const auto& col : (*v)->get().relation->columns)
-            signature += col.name + '\x1f' + std::to_string(col.type_oid) + '\x1f' +
-                         std::to_string(col.type_modifier) + (col.key ? "k" : "") + '\x1e';
-        auto& sent = schemas_sent[key];
+        // table's definition is not the one last sent.
+        auto [line, signature] = schema_line(*e);
+        auto& sent = schemas_sent[e->schema + "." + e->table];
         if (sent != signature) {
-          sent = signature;
-          owned.push_back(schema_line(*e));
-          payload = &owned.back();
+          sent = std::move(signature);
+          payload = std::make_shared<const std::string>(std::move(line));
         }
       }
-      std::string id = e->id.to_string();
-      out.emplace_back(id, payload);
       bytes += payload->size();
+      out.push_back({std::move(payload), e->id});
       if (r.tombstones && e->kind == transform::op::delete_) {
         if (auto v = transform::read_record(protocol::as_bytes(e->record))) {
-          owned.push_back("{\"key\":" + transform::debezium_key((*v)->get(), opts.encoder) + ",\"value\":null}");
-          out.emplace_back(id, &owned.back());
+          out.push_back({std::make_shared<const std::string>("{\"key\":" + transform::debezium_key((*v)->get(), opts.encoder) +
+                                                             ",\"value\":null}"),
+                         e->id});
         }
       }
       if (bytes >= opts.batch_bytes) break;
     }
-    if (c.cursor >= log.next_seq()) c.live = true;
-    return out;
+    if (c.cursor >= log.next_seq()) {
+      c.live = true;
+      c.offset = log.end_offset();
+    }
   }
 
   // ------------------------------------------------------------------------------------------
@@ -293,11 +296,10 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
       if (ec) co_return;
     }
     std::map<std::string, std::string> schemas;
-    std::deque<std::string> owned;   // stable addresses: payload pointers refer into it
+    std::vector<item> batch;
     std::string out;
     while (!stopping && !c.closing) {
-      owned.clear();
-      auto batch = next_batch(c, r, schemas, owned);
+      next_batch(c, r, schemas, batch);
       if (c.closing) break;
       out.clear();
       if (batch.empty()) {
@@ -306,10 +308,10 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
         if (!ec && !stopping) out = kind == transport::sse ? ": keep-alive\n\n" : "\n";   // idle keep-alive
         if (out.empty()) continue;
       }
-      for (const auto& [id, payload] : batch) {
+      for (const auto& [payload, id] : batch) {
         if (kind == transport::sse) {
           out += "id: ";
-          out += id;
+          out += id.to_string();
           out += "\ndata: ";
           out += *payload;
           out += "\n\n";
@@ -317,8 +319,8 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
           out += *payload;
           out += '\n';
         }
-        c.last_id = id;
       }
+      if (!batch.empty()) c.last_id = batch.back().id.to_string();
       beast::get_lowest_layer(s).expires_after(opts.write_timeout);
       auto [ec, n] = co_await asio::async_write(s, http::make_chunk(asio::buffer(out)), use_tuple);
       if (ec) {
@@ -342,9 +344,21 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
     co_await asio::async_write(s, http::make_chunk_last(), use_tuple);
   }
 
+  /// A WebSocket client: the stream and its state, shared by the writer (serve_websocket) and
+  /// the reader coroutine, so whichever ends last frees them.
+  template <class Stream>
+  struct ws_session {
+    ws_session(Stream&& s, asio::any_io_executor ex) : ws(std::move(s)), c(ex) {}
+    websocket::stream<corked_stream<Stream>> ws;
+    client_state c;
+    bool reading = true;
+  };
+
   template <class Stream>
   awaitable<void> serve_websocket(Stream s, http::request<http::empty_body> req, stream_request r, std::uint64_t start) {
-    websocket::stream<Stream> ws(std::move(s));
+    auto session = std::make_shared<ws_session<Stream>>(std::move(s), executor);
+    auto& ws = session->ws;
+    auto& c = session->c;
     beast::get_lowest_layer(ws).expires_never();
     websocket::stream_base::timeout t{};
     t.handshake_timeout = std::chrono::seconds(10);
@@ -356,47 +370,52 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
     ws.set_option(pmd);
     ws.read_message_max(opts.ws_message_limit);
     ws.set_option(websocket::stream_base::decorator([](websocket::response_type& res) { res.set(http::field::server, "walgate"); }));
+    // Without permessage-deflate a frame is a header and the bytes: the batch's frames are
+    // made here. With it, Beast compresses each message.
+    auto ext = req[http::field::sec_websocket_extensions];
+    bool raw_frames = std::string_view(ext.data(), ext.size()).find("permessage-deflate") == std::string_view::npos;
     auto [aec] = co_await ws.async_accept(req, use_tuple);
     if (aec) co_return;
 
-    client_state c(executor);
     c.kind = transport::websocket;
     c.cursor = start;
-    c.force_close = [&ws] { beast::get_lowest_layer(ws).close(); };
+    c.force_close = [&ws] {
+      boost::system::error_code ec;
+      beast::get_lowest_layer(ws).socket().close(ec);
+    };
     registration guard(*this, c);
 
     // The reader answers pings, enforces the message limit (1009) and UTF-8 (1007); walgate
     // expects nothing from clients, so a message is read and dropped.
-    auto reading = std::make_shared<bool>(true);
     asio::co_spawn(
         executor,
-        [&ws, &c, reading]() -> awaitable<void> {
+        [session]() -> awaitable<void> {
           beast::flat_buffer b;
           while (true) {
-            auto [ec, n] = co_await ws.async_read(b, use_tuple);
+            auto [ec, n] = co_await session->ws.async_read(b, use_tuple);
             if (ec) break;
             b.consume(b.size());
           }
-          *reading = false;
-          c.closing = true;
-          c.wake.cancel();
+          session->reading = false;
+          session->c.closing = true;
+          session->c.wake.cancel();
         },
         asio::detached);
 
     std::map<std::string, std::string> schemas;
-    std::deque<std::string> owned;   // stable addresses: payload pointers refer into it
+    std::vector<item> batch;
     ws.text(true);
+    bool failed = false;
     while (!stopping && !c.closing) {
-      owned.clear();
-      auto batch = next_batch(c, r, schemas, owned);
+      next_batch(c, r, schemas, batch);
       if (c.closing) break;
       if (batch.empty()) {
         c.wake.expires_after(opts.keepalive);
         co_await c.wake.async_wait(use_tuple);
         continue;
       }
-      std::size_t bytes = 0;
-      // A batch that takes longer than write_timeout: the client does not read; close it.
+      // The batch's frames are collected and sent in one write. A batch that takes longer
+      // than write_timeout to go out: the client does not read; close it.
       c.watchdog.expires_after(opts.write_timeout);
       c.watchdog.async_wait([&c](boost::system::error_code ec) {
         if (!ec) {
@@ -405,36 +424,49 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
           c.force_close();
         }
       });
-      bool failed = false;
-      for (const auto& [id, payload] : batch) {
-        auto [ec, n] = co_await ws.async_write(asio::buffer(*payload), use_tuple);
-        if (ec) {
+      ws.next_layer().cork();
+      std::size_t bytes = 0;
+      for (const auto& [payload, id] : batch) {
+        if (raw_frames) {
+          if (!ws.is_open()) {   // Beast has begun closing (a protocol error from the client)
+            failed = true;
+            break;
+          }
+          ws.next_layer().append_text_frame(*payload);
+        } else if (auto [ec, n] = co_await ws.async_write(asio::buffer(*payload), use_tuple); ec) {
           failed = true;
           break;
         }
-        c.last_id = id;
         bytes += payload->size();
       }
+      auto [dec] = co_await ws.next_layer().async_drain(use_tuple);
       c.watchdog.cancel();
-      if (failed) {
-        if (c.close_reason.rfind("slow", 0) == 0) ++gw.metrics().clients_disconnected_slow;
-        co_return;
+      if (failed || dec) {
+        failed = true;
+        break;
       }
+      c.last_id = batch.back().id.to_string();
       gw.metrics().events_out += batch.size();
       gw.metrics().bytes_out += bytes;
     }
-    if (!*reading) co_return;   // the client closed, or broke the protocol (Beast answered)
-    websocket::close_reason why;
-    if (stopping) {
-      why.code = websocket::close_code::going_away;
-      why.reason = "server shutting down";
-    } else {
-      why.code = websocket::close_code::try_again_later;
-      why.reason = c.close_reason.substr(0, 60);
+    if (failed) {
+      if (c.close_reason.rfind("slow", 0) == 0) ++gw.metrics().clients_disconnected_slow;
+    } else if (session->reading) {
+      // Still open: say why it ends, and where to resume.
+      websocket::close_reason why;
+      if (stopping) {
+        why.code = websocket::close_code::going_away;
+        why.reason = "server shutting down";
+      } else {
+        why.code = websocket::close_code::try_again_later;
+        why.reason = c.close_reason.substr(0, 60);
+      }
+      if (!c.last_id.empty()) why.reason += "; resume from " + c.last_id;
+      if (why.reason.size() > 123) why.reason.resize(123);
+      co_await ws.async_close(why, use_tuple);
     }
-    if (!c.last_id.empty()) why.reason += "; resume from " + c.last_id;
-    if (why.reason.size() > 123) why.reason.resize(123);
-    co_await ws.async_close(why, use_tuple);
+    // The reader ends (if it has not) when the socket closes; it holds the session till then.
+    if (session->reading) c.force_close();
   }
 
   template <class Stream>

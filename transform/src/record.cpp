@@ -100,6 +100,19 @@ void write_record(std::string& out, const change& c) {
 
 boost::system::result<std::unique_ptr<record_view>, protocol::decode_error> read_record(protocol::bytes_view bytes) {
   auto v = std::make_unique<record_view>();
+  auto r = read_record(bytes, *v);
+  if (!r) return r.error();
+  return v;
+}
+
+boost::system::result<void, protocol::decode_error> read_record(protocol::bytes_view bytes, record_view& into) {
+  record_view* v = &into;
+  v->txn_ = protocol::transaction_info{};
+  v->before_.clear();
+  v->after_.clear();
+  if (v->types_.size()) v->types_.clear();
+  v->message_ = protocol::pgoutput::message{};
+  v->change_ = change{};
   cursor c(bytes);
   if (c.u8("record version") != record_version && c.ok()) c.fail(protocol::errc::invalid_value, "record version");
   auto kind = static_cast<op>(c.u8("record op"));
@@ -116,22 +129,22 @@ boost::system::result<std::unique_ptr<record_view>, protocol::decode_error> read
   auto origin = read_str16(c, "record origin");
   if (!origin.empty()) t.origin = std::string(origin);
   t.origin_lsn = protocol::lsn{c.u64()};
-  t.gid = std::string(read_str16(c, "record gid"));
+  t.gid.assign(read_str16(c, "record gid"));
   t.streamed = c.u8() == 1;
   auto& r = v->relation_;
   r.oid = c.u32("record relation");
-  r.nspname = std::string(read_str16(c, "record schema"));
-  r.relname = std::string(read_str16(c, "record table"));
+  r.nspname.assign(read_str16(c, "record schema"));
+  r.relname.assign(read_str16(c, "record table"));
   r.replica_identity = static_cast<char>(c.u8());
   std::uint16_t ncols = c.u16("record column count");
   if (c.ok() && (ncols > pg::max_columns || ncols > c.remaining())) c.fail(protocol::errc::length_out_of_range, "record column count");
+  if (c.ok()) r.columns.resize(ncols);   // kept column names keep their storage
   for (std::uint16_t i = 0; i < ncols && c.ok(); ++i) {
-    pg::cached_column col;
+    auto& col = r.columns[i];
     col.key = c.u8() == 1;
-    col.name = std::string(read_str16(c, "record column name"));
+    col.name.assign(read_str16(c, "record column name"));
     col.type_oid = c.u32();
     col.type_modifier = c.i32();
-    r.columns.push_back(std::move(col));
   }
   std::uint16_t ntypes = c.u16("record type count");
   for (std::uint16_t i = 0; i < ntypes && c.ok(); ++i) {
@@ -153,7 +166,10 @@ boost::system::result<std::unique_ptr<record_view>, protocol::decode_error> read
     m.content = c.bytes(c.u32("record message length"), "record message content");
   }
   c.expect_end("record");
-  if (!c.ok()) return c.error();
+  if (!c.ok()) {
+    r.columns.clear();
+    return c.error();
+  }
   auto& ch = v->change_;
   ch.kind = kind;
   ch.txn = &v->txn_;
@@ -165,7 +181,7 @@ boost::system::result<std::unique_ptr<record_view>, protocol::decode_error> read
   ch.after = v->after_;
   ch.message = has_message ? &v->message_ : nullptr;
   ch.types = &v->types_;
-  return v;
+  return {};
 }
 
 }  // namespace walgate::transform

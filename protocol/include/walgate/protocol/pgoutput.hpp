@@ -245,6 +245,7 @@ class type_cache {
   const cached_type& update(const type& t);
   const cached_type* find(std::uint32_t oid) const;
   std::size_t size() const { return types_.size(); }
+  void clear() { types_.clear(); }
 
  private:
   std::unordered_map<std::uint32_t, cached_type> types_;

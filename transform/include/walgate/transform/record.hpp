@@ -26,7 +26,7 @@ class record_view {
   const std::string& table() const { return relation_.relname; }
 
  private:
-  friend boost::system::result<std::unique_ptr<record_view>, protocol::decode_error> read_record(protocol::bytes_view);
+  friend boost::system::result<void, protocol::decode_error> read_record(protocol::bytes_view, record_view&);
   change change_;
   protocol::transaction_info txn_;
   protocol::pgoutput::cached_relation relation_;
@@ -37,5 +37,8 @@ class record_view {
 
 /// Parses a record (bounds-checked: the log's bytes are trusted no more than the network's).
 boost::system::result<std::unique_ptr<record_view>, protocol::decode_error> read_record(protocol::bytes_view bytes);
+/// The same into a view that is reused: its storage (column names, tuples) is kept between
+/// records, so a steady stream of records of one table parses without allocating.
+boost::system::result<void, protocol::decode_error> read_record(protocol::bytes_view bytes, record_view& into);
 
 }  // namespace walgate::transform

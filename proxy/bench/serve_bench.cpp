@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -296,9 +297,15 @@ int main(int argc, char** argv) {
         std::printf("client 0 message %ld: %.*s\n", cl.messages, static_cast<int>(std::min<std::size_t>(msg.size(), 400)), msg.data());
       if (msg.rfind("{\"id\":\"", 0) == 0) {
         std::string_view id = msg.substr(7, msg.find('"', 7) - 7);
-        unsigned long hi = 0, lo = 0, idx = 0;
-        if (std::sscanf(std::string(id).c_str(), "%lX/%lX:%lu", &hi, &lo, &idx) == 3) {
-          std::pair<std::uint64_t, std::uint64_t> v{(hi << 32) | lo, idx};
+        auto slash = id.find('/'), colon = id.find(':');
+        if (slash != std::string_view::npos && colon != std::string_view::npos) {
+          auto num = [](std::string_view t, int base) {
+            std::uint64_t v = 0;
+            std::from_chars(t.data(), t.data() + t.size(), v, base);
+            return v;
+          };
+          std::pair<std::uint64_t, std::uint64_t> v{(num(id.substr(0, slash), 16) << 32) | num(id.substr(slash + 1, colon - slash - 1), 16),
+                                                    num(id.substr(colon + 1), 10)};
           if (!(cl.last_id < v)) ++cl.out_of_order;
           cl.last_id = v;
         }
@@ -349,7 +356,8 @@ int main(int argc, char** argv) {
     pid_t perf_lat = 0;
     if (const char* f = std::getenv("WALGATE_BENCH_PERF_LATENCY"))
       perf_lat = spawn({"perf", "record", "-F", "1000", "-g", "-o", f, "-p", std::to_string(gw)});
-    double lat_cpu0 = cpu_seconds(gw);
+    double lat_cpu0 = cpu_seconds(gw), self_cpu0 = cpu_seconds(getpid());
+    walsender_watch lat_ws(conninfo, "bench_gw");
     int transactions = 0;
     std::thread load([&] {
       PGconn* c = PQconnectdb(conninfo.c_str());
@@ -367,7 +375,8 @@ int main(int argc, char** argv) {
       PQfinish(c);
     });
     load.join();
-    double lat_cpu = cpu_seconds(gw) - lat_cpu0;
+    double lat_cpu = cpu_seconds(gw) - lat_cpu0, self_cpu = cpu_seconds(getpid()) - self_cpu0;
+    double lat_walsender = lat_ws.finish();
     if (perf_lat) {
       kill(perf_lat, SIGINT);
       waitpid(perf_lat, nullptr, 0);
@@ -385,7 +394,9 @@ int main(int argc, char** argv) {
     std::printf("\nlatency, commit to WebSocket client, 100 clients, 2,000 changes/s: %zu samples; %ld messages, "
                 "%ld not after the one before\n",
                 latencies_ms.size(), messages, out_of_order);
-    std::printf("  load: %d transactions of 10 rows in 16 s\n", transactions);
+    std::printf("  load: %d transactions of 10 rows in 16 s; CPU of one core: walgate %.0f%%, the benchmark's "
+                "readers and load %.0f%%, walsender %.0f s in all\n",
+                transactions, 100.0 * lat_cpu / 16.0, 100.0 * self_cpu / 16.0, lat_walsender);
     std::printf("  p50 %.2f ms, p99 %.2f ms, max %.2f ms; walgate CPU %.0f%% of one core\n", pct(0.5), pct(0.99),
                 pct(1.0), 100.0 * lat_cpu / 16.0);
   }

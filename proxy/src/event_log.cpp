@@ -356,13 +356,39 @@ bool event_log::write_pending() {
 }
 
 bool event_log::sync() {
-  if (!pending_.empty() && !write_pending()) return false;
-  if (opts_.fsync && ::fdatasync(fd_) != 0) {
+  auto job = begin_sync();
+  run_sync_job(job);
+  return end_sync(job);
+}
+
+event_log::sync_job event_log::begin_sync() {
+  sync_job job;
+  if (!pending_.empty() && !write_pending()) return job;
+  job.fd = opts_.fsync ? ::fcntl(fd_, F_DUPFD_CLOEXEC, 0) : -2;   // -2: nothing to sync
+  if (job.fd == -1) {
     error_ = "cannot fsync the event log: " + std::string(std::strerror(errno));
+    return job;
+  }
+  job.target = pending_durable_;
+  pending_durable_ = lsn{};
+  ++syncing_;
+  return job;
+}
+
+void event_log::run_sync_job(sync_job& job) {
+  if (job.fd < 0) return;
+  if (::fdatasync(job.fd) != 0) job.error = errno;
+  ::close(job.fd);
+}
+
+bool event_log::end_sync(const sync_job& job) {
+  if (job.fd == -1) return false;   // begin_sync failed (error_ says why)
+  --syncing_;
+  if (job.error) {
+    error_ = "cannot fsync the event log: " + std::string(std::strerror(job.error));
     return false;
   }
-  if (pending_durable_.valid()) durable_lsn_ = std::max(durable_lsn_, pending_durable_);
-  pending_durable_ = lsn{};
+  if (job.target.valid()) durable_lsn_ = std::max(durable_lsn_, job.target);
   return true;
 }
 

@@ -1,5 +1,6 @@
 #include "walgate/proxy/gateway.hpp"
 
+
 #include <boost/asio/post.hpp>
 
 namespace walgate::proxy {
@@ -9,7 +10,7 @@ namespace asio = boost::asio;
 gateway::gateway(asio::any_io_executor ex, event_log& log, protocol::assembler_options assembler_opts,
                  std::chrono::milliseconds sync_interval)
     : executor_(ex), log_(log), assembler_opts_(std::move(assembler_opts)), sync_interval_(sync_interval),
-      sync_timer_(ex) {
+      sync_timer_(ex), sync_thread_(std::make_unique<asio::thread_pool>(1)) {
   assembler_ = std::make_unique<protocol::assembler>(assembler_opts_, *this);
   log_.set_publish([this](const std::vector<event_ptr>&) {
     if (wake_) wake_();
@@ -18,6 +19,7 @@ gateway::gateway(asio::any_io_executor ex, event_log& log, protocol::assembler_o
 
 gateway::~gateway() {
   *alive_ = false;
+  sync_thread_->join();   // a running fdatasync finishes; its completion finds the gateway gone
   log_.set_publish({});
 }
 
@@ -74,14 +76,29 @@ boost::system::error_code gateway::on_commit(const protocol::transaction_info& t
 }
 
 void gateway::schedule_sync() {
-  if (sync_scheduled_) return;
+  if (sync_scheduled_ || sync_running_) return;   // a running sync schedules the next when it ends
   sync_scheduled_ = true;
-  // Group commit: everything committed within sync_interval shares one fdatasync.
+  // Group commit: everything committed within sync_interval shares one fdatasync, which runs on
+  // its own thread: clients are served meanwhile, and what commits meanwhile goes with the next.
   sync_timer_.expires_after(sync_interval_);
   sync_timer_.async_wait([this, alive = alive_](boost::system::error_code ec) {
     if (ec || !*alive) return;
     sync_scheduled_ = false;
-    if (!log_.sync()) failure_ = log_.error();
+    auto job = log_.begin_sync();
+    if (job.fd == -1) {
+      failure_ = log_.error();
+      return;
+    }
+    sync_running_ = true;
+    asio::post(*sync_thread_, [this, alive, job]() mutable {
+      event_log::run_sync_job(job);
+      asio::post(executor_, [this, alive, job] {
+        if (!*alive) return;
+        sync_running_ = false;
+        if (!log_.end_sync(job)) failure_ = log_.error();
+        if (log_.dirty()) schedule_sync();
+      });
+    });
   });
 }
 

@@ -574,6 +574,10 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
 
   awaitable<void> session(tcp::socket socket) {
     auto self = shared_from_this();
+    // Events are written as they come, in small batches: no Nagle delay behind an unacknowledged
+    // segment (it meets the client's delayed ACK: 40 ms stalls).
+    boost::system::error_code nec;
+    socket.set_option(tcp::no_delay(true), nec);
     beast::tcp_stream stream(std::move(socket));
     if (tls) {
       beast::ssl_stream<beast::tcp_stream> ss(std::move(stream), *tls);

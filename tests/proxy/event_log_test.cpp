@@ -246,3 +246,29 @@ TEST_CASE("encodings count against the memory tail; end offsets grow with the lo
   CHECK(log->tail().size() < 20);
   CHECK(log->tail().back()->seq == 99);
 }
+
+TEST_CASE("a sync in two halves: durable only when the fdatasync has ended, dirty meanwhile") {
+  temp_dir d;
+  std::string error;
+  log_options o;
+  o.dir = d.path;
+  auto log = event_log::open(o, error);
+  REQUIRE(log);
+  txn_builder b;
+  protocol::transaction_info t1, t2;
+  b.append(*log, 0x100, 2, t1);
+  CHECK(log->dirty());
+  auto job = log->begin_sync();
+  REQUIRE(job.fd >= 0);
+  CHECK(job.target.value == 0x108);
+  CHECK(log->dirty());                       // written, not yet synced
+  CHECK_FALSE(log->durable_lsn().valid());
+  b.append(*log, 0x200, 1, t2);              // commits while the sync runs go with the next
+  event_log::run_sync_job(job);              // (on the sync thread, in the gateway)
+  REQUIRE(log->end_sync(job));
+  CHECK(log->durable_lsn().value == 0x108);
+  CHECK(log->dirty());
+  REQUIRE(log->sync());
+  CHECK(log->durable_lsn().value == 0x208);
+  CHECK_FALSE(log->dirty());
+}

@@ -83,7 +83,20 @@ class event_log {
   bool append(const protocol::transaction_info& txn, const std::vector<transform::change>& changes);
   /// Writes and fdatasyncs everything appended; returns false on an I/O error (error() says).
   bool sync();
-  bool dirty() const { return !pending_.empty() || pending_durable_.valid(); }
+  /// The same in two halves, so the fdatasync can run on another thread while this one serves:
+  /// begin_sync() writes what is pending and returns a job (a dup of the file descriptor and the
+  /// end LSN it makes durable; fd -1 on a write error); whoever runs it calls run_sync_job()
+  /// (fdatasync and close, on any thread), then end_sync() here.
+  struct sync_job {
+    int fd = -1;
+    protocol::lsn target;
+    int error = 0;   ///< errno of a failed fdatasync
+  };
+  sync_job begin_sync();
+  static void run_sync_job(sync_job& job);
+  bool end_sync(const sync_job& job);
+  /// Something appended is not durable yet (pending, or its sync still running).
+  bool dirty() const { return !pending_.empty() || pending_durable_.valid() || syncing_ > 0; }
   const std::string& error() const { return error_; }
 
   /// End LSN of the last transaction made durable (what may be acknowledged).
@@ -143,6 +156,7 @@ class event_log {
   std::function<void(const std::vector<event_ptr>&)> publish_;
   std::string error_;
   bool open_ = false, skipping_ = false;
+  int syncing_ = 0;   // sync jobs begun and not ended
   std::uint64_t txn_first_seq_ = 0;
   std::size_t txn_file_offset_ = 0;   // segment bytes + pending at begin()
 };

@@ -8,6 +8,8 @@
 // server (server.hpp), which reads events from the log by sequence number.
 #pragma once
 
+#include <boost/asio/thread_pool.hpp>
+
 #include "walgate/proxy/event_log.hpp"
 #include "walgate/proxy/replication_client.hpp"
 #include "walgate/transform/formats.hpp"
@@ -69,6 +71,8 @@ class gateway final : public replication_sink, public protocol::transaction_hand
   std::chrono::milliseconds sync_interval_;
   boost::asio::steady_timer sync_timer_;
   bool sync_scheduled_ = false;
+  bool sync_running_ = false;
+  std::unique_ptr<boost::asio::thread_pool> sync_thread_;   // runs the fdatasyncs
   bool between_transactions_ = true;
   protocol::lsn keepalive_durable_;
   gateway_metrics metrics_;

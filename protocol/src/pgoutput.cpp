@@ -1,5 +1,7 @@
 #include "walgate/protocol/pgoutput.hpp"
 
+#include <atomic>
+
 namespace walgate::protocol::pgoutput {
 
 namespace {
@@ -377,8 +379,14 @@ std::string encode(const any_message& any, const decode_context& ctx) {
   return w.take();
 }
 
+std::uint64_t next_generation() {
+  static std::atomic<std::uint64_t> counter{0};
+  return ++counter;
+}
+
 const cached_relation& relation_cache::update(const relation& r) {
   cached_relation c;
+  c.generation = next_generation();
   c.oid = r.oid;
   c.nspname = r.nspname.empty() ? "pg_catalog" : std::string(r.nspname);   // proto.c: "" means pg_catalog
   c.relname = std::string(r.relname);
@@ -397,6 +405,7 @@ const cached_relation* relation_cache::find(std::uint32_t oid) const {
 }
 
 const cached_type& type_cache::update(const type& t) {
+  generation_ = next_generation();
   auto& slot = types_[t.oid];
   slot = cached_type{t.oid, t.nspname.empty() ? "pg_catalog" : std::string(t.nspname), std::string(t.name)};
   return slot;

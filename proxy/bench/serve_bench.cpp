@@ -197,9 +197,18 @@ int main(int argc, char** argv) {
     return 1;
   }
   // WALGATE_BENCH_PERF=FILE: record a CPU profile of walgate during the drain (perf record).
+  // WALGATE_BENCH_ATTACH="COMMAND ARGS": run COMMAND ARGS PID of walgate during the drain
+  // (e.g. "strace -c -f -o /tmp/drain.strace -p").
   pid_t perf = 0;
   if (const char* f = std::getenv("WALGATE_BENCH_PERF"))
-    perf = spawn({"perf", "record", "-F", "1000", "--call-graph", "dwarf,16384", "-o", f, "-p", std::to_string(gw)});
+    perf = spawn({"perf", "record", "-F", "4000", "--call-graph", "dwarf,32768", "-o", f, "-p", std::to_string(gw)});
+  else if (const char* a = std::getenv("WALGATE_BENCH_ATTACH")) {
+    std::istringstream words(a);
+    std::vector<std::string> argv_attach;
+    for (std::string w; words >> w;) argv_attach.push_back(w);
+    argv_attach.push_back(std::to_string(gw));
+    perf = spawn(argv_attach);
+  }
   long received = 0;
   {
     asio::io_context io;

@@ -259,7 +259,7 @@ void event_log::abort() {
   seg.index.erase(std::remove_if(seg.index.begin(), seg.index.end(), [&](const auto& e) { return e.first >= txn_first_seq_; }),
                   seg.index.end());
   while (!tail_.empty() && tail_.back()->seq >= txn_first_seq_) {
-    tail_bytes_ -= tail_.back()->memory();
+    tail_bytes_ -= tail_.back()->accounted;
     tail_.back()->in_tail = false;
     tail_.pop_back();
   }
@@ -271,7 +271,7 @@ void event_log::add(const transform::change& c) {
   auto& seg = segments_.back();
   scratch_.clear();
   protocol::writer(scratch_).u64(next_seq_);
-  transform::write_record(scratch_, c);
+  record_writer_.write(scratch_, c);
   std::size_t offset = seg.bytes + pending_.size();
   if ((next_seq_ - seg.first_seq) % index_every == 0) seg.index.emplace_back(next_seq_, offset);
   frame(pending_, 'E', scratch_);
@@ -289,18 +289,22 @@ void event_log::add(const transform::change& c) {
   seg.last_id = ev->id;
   ++next_seq_;
   ev->in_tail = true;
-  tail_bytes_ += ev->memory();
+  ev->accounted = ev->memory();
+  tail_bytes_ += ev->accounted;
   tail_.push_back(ev);
   evict();
   // A large transaction goes to the file as it comes (without fsync: it is not durable until
   // its end frame is, and recovery cuts unterminated transactions).
   if (pending_.size() > (1u << 20)) write_pending();
-  if (publish_) publish_({ev});
+  if (publish_) publish_(*ev, c);
 }
 
 void event_log::evict() {
-  while (tail_.size() > 1 && tail_bytes_ > opts_.memory_bytes) {
-    tail_bytes_ -= tail_.front()->memory();
+  // Events not yet written to the file stay (until the next write or sync): a client behind the
+  // tail reads the file, and must find them there.
+  const std::uint64_t written = segments_.back().base + segments_.back().bytes;
+  while (tail_.size() > 1 && tail_bytes_ > opts_.memory_bytes && tail_.front()->end_offset <= written) {
+    tail_bytes_ -= tail_.front()->accounted;
     tail_.front()->in_tail = false;
     tail_.pop_front();
   }
@@ -308,6 +312,7 @@ void event_log::evict() {
 
 void event_log::account_encoding(const logged_event& e, std::size_t bytes) {
   if (!e.in_tail) return;
+  e.accounted += logged_event::encoding_memory(bytes);
   tail_bytes_ += logged_event::encoding_memory(bytes);
   evict();
 }
@@ -338,6 +343,10 @@ bool event_log::append(const protocol::transaction_info& txn, const std::vector<
 }
 
 bool event_log::write_pending() {
+  struct evict_after {
+    event_log& log;
+    ~evict_after() { log.evict(); }   // what was held for want of the file may go now
+  } after{*this};
   std::size_t done = 0;
   bool ok = true;
   while (done < pending_.size()) {
@@ -405,7 +414,10 @@ std::vector<event_ptr> event_log::read(std::uint64_t seq, std::size_t max) const
 std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max) const {
   std::vector<event_ptr> out;
   for (const auto& s : segments_) {
-    if (seq < s.first_seq || seq >= s.end_seq) continue;
+    // The open segment holds events up to the newest: those of a transaction still arriving too
+    // (written when it is large); published to clients as they come, as in the tail.
+    std::uint64_t end = &s == &segments_.back() ? next_seq_ : s.end_seq;
+    if (seq < s.first_seq || seq >= end) continue;
     std::size_t offset = 0;
     for (const auto& [iseq, ioff] : s.index)
       if (iseq <= seq) offset = ioff;
@@ -423,7 +435,7 @@ std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max) 
       if (type != 'E') continue;
       protocol::cursor p(payload);
       std::uint64_t s_seq = p.u64();
-      if (s_seq >= s.end_seq) break;
+      if (s_seq >= end) break;
       if (s_seq < seq) continue;
       auto ev = make_event(s_seq, std::string(protocol::as_string_view(p.rest())));
       ev->end_offset = s.base + offset;

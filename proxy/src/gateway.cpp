@@ -12,8 +12,15 @@ gateway::gateway(asio::any_io_executor ex, event_log& log, protocol::assembler_o
     : executor_(ex), log_(log), assembler_opts_(std::move(assembler_opts)), sync_interval_(sync_interval),
       sync_timer_(ex), sync_thread_(std::make_unique<asio::thread_pool>(1)) {
   assembler_ = std::make_unique<protocol::assembler>(assembler_opts_, *this);
-  log_.set_publish([this](const std::vector<event_ptr>&) {
-    if (wake_) wake_();
+  log_.set_publish([this](const logged_event& e, const transform::change& c) {
+    if (logged_) logged_(e, c);
+    if (wake_posted_ || !wake_) return;
+    wake_posted_ = true;
+    asio::post(executor_, [this, alive = alive_] {
+      if (!*alive) return;
+      wake_posted_ = false;
+      if (wake_) wake_();
+    });
   });
 }
 

@@ -48,6 +48,7 @@ struct settings {
   int status_interval_ms = 10'000;
   std::size_t client_lag_mb = 64;
   std::size_t retention_mb = 1024;
+  std::size_t tail_mb = 16;
   std::string debezium_name = "walgate";
   std::string decimal_mode = "string";
   std::string time_precision = "adaptive_time_microseconds";
@@ -191,6 +192,7 @@ int serve(const settings& s, const std::function<void(std::uint16_t)>& on_listen
   proxy::log_options lo;
   lo.dir = s.data_dir;
   lo.retention_bytes = s.retention_mb << 20;
+  lo.memory_bytes = s.tail_mb << 20;
   lo.fsync = !s.no_fsync;
   auto log = proxy::event_log::open(lo, error);
   if (!log) {
@@ -567,7 +569,7 @@ int main(int argc, char** argv) {
       {"pg", &s.pg}, {"slot", &s.slot}, {"publication", &s.publications}, {"status-interval", &s.status_interval_ms},
       {"create-publication", &s.create_publication}, {"listen", &s.listen}, {"data-dir", &s.data_dir},
       {"allow-unauthenticated", &s.allow_unauthenticated}, {"tls-cert", &s.tls_cert}, {"tls-key", &s.tls_key},
-      {"client-lag-mb", &s.client_lag_mb}, {"retention-mb", &s.retention_mb}, {"debezium-name", &s.debezium_name},
+      {"client-lag-mb", &s.client_lag_mb}, {"retention-mb", &s.retention_mb}, {"tail-mb", &s.tail_mb}, {"debezium-name", &s.debezium_name},
       {"debezium-decimal-mode", &s.decimal_mode}, {"debezium-time-precision", &s.time_precision},
       {"no-fsync", &s.no_fsync}};
   // --config is needed before the flags are parsed (they override what it sets).
@@ -602,6 +604,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 65536))
       ->capture_default_str();
   app.add_option("--retention-mb", s.retention_mb, "event log kept on disk")->capture_default_str();
+  app.add_option("--tail-mb", s.tail_mb, "newest events (and their encodings) kept in memory for live clients")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65536));
   app.add_option("--debezium-name", s.debezium_name, "Debezium source.name")->capture_default_str();
   app.add_option("--debezium-decimal-mode", s.decimal_mode, "string, double or precise")
       ->check(CLI::IsMember({"string", "double", "precise"}))

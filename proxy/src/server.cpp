@@ -72,6 +72,8 @@ struct client_state {
   asio::steady_timer wake;       // cancelled when events arrive
   asio::steady_timer watchdog;   // write timeout
   transport kind = transport::ndjson;
+  encoding enc = encoding::native;
+  bool unfiltered = false;       // every event goes to it (no table or op filter)
   std::string last_id;           // the last event id delivered: where to resume
   std::uint64_t cursor = 0;      // seq of the next event to look at
   std::uint64_t offset = 0;      // the log's end_offset at the cursor (while live): lag in bytes
@@ -99,15 +101,28 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
   struct registration {
     impl& self;
     client_state& c;
-    registration(impl& s, client_state& cs) : self(s), c(cs) {
+    registration(impl& s, client_state& cs, const stream_request& r) : self(s), c(cs) {
+      c.enc = encoding_for(r);
+      c.unfiltered = r.tables.empty() && r.ops == 0;
       self.clients.insert(&c);
       ++self.by_transport[c.kind];
+      if (c.unfiltered) ++self.eager[static_cast<std::size_t>(c.enc)];
     }
     ~registration() {
       self.clients.erase(&c);
       --self.by_transport[c.kind];
+      if (c.unfiltered) --self.eager[static_cast<std::size_t>(c.enc)];
     }
   };
+
+  /// Encodings that some client wants every event in: they are made as each event is logged,
+  /// from the change in hand (no record to parse again). The rest are made on first demand.
+  std::array<int, static_cast<std::size_t>(encoding::count_)> eager{};
+
+  void on_logged(const logged_event& e, const transform::change& c) {
+    for (std::size_t i = 0; i < eager.size(); ++i)
+      if (eager[i] > 0 && !e.json[i]) encode_into(e, static_cast<encoding>(i), c);
+  }
 
   transform::record_view record_scratch;   // one parse buffer for every record read here
   std::string encode_scratch;
@@ -117,20 +132,28 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
   std::shared_ptr<const std::string> encoded(const logged_event& e, encoding enc) {
     auto& slot = e.json[static_cast<std::size_t>(enc)];
     if (!slot) {
-      encode_scratch.clear();
       if (transform::read_record(protocol::as_bytes(e.record), record_scratch)) {
-        transform::change c = record_scratch.get();
-        c.seq = e.seq;
-        auto o = opts.encoder;
-        o.compact = enc == encoding::pgoutput2json_compact;
-        transform::format f = enc == encoding::pgoutput2json_compact ? transform::format::pgoutput2json
-                                                                      : static_cast<transform::format>(enc);
-        transform::encode_change(encode_scratch, c, f, o);
+        encode_into(e, enc, record_scratch.get());
+      } else {
+        slot = std::make_shared<const std::string>();
       }
-      slot = std::make_shared<const std::string>(encode_scratch);
-      gw.log().account_encoding(e, slot->size());
     }
     return slot;
+  }
+
+  /// Encodes e (made from the change c) in enc, and keeps the bytes with the event.
+  void encode_into(const logged_event& e, encoding enc, const transform::change& from) {
+    transform::change c = from;
+    c.seq = e.seq;
+    auto o = opts.encoder;
+    o.compact = enc == encoding::pgoutput2json_compact;
+    transform::format f = enc == encoding::pgoutput2json_compact ? transform::format::pgoutput2json
+                                                                  : static_cast<transform::format>(enc);
+    encode_scratch.clear();
+    transform::encode_change(encode_scratch, c, f, o);
+    auto& slot = e.json[static_cast<std::size_t>(enc)];
+    slot = std::make_shared<const std::string>(encode_scratch);
+    gw.log().account_encoding(e, slot->size());
   }
 
   /// The pgoutput2json compact "s" line for e, and the signature of its table's definition
@@ -278,7 +301,7 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
     c.kind = kind;
     c.cursor = start;
     c.force_close = [&s] { beast::get_lowest_layer(s).close(); };
-    registration guard(*this, c);
+    registration guard(*this, c, r);
 
     http::response<http::empty_body> res{http::status::ok, req.version()};
     res.set(http::field::server, "walgate");
@@ -383,7 +406,7 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
       boost::system::error_code ec;
       beast::get_lowest_layer(ws).socket().close(ec);
     };
-    registration guard(*this, c);
+    registration guard(*this, c, r);
 
     // The reader answers pings, enforces the message limit (1009) and UTF-8 (1007); walgate
     // expects nothing from clients, so a message is read and dropped.
@@ -635,6 +658,9 @@ bool server::start(std::string& error) {
     return false;
   }
   asio::co_spawn(i.executor, impl_->accept_loop(), asio::detached);
+  i.gw.on_event_logged([w = std::weak_ptr<impl>(impl_)](const logged_event& e, const transform::change& c) {
+    if (auto self = w.lock()) self->on_logged(e, c);
+  });
   return true;
 }
 
@@ -649,6 +675,7 @@ void server::stop() {
   i.stopping = true;
   boost::system::error_code ec;
   i.acceptor.close(ec);
+  i.gw.on_event_logged({});
   i.notify();
 }
 

@@ -63,8 +63,12 @@ TEST_CASE("append, group commit, durable position, refusal of redelivered transa
   o.dir = d.path;
   auto log = event_log::open(o, error);
   REQUIRE_MESSAGE(log, error);
-  std::vector<event_ptr> published;
-  log->set_publish([&](const std::vector<event_ptr>& e) { published.insert(published.end(), e.begin(), e.end()); });
+  std::vector<const logged_event*> published;
+  std::vector<std::uint32_t> change_indexes;
+  log->set_publish([&](const logged_event& e, const transform::change& c) {
+    published.push_back(&e);
+    change_indexes.push_back(c.index);
+  });
   txn_builder b;
   protocol::transaction_info t1, t2, t3;
   CHECK(b.append(*log, 0x100, 3, t1));
@@ -73,6 +77,7 @@ TEST_CASE("append, group commit, durable position, refusal of redelivered transa
   CHECK(published[4]->id.to_string() == "0/200:1");
   CHECK(published[4]->seq == 4);
   CHECK(published[0]->table == "items");
+  CHECK(change_indexes == std::vector<std::uint32_t>{0, 1, 2, 0, 1});
   CHECK_FALSE(log->durable_lsn().valid());   // appended, not yet durable
   REQUIRE(log->sync());
   CHECK(log->durable_lsn().value == 0x208);
@@ -224,6 +229,7 @@ TEST_CASE("encodings count against the memory tail; end offsets grow with the lo
   std::vector<protocol::transaction_info> txns(20);
   for (int i = 0; i < 20; ++i) REQUIRE(b.append(*log, 0x1000 + 0x10 * static_cast<std::uint64_t>(i), 5, txns[static_cast<std::size_t>(i)]));
   REQUIRE(log->tail().size() == 100);
+  REQUIRE(log->sync());   // (events not yet in the file are never evicted)
   std::uint64_t prev = 0;
   for (const auto& e : log->tail()) {
     CHECK(e->end_offset > prev);
@@ -271,4 +277,30 @@ TEST_CASE("a sync in two halves: durable only when the fdatasync has ended, dirt
   REQUIRE(log->sync());
   CHECK(log->durable_lsn().value == 0x208);
   CHECK_FALSE(log->dirty());
+}
+
+TEST_CASE("an event is readable from the tail until it is in the file, then from the file") {
+  temp_dir d;
+  std::string error;
+  log_options o;
+  o.dir = d.path;
+  o.memory_bytes = 1;   // the tail keeps only what it must
+  o.fsync = false;
+  auto log = event_log::open(o, error);
+  REQUIRE(log);
+  txn_builder b;
+  protocol::transaction_info t1;
+  b.append(*log, 0x100, 5, t1);
+  CHECK(log->tail().size() == 5);   // not written yet: held
+  auto before = log->read(0, 10);
+  REQUIRE(before.size() == 5);
+  REQUIRE(log->sync());
+  CHECK(log->tail().size() == 1);
+  auto after = log->read(0, 10);    // from the file
+  REQUIRE(after.size() == 5);
+  for (std::size_t i = 0; i < 5; ++i) {
+    CHECK(after[i]->id == before[i]->id);
+    CHECK(after[i]->record == before[i]->record);
+    CHECK(after[i]->end_offset == before[i]->end_offset);
+  }
 }

@@ -49,8 +49,8 @@ void read_tuple(cursor& c, std::vector<pg::tuple_column>& out) {
 // Int16 ntypes | ntypes × (Int32 oid | Str16 nsp | Str16 name) |
 // Byte1 before kind | tuple before | tuple after |
 // message: Byte1 present [| Byte1 transactional | Int64 lsn | Str16 prefix | Int32 len | bytes]
-void write_record(std::string& out, const change& c) {
-  writer w(out);
+namespace {
+void write_header(writer& w, const change& c) {
   const auto& t = *c.txn;
   w.u8(record_version).u8(static_cast<std::uint8_t>(c.kind));
   w.u64(t.commit_lsn.value).u64(t.end_lsn.value).i64(t.commit_time).u32(t.xid);
@@ -59,6 +59,9 @@ void write_record(std::string& out, const change& c) {
   w.u64(t.origin_lsn.value);
   str16(w, t.gid);
   w.u8(t.streamed ? 1 : 0);
+}
+
+void write_relation(writer& w, const change& c) {
   if (c.relation) {
     const auto& r = *c.relation;
     w.u32(r.oid);
@@ -86,6 +89,9 @@ void write_record(std::string& out, const change& c) {
     str16(w, "");
     w.u8('d').u16(0).u16(0);
   }
+}
+
+void write_rest(writer& w, const change& c) {
   w.u8(static_cast<std::uint8_t>(c.before_kind));
   tuple(w, c.before);
   tuple(w, c.after);
@@ -96,6 +102,35 @@ void write_record(std::string& out, const change& c) {
   } else {
     w.u8(0);
   }
+}
+}  // namespace
+
+void write_record(std::string& out, const change& c) {
+  writer w(out);
+  write_header(w, c);
+  write_relation(w, c);
+  write_rest(w, c);
+}
+
+void record_writer::write(std::string& out, const change& c) {
+  writer w(out);
+  write_header(w, c);
+  std::uint64_t types_generation = c.types ? c.types->generation() : 0;
+  if (!c.relation || c.relation->generation == 0) {
+    write_relation(w, c);
+  } else {
+    if (blocks_.size() >= 4096 && !blocks_.contains(c.relation)) blocks_.clear();   // relations come and go
+    auto& b = blocks_[c.relation];
+    if (b.relation_generation != c.relation->generation || b.types_generation != types_generation) {
+      b.bytes.clear();
+      writer bw(b.bytes);
+      write_relation(bw, c);
+      b.relation_generation = c.relation->generation;
+      b.types_generation = types_generation;
+    }
+    w.raw(b.bytes);
+  }
+  write_rest(w, c);
 }
 
 boost::system::result<std::unique_ptr<record_view>, protocol::decode_error> read_record(protocol::bytes_view bytes) {

@@ -220,7 +220,13 @@ struct cached_relation {
   std::string relname;
   char replica_identity = 'd';
   std::vector<cached_column> columns;
+  /// Unique in the process for each definition a relation_cache stored (0: made elsewhere):
+  /// what derived data (an encoded record header) is keyed by.
+  std::uint64_t generation = 0;
 };
+
+/// The next value of the process-wide generation counter (1, 2, ...).
+std::uint64_t next_generation();
 
 /// Relation definitions by OID, replaced whenever a new Relation message arrives.
 class relation_cache {
@@ -245,10 +251,16 @@ class type_cache {
   const cached_type& update(const type& t);
   const cached_type* find(std::uint32_t oid) const;
   std::size_t size() const { return types_.size(); }
-  void clear() { types_.clear(); }
+  void clear() {
+    types_.clear();
+    generation_ = 0;
+  }
+  /// Changes (process-wide unique) whenever a type is stored; 0 while none was.
+  std::uint64_t generation() const { return generation_; }
 
  private:
   std::unordered_map<std::uint32_t, cached_type> types_;
+  std::uint64_t generation_ = 0;
 };
 
 }  // namespace walgate::protocol::pgoutput

@@ -12,6 +12,7 @@
 
 #include "walgate/protocol/lsn.hpp"
 #include "walgate/transform/change.hpp"
+#include "walgate/transform/record.hpp"
 
 #include <array>
 #include <cstdint>
@@ -41,6 +42,7 @@ struct logged_event {
   /// Encodings, made once on first demand and shared by every client (single-threaded).
   mutable std::array<std::shared_ptr<const std::string>, static_cast<std::size_t>(encoding::count_)> json;
   mutable bool in_tail = false;   ///< held by the log's memory tail (its encodings count there)
+  mutable std::size_t accounted = 0;   ///< what the tail counts for it: memory() when last counted
   static std::size_t encoding_memory(std::size_t bytes) { return bytes + sizeof(std::string) + 32; }
   std::size_t memory() const {
     std::size_t n = sizeof(*this) + record.size() + schema.size() + table.size();
@@ -115,8 +117,9 @@ class event_log {
   /// unknown and not newer than everything).
   std::optional<std::uint64_t> seq_after(const transform::event_id& id) const;
 
-  /// Called with each transaction's events once they are appended (before they are durable).
-  void set_publish(std::function<void(const std::vector<event_ptr>&)> f) { publish_ = std::move(f); }
+  /// Called with each event as it is appended (before it is durable), with the change it was
+  /// made from (valid during the call only).
+  void set_publish(std::function<void(const logged_event&, const transform::change&)> f) { publish_ = std::move(f); }
 
   std::size_t disk_bytes() const;
   /// Byte position of the end of the log (see logged_event::end_offset).
@@ -148,12 +151,13 @@ class event_log {
   int fd_ = -1;
   std::string pending_;                 // frames not yet written
   std::string scratch_;                 // add(): the event's payload
+  transform::record_writer record_writer_;
   protocol::lsn pending_durable_;       // end LSN that becomes durable at the next sync
   protocol::lsn durable_lsn_, last_commit_;
   std::uint64_t next_seq_ = 0;
   std::deque<event_ptr> tail_;
   std::size_t tail_bytes_ = 0;
-  std::function<void(const std::vector<event_ptr>&)> publish_;
+  std::function<void(const logged_event&, const transform::change&)> publish_;
   std::string error_;
   bool open_ = false, skipping_ = false;
   int syncing_ = 0;   // sync jobs begun and not ended

@@ -55,8 +55,12 @@ class gateway final : public replication_sink, public protocol::transaction_hand
 
   event_log& log() { return log_; }
   gateway_metrics& metrics() { return metrics_; }
-  /// Called (on the executor) whenever new events are in the log.
+  /// Called (on the executor) when new events are in the log: once for all the events logged
+  /// from one read of the stream, not once per event.
   void on_new_events(std::function<void()> f) { wake_ = std::move(f); }
+  /// Called with each event as it is logged, with the change it was made from (valid during
+  /// the call only): the server encodes events here that its clients will want.
+  void on_event_logged(std::function<void(const logged_event&, const transform::change&)> f) { logged_ = std::move(f); }
   /// Writes and syncs what is pending now (shutdown).
   void flush();
   const std::string& failure() const { return failure_; }
@@ -77,6 +81,8 @@ class gateway final : public replication_sink, public protocol::transaction_hand
   protocol::lsn keepalive_durable_;
   gateway_metrics metrics_;
   std::function<void()> wake_;
+  std::function<void(const logged_event&, const transform::change&)> logged_;
+  bool wake_posted_ = false;
   std::string failure_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };

@@ -9,6 +9,7 @@
 #include <boost/system/result.hpp>
 
 #include <memory>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,21 @@ namespace walgate::transform {
 
 /// Appends the record of c to out.
 void write_record(std::string& out, const change& c);
+
+/// write_record that remembers the relation part of each relation's records (its definition
+/// and type names, keyed by their generations), so a stream of changes copies it whole instead
+/// of writing it field by field. The bytes are the same.
+class record_writer {
+ public:
+  void write(std::string& out, const change& c);
+
+ private:
+  struct block {
+    std::uint64_t relation_generation = 0, types_generation = 0;
+    std::string bytes;
+  };
+  std::unordered_map<const void*, block> blocks_;
+};
 
 /// A parsed record: owns the relation, type names and tuple storage; values are views into the
 /// record bytes, which must outlive it.

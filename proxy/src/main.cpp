@@ -115,9 +115,12 @@ asio::awaitable<proxy::outcome<void>> ensure_publication(proxy::conn_params conn
   co_return proxy::outcome<void>{};
 }
 
-// Reads the slot's retained WAL every 10 s for /metrics (a plain SQL connection).
+// Reads the slot's retained WAL every 10 s for /metrics (a plain SQL connection). It starts a
+// second after the gateway, so the server starts the walsender's backend first, undisturbed.
 asio::awaitable<void> watch_slot(proxy::conn_params conn, std::string slot, proxy::gateway_metrics& m, std::atomic<bool>& stop) {
   asio::steady_timer t(co_await asio::this_coro::executor);
+  t.expires_after(std::chrono::seconds(1));
+  co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
   while (!stop) {
     proxy::pg_connection c(co_await asio::this_coro::executor);
     if (auto r = co_await c.connect(conn, false); r) {

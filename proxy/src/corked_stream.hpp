@@ -20,6 +20,8 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/websocket/teardown.hpp>
 
+#include "walgate/proxy/server.hpp"
+
 #include <memory>
 #include <string>
 
@@ -75,20 +77,7 @@ class corked_stream {
   void append_text_frame(std::string_view payload) {
     if (failed_) return;
     char head[10];
-    std::size_t n = payload.size(), h = 2;
-    head[0] = static_cast<char>(0x81);
-    if (n < 126) {
-      head[1] = static_cast<char>(n);
-    } else if (n <= 0xffff) {
-      head[1] = 126;
-      head[2] = static_cast<char>(n >> 8);
-      head[3] = static_cast<char>(n);
-      h = 4;
-    } else {
-      head[1] = 127;
-      for (int i = 0; i < 8; ++i) head[2 + i] = static_cast<char>(static_cast<std::uint64_t>(n) >> (56 - 8 * i));
-      h = 10;
-    }
+    std::size_t h = websocket_text_frame_header(head, payload.size());
     pending_.append(head, h).append(payload);
     if (!corked_) start_send();
   }

@@ -122,4 +122,21 @@ bool matches(const stream_request& r, const logged_event& e) {
   return false;
 }
 
+std::size_t websocket_text_frame_header(char (&out)[10], std::uint64_t n) {
+  out[0] = static_cast<char>(0x81);   // FIN | text
+  if (n < 126) {
+    out[1] = static_cast<char>(n);
+    return 2;
+  }
+  if (n <= 0xffff) {
+    out[1] = 126;
+    out[2] = static_cast<char>(n >> 8);
+    out[3] = static_cast<char>(n);
+    return 4;
+  }
+  out[1] = 127;
+  for (int i = 0; i < 8; ++i) out[2 + i] = static_cast<char>(n >> (56 - 8 * i));
+  return 10;
+}
+
 }  // namespace walgate::proxy

@@ -201,6 +201,10 @@ boost::system::result<void, protocol::decode_error> read_record(protocol::bytes_
     m.content = c.bytes(c.u32("record message length"), "record message content");
   }
   c.expect_end("record");
+  // What the encoders rely on: a message event has its message, every other event its relation.
+  if (c.ok() && (kind == op::message) != has_message) c.fail(protocol::errc::invalid_value, "record message");
+  if (c.ok() && kind != op::message && !(r.oid || !r.relname.empty()))
+    c.fail(protocol::errc::invalid_value, "record relation");
   if (!c.ok()) {
     r.columns.clear();
     return c.error();

@@ -28,8 +28,15 @@ struct lsn {
 /// Microseconds between the Unix epoch and the PostgreSQL epoch (2000-01-01).
 inline constexpr std::int64_t pg_epoch_offset_us = 946'684'800'000'000;
 
-inline std::int64_t unix_us_to_pg(std::int64_t unix_us) { return unix_us - pg_epoch_offset_us; }
-inline std::int64_t pg_us_to_unix(std::int64_t pg_us) { return pg_us + pg_epoch_offset_us; }
+// Saturating: a timestamp from the wire can be any Int64 (PostgreSQL's own stay far inside).
+inline std::int64_t unix_us_to_pg(std::int64_t unix_us) {
+  std::int64_t r;
+  return __builtin_sub_overflow(unix_us, pg_epoch_offset_us, &r) ? INT64_MIN : r;
+}
+inline std::int64_t pg_us_to_unix(std::int64_t pg_us) {
+  std::int64_t r;
+  return __builtin_add_overflow(pg_us, pg_epoch_offset_us, &r) ? INT64_MAX : r;
+}
 
 /// The current time in PostgreSQL-epoch microseconds, for the client clock of a status update.
 inline std::int64_t pg_now_us() {

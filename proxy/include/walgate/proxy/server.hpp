@@ -74,5 +74,8 @@ struct request_error {
 std::optional<stream_request> parse_stream_query(std::string_view target, request_error& error);
 /// True if the event passes the request's table and op filters.
 bool matches(const stream_request& r, const logged_event& e);
+/// Writes the header of a server's WebSocket text frame (FIN, opcode 1, unmasked, RFC 6455 5.2)
+/// for a payload of n bytes into out; returns its length (2, 4 or 10).
+std::size_t websocket_text_frame_header(char (&out)[10], std::uint64_t n);
 
 }  // namespace walgate::proxy

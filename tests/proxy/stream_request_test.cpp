@@ -1,0 +1,58 @@
+// The server's pieces that need no socket: request parameters, filters, the frame header walgate
+// writes itself for WebSocket clients without permessage-deflate.
+#include "walgate/proxy/server.hpp"
+
+#include <doctest/doctest.h>
+
+#include <string>
+
+using namespace walgate::proxy;
+
+namespace {
+std::string header(std::uint64_t n) {
+  char out[10];
+  return std::string(out, websocket_text_frame_header(out, n));
+}
+}  // namespace
+
+TEST_CASE("WebSocket text frame headers, exact bytes (RFC 6455 5.2: 7-bit, 16-bit, 64-bit lengths)") {
+  using namespace std::string_literals;
+  CHECK(header(0) == "\x81\x00"s);
+  CHECK(header(5) == "\x81\x05"s);
+  CHECK(header(125) == "\x81\x7d"s);
+  CHECK(header(126) == "\x81\x7e\x00\x7e"s);
+  CHECK(header(361) == "\x81\x7e\x01\x69"s);
+  CHECK(header(65535) == "\x81\x7e\xff\xff"s);
+  CHECK(header(65536) == "\x81\x7f\x00\x00\x00\x00\x00\x01\x00\x00"s);
+  CHECK(header(0x0102030405060708ULL) == "\x81\x7f\x01\x02\x03\x04\x05\x06\x07\x08"s);
+}
+
+TEST_CASE("stream parameters: formats, filters, resume ids; a bad one names itself") {
+  request_error err;
+  auto r = parse_stream_query("/v1/stream?format=wal2json&tables=public.*,app.orders&ops=insert,delete&from=0/16B3748:3", err);
+  REQUIRE(r);
+  CHECK(r->fmt == walgate::transform::format::wal2json);
+  REQUIRE(r->tables.size() == 2);
+  CHECK(r->tables[0] == std::pair<std::string, std::string>{"public", "*"});
+  CHECK(r->tables[1] == std::pair<std::string, std::string>{"app", "orders"});
+  REQUIRE(r->from);
+  CHECK(r->from->to_string() == "0/16B3748:3");
+  logged_event e;
+  e.schema = "app";
+  e.table = "orders";
+  e.kind = walgate::transform::op::insert;
+  CHECK(matches(*r, e));
+  e.kind = walgate::transform::op::update;
+  CHECK_FALSE(matches(*r, e));
+  e.kind = walgate::transform::op::delete_;
+  e.table = "other";
+  CHECK_FALSE(matches(*r, e));
+  e.schema = "public";
+  CHECK(matches(*r, e));
+  for (auto [target, parameter] : {std::pair{"/v1/stream?format=xml", "format"}, {"/v1/stream?ops=upsert", "ops"},
+                                   {"/v1/stream?tables=nodot", "tables"}, {"/v1/stream?from=12", "from"}}) {
+    INFO(target);
+    CHECK_FALSE(parse_stream_query(target, err));
+    CHECK(err.parameter == parameter);
+  }
+}

@@ -505,6 +505,34 @@ TEST_CASE("TLS on the listening side") {
   // Plain HTTP to the TLS port gets nothing.
   auto plain = get_path(g.port(), "/healthz");
   CHECK(plain.first != 200);
+  // WSS: events through the frame-batching layer and then TLS, with and without deflate; a
+  // clean close.
+  for (bool deflate : {false, true}) {
+    beast::ssl_stream<tcp::socket> ts(io, ctx);
+    SSL_set1_host(ts.native_handle(), "localhost");
+    ts.next_layer().connect({asio::ip::make_address("127.0.0.1"), g.port()});
+    set_timeout(ts.next_layer(), 10000);
+    ts.handshake(asio::ssl::stream_base::client);
+    websocket::stream<beast::ssl_stream<tcp::socket>&> ws(ts);
+    if (deflate) {
+      websocket::permessage_deflate pmd;
+      pmd.client_enable = true;
+      ws.set_option(pmd);
+    }
+    ws.handshake("localhost", "/v1/ws");
+    int id = deflate ? 2 : 1;
+    test::cluster().sql("INSERT INTO tls_srv_items VALUES (" + std::to_string(id) + ", 'secure', 1)");
+    std::string got;
+    while (got.find("\"secure\"") == std::string::npos) {
+      beast::flat_buffer fb;
+      boost::system::error_code ec;
+      ws.read(fb, ec);
+      REQUIRE_MESSAGE(!ec, ec.message());
+      got = beast::buffers_to_string(fb.data());
+    }
+    CHECK(got.find("\"id\":" + std::to_string(id)) != std::string::npos);
+    ws.close(websocket::close_code::normal);
+  }
 }
 
 TEST_CASE("pgoutput2json compact mode: s with a table's first row per client, and again after the table changes") {

@@ -274,6 +274,12 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
     for (auto* c : clients)
       o << "walgate_client_lag_events{client=\"" << i++ << "\",transport=\"" << transport_name(c->kind) << "\"} "
         << (log.next_seq() > c->cursor ? log.next_seq() - c->cursor : 0) << "\n";
+    o << "# HELP walgate_client_lag_bytes Bytes of event log between a client's position and the head.\n"
+         "# TYPE walgate_client_lag_bytes gauge\n";
+    i = 0;
+    for (auto* c : clients)
+      o << "walgate_client_lag_bytes{client=\"" << i++ << "\",transport=\"" << transport_name(c->kind) << "\"} "
+        << (c->offset && log.end_offset() > c->offset ? log.end_offset() - c->offset : 0) << "\n";
     metric("walgate_clients_disconnected_slow_total", "counter", "Clients disconnected for being too slow.",
            m.clients_disconnected_slow);
     std::int64_t lag_bytes = m.server_wal_end.valid() && m.server_wal_end > gw.durable_lsn()
@@ -352,6 +358,7 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
       }
       gw.metrics().events_out += batch.size();
       gw.metrics().bytes_out += out.size();
+      if (out.capacity() > (64u << 10)) out = std::string();   // idle clients keep no burst-sized buffer
     }
     // A last line that says why, and where to resume.
     std::string reason = stopping ? "server shutting down" : c.close_reason;

@@ -280,6 +280,14 @@ TEST_CASE("every transport in every format: changes arrive complete and in order
   CHECK(code == 200);
   CHECK(metrics.find("walgate_clients{transport=\"websocket\"} 5") != std::string::npos);
   CHECK(metrics.find("walgate_events_in_total 4") != std::string::npos);
+  // Every client has taken every event: none is behind by more than the last commit's frame.
+  for (std::size_t at = metrics.find("walgate_client_lag_bytes{"); at != std::string::npos;
+       at = metrics.find("walgate_client_lag_bytes{", at + 1)) {
+    auto line = metrics.substr(at, metrics.find('\n', at) - at);
+    INFO(line);
+    CHECK(std::stoul(line.substr(line.rfind(' ') + 1)) <= 25);
+  }
+  CHECK(metrics.find("walgate_client_lag_bytes{client=\"14\"") != std::string::npos);   // 15 clients
   CHECK(get_path(g.port(), "/readyz").first == 200);
   CHECK(get_path(g.port(), "/healthz").first == 200);
   auto page = get_path(g.port(), "/");

@@ -129,14 +129,16 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
 
   // Encodes once per event and encoding; every client of that encoding shares the bytes. The
   // bytes count against the log's memory tail while the event is in it.
-  std::shared_ptr<const std::string> encoded(const logged_event& e, encoding enc) {
+  /// Null when the event's record cannot be read (error says why): never skipped in silence.
+  std::shared_ptr<const std::string> encoded(const logged_event& e, encoding enc, std::string& error) {
     auto& slot = e.json[static_cast<std::size_t>(enc)];
     if (!slot) {
-      if (transform::read_record(protocol::as_bytes(e.record), record_scratch)) {
-        encode_into(e, enc, record_scratch.get());
-      } else {
-        slot = std::make_shared<const std::string>();
+      auto r = transform::read_record(protocol::as_bytes(e.record), record_scratch);
+      if (!r) {
+        error = "event " + e.id.to_string() + " in the event log cannot be read (" + r.error().message() + ")";
+        return nullptr;
       }
+      encode_into(e, enc, record_scratch.get());
     }
     return slot;
   }
@@ -208,7 +210,18 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
       c.cursor = e->seq + 1;
       c.offset = e->end_offset;
       if (!matches(r, *e)) continue;
-      auto payload = encoded(*e, enc);
+      std::string error;
+      auto payload = encoded(*e, enc, error);
+      if (!payload) {
+        // A damaged record: the batch ends before it; with nothing before it, the client is
+        // closed with the reason and the id to resume from.
+        c.cursor = e->seq;
+        if (out.empty()) {
+          c.closing = true;
+          c.close_reason = error;
+        }
+        break;
+      }
       if (payload->empty()) continue;   // the format has no such event
       if (enc == encoding::pgoutput2json_compact) {
         // The schema goes with the first row of a table for this client, and again when the

@@ -1,12 +1,21 @@
 // Serving benchmarks (docs/benchmarks.md), side by side with the reference in one run:
-//   drain    the standard workload (../shared/bench) drained by pg_recvlogical and, from an
-//            identical slot, by walgate to an NDJSON client: wall time ratio, CPU seconds of
-//            each side and of the walsenders, walgate's peak RSS
+//   drain    the standard workload (../shared/bench) drained, in each of N rounds (env
+//            WALGATE_BENCH_DRAINS, default 3) and each from its own identical slot, by
+//            pg_recvlogical, by the floor consumer (walgate's replication client dropping every
+//            frame: what receiving the stream costs) and by walgate to an NDJSON client: wall
+//            time ratio, CPU seconds of each side and of the walsenders, walgate's peak RSS;
+//            the medians of the rounds are quoted. Over TCP to 127.0.0.1 (PostgreSQL on
+//            another host, as at the edge), or the Unix-domain socket with WALGATE_BENCH_UNIX=1.
 //   latency  commit-to-client latency at a steady 2,000 changes/s with 100 WebSocket clients
 //   memory   RSS growth per idle WebSocket client, 5,000 of them
-// usage: walgate-bench-serve PATH/TO/walgate [SHARED_BENCH_DIR]
+// usage: walgate-bench-serve PATH/TO/walgate [SHARED_BENCH_DIR]      (env WALGATE_BENCH_DRAIN_ONLY=1:
+//        the drain rounds only)
+//        walgate-bench-serve --floor CONNINFO SLOT END_LSN            (the floor consumer)
+#include "walgate/protocol/lsn.hpp"
 #include "walgate/proxy/local_cluster.hpp"
+#include "walgate/proxy/replication_client.hpp"
 
+#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -90,6 +99,7 @@ std::string sql1(const std::string& conninfo, const std::string& q) {
 struct walsender_watch {
   std::atomic<bool> stop{false};
   std::atomic<double> cpu{0};
+  std::atomic<long> sleeps{0};   // voluntary context switches: waits for the socket, mostly
   std::thread t;
   walsender_watch(std::string conninfo, std::string slot) {
     t = std::thread([this, conninfo, slot] {
@@ -99,6 +109,8 @@ struct walsender_watch {
         if (pid) {
           double c = cpu_seconds(pid);
           if (c >= 0) cpu = c;
+          long v = rss_kib(pid, "voluntary_ctxt_switches:");
+          if (v >= 0) sleeps = v;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(pid ? 20 : 5));
       }
@@ -135,6 +147,111 @@ bool wait_ready(std::uint16_t port) {
   return false;
 }
 
+/// An NDJSON client of walgate on port, reading from the first event until it has counted
+/// `changes` event lines (or the connection ends); returns how many it counted.
+long ndjson_drain(std::uint16_t port, long changes) {
+  long received = 0;
+  asio::io_context io;
+  tcp::socket s(io);
+  s.connect({asio::ip::make_address("127.0.0.1"), port});
+  std::string req = "GET /v1/stream?format=native&from=0/0:0 HTTP/1.1\r\nHost: x\r\n\r\n";
+  asio::write(s, asio::buffer(req));
+  // One event per line; a blank line is a keep-alive. (Counting a marker such as {"id": would
+  // also count rows whose first column is named id.)
+  std::vector<char> buf(1 << 20);
+  char prev = '\n';
+  std::string head;   // the response head, skipped
+  bool in_body = false;
+  while (received < changes) {
+    boost::system::error_code ec;
+    std::size_t n = s.read_some(asio::buffer(buf), ec);
+    if (ec) break;
+    std::size_t i = 0;
+    if (!in_body) {
+      head.append(buf.data(), n);
+      auto end = head.find("\r\n\r\n");
+      if (end == std::string::npos) continue;
+      in_body = true;
+      i = n - (head.size() - end - 4);
+    }
+    // Chunk-size lines end in \r\n, events in \n alone: count a \n after a character other
+    // than \n or \r.
+    while (i < n) {
+      const char* nl = static_cast<const char*>(std::memchr(buf.data() + i, '\n', n - i));
+      if (!nl) {
+        prev = buf[n - 1];
+        break;
+      }
+      std::size_t at = static_cast<std::size_t>(nl - buf.data());
+      char before = at > i ? buf[at - 1] : prev;
+      if (before != '\n' && before != '\r') ++received;
+      prev = '\n';
+      i = at + 1;
+    }
+  }
+  return received;
+}
+
+/// The floor consumer (walgate-bench-serve --floor CONNINFO SLOT END_LSN): walgate's own
+/// replication client draining a slot to END_LSN and dropping every frame. What receiving the
+/// stream costs before anything is done with it.
+class floor_sink final : public proxy::replication_sink {
+ public:
+  floor_sink(protocol::lsn end, std::function<void()> done) : end_(end), done_(std::move(done)) {}
+  boost::system::error_code on_xlog_data(const protocol::xlog_data& x) override {
+    ++frames_;
+    char tag = x.data.empty() ? 0 : static_cast<char>(x.data[0]);
+    in_txn_ = tag == 'C' ? false : tag == 'B' ? true : in_txn_;
+    if (tag == 'C') durable_ = x.wal_start;
+    if (tag == 'C' && x.wal_start >= end_) std::_Exit(0);
+    // WALGATE_BENCH_FLOOR_NAP_US=N: a consumer that lets the stream pile up, sleeping N µs
+    // (outside the event loop: no wake-ups) after each N µs of reading — what coalesced reads
+    // would save, and what they cost in wall time.
+    if (nap_us_ > 0 && clock_type::now() - last_nap_ > std::chrono::microseconds(nap_us_)) {
+      usleep(static_cast<useconds_t>(nap_us_));
+      last_nap_ = clock_type::now();
+    }
+    return {};
+  }
+  void on_keepalive(const protocol::primary_keepalive& k) override {
+    if (!in_txn_ && k.wal_end >= end_ && !finished_) std::_Exit(0);
+  }
+  protocol::lsn durable_lsn() const override { return durable_; }
+
+ private:
+  clock_type::time_point last_nap_{};
+  long nap_us_ = std::getenv("WALGATE_BENCH_FLOOR_NAP_US") ? std::atol(std::getenv("WALGATE_BENCH_FLOOR_NAP_US")) : 0;
+  protocol::lsn end_, durable_;
+  std::function<void()> done_;
+  bool in_txn_ = false, finished_ = false;
+  std::size_t frames_ = 0;
+};
+
+int floor_main(const std::string& conninfo, const std::string& slot, const std::string& end) {
+  asio::io_context io;
+  proxy::replication_settings s;
+  auto parsed = proxy::parse_conninfo(conninfo);
+  if (!parsed.params) return 2;
+  s.conn = *parsed.params;
+  s.slot = slot;
+  s.publications = {"bench_pub"};
+  s.create_slot = false;
+  s.proto_version = 1;
+  s.max_attempts = 1;
+  std::unique_ptr<proxy::replication_client> client;
+  floor_sink sink(*protocol::lsn::parse(end), [&] { client->stop(); });
+  client = std::make_unique<proxy::replication_client>(io.get_executor(), s, sink);
+  int rc = 0;
+  asio::co_spawn(io, client->run(), [&](std::exception_ptr, proxy::outcome<void> r) {
+    if (!r) {
+      std::fprintf(stderr, "%s\n", r.error().message.c_str());
+      rc = 1;
+    }
+  });
+  io.run();
+  return rc;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -142,7 +259,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: walgate-bench-serve PATH/TO/walgate [SHARED_BENCH_DIR]\n");
     return 2;
   }
+  if (std::string_view(argv[1]) == "--floor" && argc == 5) return floor_main(argv[2], argv[3], argv[4]);
   std::string walgate = argv[1], bench = argc > 2 ? argv[2] : "../shared/bench";
+  std::string self = "/proc/self/exe";
+  {
+    char buf[4096];
+    ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+    if (n > 0) self.assign(buf, static_cast<std::size_t>(n));
+  }
   rlimit rl{};
   getrlimit(RLIMIT_NOFILE, &rl);
   rl.rlim_cur = rl.rlim_max;
@@ -160,121 +284,147 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::string conninfo = pg->conninfo();
+  // The drains' connection: TCP to 127.0.0.1 (as to a server on another host), or with
+  // WALGATE_BENCH_UNIX=1 the Unix-domain socket.
+  std::string stream_conninfo = std::getenv("WALGATE_BENCH_UNIX") ? conninfo : pg->tcp_conninfo("user=postgres dbname=postgres");
   std::string psql_args = "-h " + pg->socket_dir().string() + " -p " + std::to_string(pg->port()) + " -U postgres -d postgres";
   if (std::system(("psql -X -q " + psql_args + " -v ON_ERROR_STOP=1 -f " + bench + "/workload.sql >/dev/null 2>&1").c_str()) != 0)
     return 1;
   pg->sql("CREATE PUBLICATION bench_pub FOR TABLE bench_orders");
-  pg->sql("SELECT pg_create_logical_replication_slot('bench_ref', 'pgoutput')");
-  pg->sql("SELECT pg_create_logical_replication_slot('bench_gw', 'pgoutput')");
+  // WALGATE_BENCH_DRAINS=N (default 3) drain rounds, each on its own slots: pg_recvlogical, the
+  // floor consumer, then walgate. The figures quoted are the medians of the rounds' ratios.
+  int rounds = 3;
+  if (const char* n = std::getenv("WALGATE_BENCH_DRAINS")) rounds = std::max(1, std::atoi(n));
+  for (int i = 0; i < rounds; ++i)
+    for (const char* kind : {"ref", "floor", "gw"})
+      pg->sql("SELECT pg_create_logical_replication_slot('bench_" + std::string(kind) + "_" + std::to_string(i) + "', 'pgoutput')");
   if (std::system((bench + "/load.sh " + psql_args).c_str()) != 0) return 1;
   std::string end = *pg->sql("SELECT pg_current_wal_lsn()")[0][0];
   long changes = std::stol(*pg->sql("SELECT 260000")[0][0]);
-  std::printf("workload loaded; end LSN %s\n", end.c_str());
+  std::printf("workload loaded; end LSN %s; %d drain rounds over %s\n", end.c_str(), rounds,
+              std::getenv("WALGATE_BENCH_UNIX") ? "the Unix-domain socket" : "TCP to 127.0.0.1");
 
-  // --- drain: the reference ---
   std::string bindir = pg->bindir().string();
-  walsender_watch ref_ws(conninfo, "bench_ref");
-  auto t0 = clock_type::now();
-  pid_t ref = spawn({bindir + "/pg_recvlogical", "-d", conninfo, "--start", "-S", "bench_ref", "-o", "proto_version=1", "-o",
-                     "publication_names=bench_pub", "--endpos=" + end, "-F", "0", "-f", "-", "--no-loop"});
-  rusage ru{};
-  int status = 0;
-  wait4(ref, &status, 0, &ru);
-  double ref_s = std::chrono::duration<double>(clock_type::now() - t0).count();
-  double ref_cpu = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
-  double ref_walsender = ref_ws.finish();
+  std::string data_root = (pg->dir() / "walgate-data").string();
+  std::vector<double> wall_ratios, cpu_ratios, floor_ratios;
+  pid_t gw = 0;
+  std::uint16_t port = 0;
+  for (int round = 0; round < rounds; ++round) {
+    std::string suffix = "_" + std::to_string(round);
+    // --- the reference ---
+    walsender_watch ref_ws(conninfo, "bench_ref" + suffix);
+    auto t0 = clock_type::now();
+    pid_t ref = spawn({bindir + "/pg_recvlogical", "-d", stream_conninfo, "--start", "-S", "bench_ref" + suffix, "-o",
+                       "proto_version=1", "-o", "publication_names=bench_pub", "--endpos=" + end, "-F", "0", "-f", "-",
+                       "--no-loop"});
+    rusage ru{};
+    int status = 0;
+    wait4(ref, &status, 0, &ru);
+    double ref_s = std::chrono::duration<double>(clock_type::now() - t0).count();
+    double ref_cpu = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+    double ref_walsender = ref_ws.finish();
 
-  // --- drain: walgate to an NDJSON client ---
-  std::string data = (pg->dir() / "walgate-data").string();
-  std::uint16_t port = free_port();
-  walsender_watch gw_ws(conninfo, "bench_gw");
-  t0 = clock_type::now();
-  // WALGATE_BENCH_WRAP="strace -f -tt -o FILE": run walgate under a tracer (diagnosis only: the
-  // CPU figures are then the tracer's).
-  std::vector<std::string> gw_argv;
-  if (const char* w = std::getenv("WALGATE_BENCH_WRAP")) {
-    std::istringstream words(w);
-    for (std::string x; words >> x;) gw_argv.push_back(x);
-  }
-  for (const auto& a : std::vector<std::string>{walgate, "--pg", conninfo, "--slot", "bench_gw", "--publication", "bench_pub",
-                                                "--data-dir", data, "--listen", "127.0.0.1:" + std::to_string(port)})
-    gw_argv.push_back(a);
-  pid_t gw = spawn(gw_argv);
-  if (!wait_ready(port)) {
-    std::fprintf(stderr, "walgate did not become ready\n");
-    kill(gw, SIGKILL);
-    return 1;
-  }
-  double ready_s = std::chrono::duration<double>(clock_type::now() - t0).count();
-  // WALGATE_BENCH_PERF=FILE: record a CPU profile of walgate during the drain (perf record).
-  // WALGATE_BENCH_ATTACH="COMMAND ARGS": run COMMAND ARGS PID of walgate during the drain
-  // (e.g. "strace -c -f -o /tmp/drain.strace -p").
-  pid_t perf = 0;
-  if (const char* f = std::getenv("WALGATE_BENCH_PERF"))
-    perf = spawn({"perf", "record", "-F", "4000", "-o", f, "-p", std::to_string(gw)});
-  else if (const char* a = std::getenv("WALGATE_BENCH_ATTACH")) {
-    std::istringstream words(a);
-    std::vector<std::string> argv_attach;
-    for (std::string w; words >> w;) argv_attach.push_back(w);
-    argv_attach.push_back(std::to_string(gw));
-    perf = spawn(argv_attach);
-  }
-  long received = 0;
-  {
-    asio::io_context io;
-    tcp::socket s(io);
-    s.connect({asio::ip::make_address("127.0.0.1"), port});
-    std::string req = "GET /v1/stream?format=native&from=0/0:0 HTTP/1.1\r\nHost: x\r\n\r\n";
-    asio::write(s, asio::buffer(req));
-    // One event per line; a blank line is a keep-alive. (Counting a marker such as {"id": would
-    // also count rows whose first column is named id.)
-    std::vector<char> buf(1 << 20);
-    char prev = '\n';
-    std::string head;   // the response head, skipped
-    bool in_body = false;
-    while (received < changes) {
-      boost::system::error_code ec;
-      std::size_t n = s.read_some(asio::buffer(buf), ec);
-      if (ec) break;
-      std::size_t i = 0;
-      if (!in_body) {
-        head.append(buf.data(), n);
-        auto end = head.find("\r\n\r\n");
-        if (end == std::string::npos) continue;
-        in_body = true;
-        i = n - (head.size() - end - 4);
-      }
-      // Chunk-size lines end in \r\n, events in \n alone: count a \n after a character other
-      // than \n or \r.
-      while (i < n) {
-        const char* nl = static_cast<const char*>(std::memchr(buf.data() + i, '\n', n - i));
-        if (!nl) {
-          prev = buf[n - 1];
-          break;
-        }
-        std::size_t at = static_cast<std::size_t>(nl - buf.data());
-        char before = at > i ? buf[at - 1] : prev;
-        if (before != '\n' && before != '\r') ++received;
-        prev = '\n';
-        i = at + 1;
-      }
+    // --- the floor: walgate's replication client alone, every frame read and dropped ---
+    walsender_watch floor_ws(conninfo, "bench_floor" + suffix);
+    t0 = clock_type::now();
+    std::vector<std::string> fl_argv;
+    if (const char* w = std::getenv("WALGATE_BENCH_FLOOR_WRAP")) {   // diagnosis only, as WALGATE_BENCH_WRAP
+      std::istringstream words(w);
+      for (std::string x; words >> x;) fl_argv.push_back(x);
     }
+    for (const auto& a : {self, std::string("--floor"), stream_conninfo, "bench_floor" + suffix, end}) fl_argv.push_back(a);
+    pid_t fl = spawn(fl_argv);
+    ru = {};
+    wait4(fl, &status, 0, &ru);
+    double floor_s = std::chrono::duration<double>(clock_type::now() - t0).count();
+    double floor_cpu = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+    double floor_walsender = floor_ws.finish();
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      std::fprintf(stderr, "the floor consumer failed\n");
+      return 1;
+    }
+
+    // --- walgate to an NDJSON client ---
+    std::string data = data_root + suffix;
+    port = free_port();
+    walsender_watch gw_ws(conninfo, "bench_gw" + suffix);
+    t0 = clock_type::now();
+    // WALGATE_BENCH_WRAP="strace -f -tt -o FILE": run walgate under a tracer (diagnosis only: the
+    // CPU figures are then the tracer's).
+    std::vector<std::string> gw_argv;
+    if (const char* w = std::getenv("WALGATE_BENCH_WRAP")) {
+      std::istringstream words(w);
+      for (std::string x; words >> x;) gw_argv.push_back(x);
+    }
+    for (const auto& a : std::vector<std::string>{walgate, "--pg", stream_conninfo, "--slot", "bench_gw" + suffix, "--publication",
+                                                  "bench_pub", "--data-dir", data, "--listen", "127.0.0.1:" + std::to_string(port)})
+      gw_argv.push_back(a);
+    gw = spawn(gw_argv);
+    if (!wait_ready(port)) {
+      std::fprintf(stderr, "walgate did not become ready\n");
+      kill(gw, SIGKILL);
+      return 1;
+    }
+    double ready_s = std::chrono::duration<double>(clock_type::now() - t0).count();
+    // WALGATE_BENCH_PERF=FILE: record a CPU profile of walgate during the last round's drain.
+    // WALGATE_BENCH_ATTACH="COMMAND ARGS": run COMMAND ARGS PID of walgate during it
+    // (e.g. "strace -c -f -o /tmp/drain.strace -p").
+    pid_t perf = 0;
+    bool last = round + 1 == rounds;
+    if (const char* f = std::getenv("WALGATE_BENCH_PERF"); f && last)
+      perf = spawn({"perf", "record", "-F", "4000", "-o", f, "-p", std::to_string(gw)});
+    else if (const char* a = std::getenv("WALGATE_BENCH_ATTACH"); a && last) {
+      std::istringstream words(a);
+      std::vector<std::string> argv_attach;
+      for (std::string w; words >> w;) argv_attach.push_back(w);
+      argv_attach.push_back(std::to_string(gw));
+      perf = spawn(argv_attach);
+    }
+    long received = ndjson_drain(port, changes);
+    double gw_s = std::chrono::duration<double>(clock_type::now() - t0).count();
+    double gw_cpu = cpu_seconds(gw);
+    long gw_hwm = rss_kib(gw, "VmHWM:");
+    double gw_walsender = gw_ws.finish();
+    if (perf) {
+      kill(perf, SIGINT);
+      waitpid(perf, &status, 0);
+    }
+    if (received != changes) {
+      std::fprintf(stderr, "the NDJSON client received %ld of %ld changes\n", received, changes);
+      return 1;
+    }
+    std::printf("\nround %d: drain of %ld changes\n", round + 1, received);
+    std::printf("  pg_recvlogical   %6.2f s wall, %5.2f CPU s; walsender %5.2f CPU s, %ld waits\n", ref_s, ref_cpu, ref_walsender, ref_ws.sleeps.load());
+    std::printf("  floor consumer   %6.2f s wall, %5.2f CPU s; walsender %5.2f CPU s (%.0f%%)\n", floor_s, floor_cpu,
+                floor_walsender, 100.0 * floor_cpu / std::max(floor_walsender, 0.001));
+    std::printf("  walgate (NDJSON) %6.2f s wall, %5.2f CPU s; walsender %5.2f CPU s, %ld waits; peak RSS %ld MiB\n", gw_s, gw_cpu,
+                gw_walsender, gw_ws.sleeps.load(), gw_hwm / 1024);
+    std::printf("  (walgate was streaming and serving %.2f s after it was started)\n", ready_s);
+    std::printf("  ratio walgate/reference wall %.2f; walgate CPU / its walsender CPU %.0f%%\n", gw_s / ref_s,
+                100.0 * gw_cpu / std::max(gw_walsender, 0.001));
+    if (!last) {   // the last round's walgate serves the phases below
+      kill(gw, SIGTERM);
+      waitpid(gw, &status, 0);
+    }
+    wall_ratios.push_back(gw_s / ref_s);
+    cpu_ratios.push_back(gw_cpu / std::max(gw_walsender, 0.001));
+    floor_ratios.push_back(floor_cpu / std::max(floor_walsender, 0.001));
   }
-  double gw_s = std::chrono::duration<double>(clock_type::now() - t0).count();
-  double gw_cpu = cpu_seconds(gw);
-  long gw_hwm = rss_kib(gw, "VmHWM:");
-  double gw_walsender = gw_ws.finish();
-  if (perf) {
-    kill(perf, SIGINT);
-    waitpid(perf, &status, 0);
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  };
+  std::printf("\ndrain, median of %d rounds: wall walgate/pg_recvlogical %.2f (range %.2f-%.2f); CPU walgate/walsender %.0f%% "
+              "(range %.0f-%.0f%%); floor consumer CPU/walsender %.0f%%\n",
+              rounds, median(wall_ratios), *std::min_element(wall_ratios.begin(), wall_ratios.end()),
+              *std::max_element(wall_ratios.begin(), wall_ratios.end()), 100 * median(cpu_ratios),
+              100 * *std::min_element(cpu_ratios.begin(), cpu_ratios.end()),
+              100 * *std::max_element(cpu_ratios.begin(), cpu_ratios.end()), 100 * median(floor_ratios));
+  if (std::getenv("WALGATE_BENCH_DRAIN_ONLY")) {
+    kill(gw, SIGTERM);
+    waitpid(gw, nullptr, 0);
+    return 0;
   }
-  std::printf("\ndrain of %ld changes\n", received);
-  std::printf("  pg_recvlogical   %6.2f s wall, %5.2f CPU s; walsender %5.2f CPU s\n", ref_s, ref_cpu, ref_walsender);
-  std::printf("  walgate (NDJSON) %6.2f s wall, %5.2f CPU s; walsender %5.2f CPU s; peak RSS %ld MiB\n", gw_s, gw_cpu,
-              gw_walsender, gw_hwm / 1024);
-  std::printf("  (walgate was streaming and serving %.2f s after it was started)\n", ready_s);
-  std::printf("  ratio walgate/reference wall %.2f; walgate CPU / its walsender CPU %.0f%%\n", gw_s / ref_s,
-              100.0 * gw_cpu / std::max(gw_walsender, 0.001));
 
   // --- latency: 100 WebSocket clients, 2,000 changes/s for 15 s ---
   // The clients are lean on purpose — they share the machine with walgate and PostgreSQL: a
@@ -384,7 +534,7 @@ int main(int argc, char** argv) {
     if (const char* f = std::getenv("WALGATE_BENCH_PERF_LATENCY"))
       perf_lat = spawn({"perf", "record", "-F", "1000", "-g", "-o", f, "-p", std::to_string(gw)});
     double lat_cpu0 = cpu_seconds(gw), self_cpu0 = cpu_seconds(getpid());
-    walsender_watch lat_ws(conninfo, "bench_gw");
+    walsender_watch lat_ws(conninfo, "bench_gw_" + std::to_string(rounds - 1));
     int transactions = 0;
     std::thread load([&] {
       PGconn* c = PQconnectdb(conninfo.c_str());
@@ -449,6 +599,7 @@ int main(int argc, char** argv) {
     std::printf("\nmemory: %zu idle WebSocket clients: RSS %ld -> %ld KiB, %.1f KiB per client\n", idle.size(), before,
                 after, idle.empty() ? 0.0 : static_cast<double>(after - before) / static_cast<double>(idle.size()));
   }
+  int status = 0;
   kill(gw, SIGTERM);
   waitpid(gw, &status, 0);
   std::printf("\nwalgate exited with %d on SIGTERM\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);

@@ -41,6 +41,7 @@ void gateway::on_stream_start(const stream_start_info& i) {
 
 boost::system::error_code gateway::on_xlog_data(const protocol::xlog_data& x) {
   if (x.wal_end > metrics_.server_wal_end) metrics_.server_wal_end = x.wal_end;
+  frame_server_clock_us_ = x.server_clock_us;
   auto r = assembler_->feed(x.wal_start, x.data);
   if (!r) {
     failure_ = r.error().message;
@@ -78,6 +79,34 @@ boost::system::error_code gateway::on_commit(const protocol::transaction_info& t
   log_.commit(t.commit_lsn, t.end_lsn);
   ++metrics_.transactions_in;
   metrics_.last_commit_time_us = t.commit_time;
+  schedule_sync();
+  return {};
+}
+
+boost::system::error_code gateway::on_message(protocol::lsn wal_start, const protocol::pgoutput::message& m) {
+  // Decoding emits it when it reads its WAL record, between transactions (a transaction's
+  // changes are sent together at its commit): its LSN orders it among them, and a redelivery
+  // after a restart (the server resends from the acknowledged position) is recognised by it.
+  if (log_.in_transaction()) {
+    failure_ = "a non-transactional logical message at " + wal_start.to_string() + " arrived inside a transaction";
+    return make_error_code(protocol::errc::unexpected_message);
+  }
+  protocol::transaction_info t;
+  t.xid = m.xid.value_or(0);
+  t.commit_lsn = m.message_lsn.valid() ? m.message_lsn : wal_start;
+  t.end_lsn = t.commit_lsn;
+  t.commit_time = frame_server_clock_us_;
+  protocol::pgoutput::any_message any = m;
+  protocol::change_event e;
+  e.change_lsn = wal_start;
+  e.message = &any;
+  if (log_.begin(t.commit_lsn)) {
+    transform::for_each_change(t, e, assembler_->relations(), &assembler_->types(), [&](const transform::change& c) {
+      log_.add(c);
+      ++metrics_.events_in;
+    });
+  }
+  log_.commit(t.commit_lsn, t.end_lsn);
   schedule_sync();
   return {};
 }

@@ -336,6 +336,42 @@ TEST_CASE("table and op filters; resume by from and Last-Event-ID with no gap an
   CHECK(everything[0] == every[0]);
 }
 
+TEST_CASE("non-transactional logical messages are logged and served in WAL order, and resumable") {
+  setup_tables("ntm");
+  running_gateway g("ntm_slot", "ntm_pub");
+  stream_client all(g.port(), "/v1/stream");
+  stream_client messages(g.port(), "/v1/stream?ops=message");
+  auto& pg = test::cluster();
+  pg.sql("INSERT INTO ntm_items VALUES (1, 'a', 1)");
+  std::string lsn = *pg.sql("SELECT pg_logical_emit_message(false, 'walgate-test', 'hello')")[0][0];
+  pg.sql("INSERT INTO ntm_items VALUES (2, 'b', 2)");
+  auto every = all.events(3);
+  REQUIRE(every.size() == 3);
+  auto m = json::parse(every[1]).as_object();
+  CHECK(m.at("op") == "message");
+  CHECK(m.at("transactional") == false);
+  CHECK(m.at("prefix") == "walgate-test");
+  CHECK(m.at("content") == "hello");
+  // Its id is its own LSN, index 0, between the transactions around it.
+  CHECK(std::string(m.at("id").as_string()) == lsn + ":0");
+  auto id = [](const std::string& e) { return *transform::event_id::parse(id_of(e)); };
+  CHECK(id(every[0]) < id(every[1]));
+  CHECK(id(every[1]) < id(every[2]));
+  auto only = messages.events(1);
+  REQUIRE(only.size() == 1);
+  CHECK(only[0] == every[1]);
+  // Resume after it: the next transaction, nothing twice.
+  stream_client resumed(g.port(), "/v1/stream?from=" + id_of(every[1]));
+  auto rest = resumed.events(1);
+  REQUIRE(rest.size() == 1);
+  CHECK(rest[0] == every[2]);
+  // Resume before it: it comes again, with the same bytes.
+  stream_client again(g.port(), "/v1/stream?from=" + id_of(every[0]));
+  auto two = again.events(2);
+  REQUIRE(two.size() == 2);
+  CHECK(two[0] == every[1]);
+}
+
 TEST_CASE("a resume position older than the retained log is 410 Gone") {
   setup_tables("ret");
   log_options lo;

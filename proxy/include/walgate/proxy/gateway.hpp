@@ -52,6 +52,10 @@ class gateway final : public replication_sink, public protocol::transaction_hand
   boost::system::error_code on_begin(const protocol::transaction_info& t) override;
   boost::system::error_code on_change(const protocol::transaction_info& t, const protocol::change_event& e) override;
   boost::system::error_code on_commit(const protocol::transaction_info& t) override;
+  /// A non-transactional logical message: logged as a transaction of its own whose commit LSN
+  /// is the message's LSN (event id "<message LSN>:0") and whose commit time is the server's
+  /// send time of the frame that carried it (the message has no commit).
+  boost::system::error_code on_message(protocol::lsn wal_start, const protocol::pgoutput::message& m) override;
 
   event_log& log() { return log_; }
   gateway_metrics& metrics() { return metrics_; }
@@ -79,6 +83,7 @@ class gateway final : public replication_sink, public protocol::transaction_hand
   std::unique_ptr<boost::asio::thread_pool> sync_thread_;   // runs the fdatasyncs
   bool between_transactions_ = true;
   protocol::lsn keepalive_durable_;
+  std::int64_t frame_server_clock_us_ = 0;   // of the XLogData frame being fed
   gateway_metrics metrics_;
   std::function<void()> wake_;
   std::function<void(const logged_event&, const transform::change&)> logged_;

@@ -78,10 +78,21 @@ std::unique_ptr<event_log> event_log::open(const log_options& o, std::string& er
     return nullptr;
   }
   if (found.empty()) {
-    std::ofstream fout(format_path, std::ios::binary | std::ios::trunc);
-    fout << format_line;
-    if (!fout.flush()) {
-      error = "cannot write " + format_path.string();
+    // Written and synced with its directory entry before any segment: a crash never leaves
+    // segments without the marker that says how to read them.
+    int fd = ::open(format_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    bool ok = fd >= 0 && ::write(fd, format_line.data(), format_line.size()) == static_cast<ssize_t>(format_line.size()) &&
+              (!o.fsync || ::fsync(fd) == 0);
+    int saved = errno;
+    if (fd >= 0) ::close(fd);
+    if (ok && o.fsync) {
+      int dfd = ::open(o.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      ok = dfd >= 0 && ::fsync(dfd) == 0;
+      saved = errno;
+      if (dfd >= 0) ::close(dfd);
+    }
+    if (!ok) {
+      error = "cannot write " + format_path.string() + ": " + std::strerror(saved);
       return nullptr;
     }
   }
@@ -214,6 +225,18 @@ bool event_log::roll_segment() {
     error_ = "cannot create " + s.path.string() + ": " + std::strerror(errno);
     return false;
   }
+  if (opts_.fsync) {   // the new file's directory entry is durable before anything in it is
+    int dfd = ::open(opts_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    bool ok = dfd >= 0 && ::fsync(dfd) == 0;
+    int saved = errno;
+    if (dfd >= 0) ::close(dfd);
+    if (!ok) {
+      error_ = "cannot sync the data directory " + opts_.dir.string() + ": " + std::strerror(saved);
+      ::close(fd_);
+      fd_ = -1;
+      return false;
+    }
+  }
   segments_.push_back(std::move(s));
   enforce_retention();
   return true;
@@ -285,7 +308,7 @@ void event_log::add(const transform::change& c) {
     ev->table = c.relation->relname;
   }
   ev->end_offset = end_offset();
-  if (seg.end_seq == seg.first_seq) seg.first_id = ev->id;
+  if (next_seq_ == seg.first_seq) seg.first_id = ev->id;   // the segment's first event
   seg.last_id = ev->id;
   ++next_seq_;
   ev->in_tail = true;
@@ -401,18 +424,21 @@ bool event_log::end_sync(const sync_job& job) {
   return true;
 }
 
-std::vector<event_ptr> event_log::read(std::uint64_t seq, std::size_t max) const {
+std::vector<event_ptr> event_log::read(std::uint64_t seq, std::size_t max, std::string* error) const {
   std::vector<event_ptr> out;
   if (!tail_.empty() && seq >= tail_.front()->seq) {
     std::size_t i = static_cast<std::size_t>(seq - tail_.front()->seq);
     for (; i < tail_.size() && out.size() < max; ++i) out.push_back(tail_[i]);
     return out;
   }
-  return read_disk(seq, max);
+  return read_disk(seq, max, error);
 }
 
-std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max) const {
+std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max, std::string* error) const {
   std::vector<event_ptr> out;
+  auto fail = [&](const std::string& why) {
+    if (error) *error = why;
+  };
   for (const auto& s : segments_) {
     // The open segment holds events up to the newest: those of a transaction still arriving too
     // (written when it is large); published to clients as they come, as in the tail.
@@ -421,19 +447,44 @@ std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max) 
     std::size_t offset = 0;
     for (const auto& [iseq, ioff] : s.index)
       if (iseq <= seq) offset = ioff;
+    const std::string name = s.path.filename().string();
     std::ifstream in(s.path, std::ios::binary);
+    if (!in) {
+      fail("event log " + name + " unreadable: " + std::strerror(errno));
+      return out;
+    }
     in.seekg(static_cast<std::streamoff>(offset));
-    std::string header(5, '\0');
-    while (out.size() < max && in.read(header.data(), 5)) {
-      protocol::cursor h(header);
+    std::string frame_bytes;
+    while (out.size() < max) {
+      // What this process wrote ends at s.bytes (the rest of the open segment is still in
+      // memory, in the tail): reading stops there, and stopping before it is a fault.
+      if (offset >= s.bytes) break;
+      frame_bytes.resize(5);
+      if (!in.read(frame_bytes.data(), 5)) {
+        fail("event log " + name + " ends at offset " + std::to_string(offset) + ", before its " + std::to_string(s.bytes) +
+             " written bytes");
+        break;
+      }
+      protocol::cursor h(frame_bytes);
       char type = static_cast<char>(h.u8());
       std::uint32_t len = h.u32();
-      std::string payload(len, '\0');
-      char sum[4];
-      if (!in.read(payload.data(), len) || !in.read(sum, 4)) break;
+      if (len > s.bytes - offset) {
+        fail("event log " + name + " damaged at offset " + std::to_string(offset) + " (frame length)");
+        break;
+      }
+      frame_bytes.resize(5 + std::size_t{len} + 4);
+      if (!in.read(frame_bytes.data() + 5, static_cast<std::streamsize>(len) + 4)) {
+        fail("event log " + name + " ends inside the frame at offset " + std::to_string(offset));
+        break;
+      }
+      protocol::cursor sum_at(std::string_view(frame_bytes).substr(5 + len));
+      if (sum_at.u32() != protocol::crc32c(std::string_view(frame_bytes).substr(0, 5 + len))) {
+        fail("event log " + name + " damaged at offset " + std::to_string(offset) + " (checksum)");
+        break;
+      }
       offset += frame_overhead + len;
       if (type != 'E') continue;
-      protocol::cursor p(payload);
+      protocol::cursor p(std::string_view(frame_bytes).substr(5, len));
       std::uint64_t s_seq = p.u64();
       if (s_seq >= end) break;
       if (s_seq < seq) continue;
@@ -466,7 +517,7 @@ std::optional<std::uint64_t> event_log::seq_after(const transform::event_id& id)
       return s.first_seq;
     }
     for (std::uint64_t seq = s.first_seq; seq < s.end_seq;) {
-      auto batch = read_disk(seq, 1024);
+      auto batch = read_disk(seq, 1024, nullptr);
       if (batch.empty()) break;
       for (const auto& e : batch)
         if (id < e->id) return e->seq;

@@ -135,7 +135,7 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
     if (!slot) {
       auto r = transform::read_record(protocol::as_bytes(e.record), record_scratch);
       if (!r) {
-        error = "event " + e.id.to_string() + " in the event log cannot be read (" + r.error().message() + ")";
+        error = "event #" + std::to_string(e.seq) + " in the event log cannot be read (" + r.error().message() + ")";
         return nullptr;
       }
       encode_into(e, enc, record_scratch.get());
@@ -204,7 +204,14 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
       return;
     }
     std::size_t bytes = 0;
-    auto batch = log.read(c.cursor, 512);
+    std::string read_error;
+    auto batch = log.read(c.cursor, 512, &read_error);
+    if (batch.empty() && !read_error.empty()) {
+      // Never a silent wait: the client is closed with the reason and where to resume.
+      c.closing = true;
+      c.close_reason = read_error;
+      return;
+    }
     encoding enc = encoding_for(r);
     for (const auto& e : batch) {
       c.cursor = e->seq + 1;
@@ -502,7 +509,7 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
         why.reason = "server shutting down";
       } else {
         why.code = websocket::close_code::try_again_later;
-        why.reason = c.close_reason.substr(0, 60);
+        why.reason = c.close_reason.substr(0, 85);   // ASCII: cut anywhere
       }
       if (!c.last_id.empty()) why.reason += "; resume from " + c.last_id;
       if (why.reason.size() > 123) why.reason.resize(123);

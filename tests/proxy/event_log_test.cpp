@@ -304,3 +304,80 @@ TEST_CASE("an event is readable from the tail until it is in the file, then from
     CHECK(after[i]->end_offset == before[i]->end_offset);
   }
 }
+
+TEST_CASE("reading a damaged, short or missing segment says so, after the events before the fault") {
+  temp_dir d;
+  std::string error;
+  log_options o;
+  o.dir = d.path;
+  o.memory_bytes = 1;   // reads come from the file
+  o.fsync = false;
+  auto log = event_log::open(o, error);
+  REQUIRE(log);
+  txn_builder b;
+  protocol::transaction_info t1, t2;
+  b.append(*log, 0x100, 5, t1);
+  b.append(*log, 0x200, 5, t2);
+  REQUIRE(log->sync());
+  std::string why;
+  auto good = log->read(0, 100, &why);
+  REQUIRE(good.size() == 10);
+  CHECK(why.empty());
+  auto segment = d.path / "segment-00000000000000000000.log";
+  auto flip = [&](std::uint64_t at) {
+    std::fstream f(segment, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(at));
+    char c = 0;
+    f.get(c);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.put(static_cast<char>(c ^ 0x40));
+  };
+  // A byte of event 3's record (before its checksum): events 0..2, then the fault.
+  flip(good[3]->end_offset - 6);
+  auto part = log->read(0, 100, &why);
+  CHECK(part.size() == 3);
+  CHECK(why == "event log segment-00000000000000000000.log damaged at offset " + std::to_string(good[2]->end_offset) +
+                   " (checksum)");
+  why.clear();
+  CHECK(log->read(3, 100, &why).empty());
+  CHECK_FALSE(why.empty());
+  flip(good[3]->end_offset - 6);   // repaired
+  why.clear();
+  CHECK(log->read(0, 100, &why).size() == 10);
+  CHECK(why.empty());
+  // Shorter than what was written.
+  std::filesystem::resize_file(segment, good[6]->end_offset + 3);
+  why.clear();
+  auto cut = log->read(0, 100, &why);
+  CHECK(cut.size() == 7);
+  CHECK(why.find("ends at offset " + std::to_string(good[6]->end_offset) + ", before its") != std::string::npos);
+  std::filesystem::resize_file(segment, good[5]->end_offset + 12);
+  why.clear();
+  CHECK(log->read(0, 100, &why).size() == 6);
+  CHECK(why.find("ends inside the frame at offset " + std::to_string(good[5]->end_offset)) != std::string::npos);
+  // Gone.
+  std::filesystem::remove(segment);
+  why.clear();
+  CHECK(log->read(0, 100, &why).empty());
+  CHECK(why == "event log segment-00000000000000000000.log unreadable: No such file or directory");
+}
+
+TEST_CASE("resuming inside a segment's first transaction, from the file: exactly after that event") {
+  temp_dir d;
+  std::string error;
+  log_options o;
+  o.dir = d.path;
+  o.memory_bytes = 1;   // the lookup goes to the file
+  o.fsync = false;
+  auto log = event_log::open(o, error);
+  REQUIRE(log);
+  txn_builder b;
+  protocol::transaction_info t1, t2;
+  b.append(*log, 0x100, 5, t1);
+  b.append(*log, 0x200, 2, t2);
+  REQUIRE(log->sync());
+  REQUIRE(log->tail().size() == 1);
+  for (std::uint32_t i = 0; i < 5; ++i) CHECK(log->seq_after({lsn{0x100}, i}) == i + 1);
+  CHECK(log->seq_after({lsn{0x200}, 0}) == 6);
+  CHECK(log->seq_after({lsn{0x80}, 0}) == 0);   // before the first event of a log that dropped nothing
+}

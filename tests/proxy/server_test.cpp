@@ -1,6 +1,8 @@
 // End to end: a real PostgreSQL, the gateway in-process, and clients over real sockets —
 // NDJSON, Server-Sent Events and WebSocket in every format, filters, resume, slow clients, bad
 // requests and shutdown.
+#include "walgate/protocol/crc32c.hpp"
+#include "walgate/protocol/cursor.hpp"
 #include "walgate/proxy/gateway.hpp"
 #include "walgate/proxy/server.hpp"
 
@@ -18,6 +20,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <fstream>
 #include <thread>
 
 using namespace walgate;
@@ -370,6 +373,89 @@ TEST_CASE("non-transactional logical messages are logged and served in WAL order
   auto two = again.events(2);
   REQUIRE(two.size() == 2);
   CHECK(two[0] == every[1]);
+}
+
+TEST_CASE("an event log that cannot be read ends the stream with the reason and where to resume") {
+  setup_tables("dmg");
+  log_options lo;
+  lo.memory_bytes = 1;   // clients read these events from the file
+  running_gateway g("dmg_slot", "dmg_pub", {}, lo);
+  stream_client live(g.port(), "/v1/stream");
+  auto& pg = test::cluster();
+  pg.sql("INSERT INTO dmg_items VALUES (1, 'a', 1), (2, 'b', 2), (3, 'c', 3), (4, 'd', 4)");
+  pg.sql("INSERT INTO dmg_other VALUES (1)");
+  auto every = live.events(5);
+  REQUIRE(every.size() == 5);
+
+  // The segment's frames (Byte1 type | Int32 length | payload | Int32 CRC-32C), once all are written.
+  auto segment = g.dir / "segment-00000000000000000000.log";
+  struct frame_at {
+    char type;
+    std::size_t offset;
+    std::uint32_t len;
+  };
+  auto read_file = [&] {
+    std::ifstream in(segment, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  std::vector<frame_at> events;
+  for (int i = 0; i < 500 && events.size() < 5; ++i) {
+    events.clear();
+    std::string data = read_file();
+    protocol::cursor c(data);
+    while (!c.empty()) {
+      std::size_t at = c.offset();
+      char type = static_cast<char>(c.u8());
+      std::uint32_t len = c.u32();
+      c.bytes(len);
+      c.u32();
+      if (!c.ok()) break;
+      if (type == 'E') events.push_back({type, at, len});
+    }
+    if (events.size() < 5) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  REQUIRE(events.size() == 5);
+  auto rewrite = [&](std::size_t at, char value, bool fix_checksum, const frame_at& f) {
+    std::string data = read_file();
+    data[at] = value;
+    if (fix_checksum) {
+      std::string sum;
+      protocol::writer(sum).u32(protocol::crc32c(std::string_view(data).substr(f.offset, 5 + f.len)));
+      data.replace(f.offset + 5 + f.len, 4, sum);
+    }
+    std::ofstream(segment, std::ios::binary | std::ios::trunc) << data;
+  };
+  // Event 1: a record of an unknown version under a checksum that matches (it passes the
+  // file's check, not the record reader). Event 3: a byte flipped (the checksum fails).
+  rewrite(events[1].offset + 5 + 8, 99, true, events[1]);
+  rewrite(events[3].offset + 5 + 12, static_cast<char>(read_file()[events[3].offset + 5 + 12] ^ 1), false, events[3]);
+
+  auto last_line = [](const std::string& line) { return json::parse(line).as_object(); };
+  stream_client a(g.port(), "/v1/stream?from=0/0:0");
+  auto la = a.lines(2);
+  REQUIRE(la.size() == 2);
+  CHECK(la[0] == every[0]);
+  auto ea = last_line(la[1]);
+  CHECK(std::string(ea.at("error").as_string()).find("event #1 in the event log cannot be read") == 0);
+  CHECK(ea.at("resume_from") == id_of(every[0]).c_str());
+
+  stream_client b(g.port(), "/v1/stream?from=" + id_of(every[1]));
+  auto lb = b.lines(2);
+  REQUIRE(lb.size() == 2);
+  CHECK(lb[0] == every[2]);
+  auto eb = last_line(lb[1]);
+  CHECK(eb.at("error") == ("event log segment-00000000000000000000.log damaged at offset " +
+                           std::to_string(events[3].offset) + " (checksum)")
+                              .c_str());
+  CHECK(eb.at("resume_from") == id_of(every[2]).c_str());
+
+  ws_client w(g.port(), "/v1/ws?from=" + id_of(every[1]));
+  auto wm = w.messages(1);
+  REQUIRE(wm.size() == 1);
+  CHECK(wm[0] == every[2]);
+  auto why = w.wait_close();
+  CHECK(std::string(why.reason.data(), why.reason.size()).find("damaged at offset") != std::string::npos);
+  CHECK(std::string(why.reason.data(), why.reason.size()).find("resume from " + id_of(every[2])) != std::string::npos);
 }
 
 TEST_CASE("a resume position older than the retained log is 410 Gone") {

@@ -111,8 +111,10 @@ class event_log {
 
   /// Events published to live clients: the in-memory tail, seq order.
   const std::deque<event_ptr>& tail() const { return tail_; }
-  /// Up to max events from seq on, from memory or disk. Empty when seq is not retained.
-  std::vector<event_ptr> read(std::uint64_t seq, std::size_t max) const;
+  /// Up to max events from seq on, from memory or disk. Empty when seq is not retained. When
+  /// the file cannot be read (an I/O error, a segment shorter than written, a frame whose
+  /// checksum fails), the events before the fault are returned and *error says what failed.
+  std::vector<event_ptr> read(std::uint64_t seq, std::size_t max, std::string* error = nullptr) const;
   /// The seq of the first event after id; nullopt when id is older than what is retained (or
   /// unknown and not newer than everything).
   std::optional<std::uint64_t> seq_after(const transform::event_id& id) const;
@@ -144,7 +146,7 @@ class event_log {
   bool write_pending();   // write() what is pending (no fsync)
   void enforce_retention();
   void evict();
-  std::vector<event_ptr> read_disk(std::uint64_t seq, std::size_t max) const;
+  std::vector<event_ptr> read_disk(std::uint64_t seq, std::size_t max, std::string* error) const;
 
   log_options opts_;
   std::vector<segment> segments_;

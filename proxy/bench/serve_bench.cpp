@@ -1,6 +1,6 @@
 // Serving benchmarks (docs/benchmarks.md), side by side with the reference in one run:
 //   drain    the standard workload (../shared/bench) drained, in each of N rounds (env
-//            WALGATE_BENCH_DRAINS, default 3) and each from its own identical slot, by
+//            WALGATE_BENCH_DRAINS, default 5) and each from its own identical slot, by
 //            pg_recvlogical, by the floor consumer (walgate's replication client dropping every
 //            frame: what receiving the stream costs) and by walgate to an NDJSON client: wall
 //            time ratio, CPU seconds of each side and of the walsenders, walgate's peak RSS;
@@ -238,6 +238,7 @@ int floor_main(const std::string& conninfo, const std::string& slot, const std::
   s.create_slot = false;
   s.proto_version = 1;
   s.max_attempts = 1;
+  if (const char* a = std::getenv("WALGATE_BENCH_FLOOR_ACK_MS")) s.ack_delay = std::chrono::milliseconds(std::atol(a));
   std::unique_ptr<proxy::replication_client> client;
   floor_sink sink(*protocol::lsn::parse(end), [&] { client->stop(); });
   client = std::make_unique<proxy::replication_client>(io.get_executor(), s, sink);
@@ -291,9 +292,9 @@ int main(int argc, char** argv) {
   if (std::system(("psql -X -q " + psql_args + " -v ON_ERROR_STOP=1 -f " + bench + "/workload.sql >/dev/null 2>&1").c_str()) != 0)
     return 1;
   pg->sql("CREATE PUBLICATION bench_pub FOR TABLE bench_orders");
-  // WALGATE_BENCH_DRAINS=N (default 3) drain rounds, each on its own slots: pg_recvlogical, the
+  // WALGATE_BENCH_DRAINS=N (default 5) drain rounds, each on its own slots: pg_recvlogical, the
   // floor consumer, then walgate. The figures quoted are the medians of the rounds' ratios.
-  int rounds = 3;
+  int rounds = 5;
   if (const char* n = std::getenv("WALGATE_BENCH_DRAINS")) rounds = std::max(1, std::atoi(n));
   for (int i = 0; i < rounds; ++i)
     for (const char* kind : {"ref", "floor", "gw"})
@@ -311,101 +312,126 @@ int main(int argc, char** argv) {
   std::uint16_t port = 0;
   for (int round = 0; round < rounds; ++round) {
     std::string suffix = "_" + std::to_string(round);
-    // --- the reference ---
-    walsender_watch ref_ws(conninfo, "bench_ref" + suffix);
-    auto t0 = clock_type::now();
-    pid_t ref = spawn({bindir + "/pg_recvlogical", "-d", stream_conninfo, "--start", "-S", "bench_ref" + suffix, "-o",
-                       "proto_version=1", "-o", "publication_names=bench_pub", "--endpos=" + end, "-F", "0", "-f", "-",
-                       "--no-loop"});
-    rusage ru{};
-    int status = 0;
-    wait4(ref, &status, 0, &ru);
-    double ref_s = std::chrono::duration<double>(clock_type::now() - t0).count();
-    double ref_cpu = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
-    double ref_walsender = ref_ws.finish();
-
-    // --- the floor: walgate's replication client alone, every frame read and dropped ---
-    walsender_watch floor_ws(conninfo, "bench_floor" + suffix);
-    t0 = clock_type::now();
-    std::vector<std::string> fl_argv;
-    if (const char* w = std::getenv("WALGATE_BENCH_FLOOR_WRAP")) {   // diagnosis only, as WALGATE_BENCH_WRAP
-      std::istringstream words(w);
-      for (std::string x; words >> x;) fl_argv.push_back(x);
-    }
-    for (const auto& a : {self, std::string("--floor"), stream_conninfo, "bench_floor" + suffix, end}) fl_argv.push_back(a);
-    pid_t fl = spawn(fl_argv);
-    ru = {};
-    wait4(fl, &status, 0, &ru);
-    double floor_s = std::chrono::duration<double>(clock_type::now() - t0).count();
-    double floor_cpu = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
-    double floor_walsender = floor_ws.finish();
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      std::fprintf(stderr, "the floor consumer failed\n");
-      return 1;
-    }
-
-    // --- walgate to an NDJSON client ---
-    std::string data = data_root + suffix;
-    port = free_port();
-    walsender_watch gw_ws(conninfo, "bench_gw" + suffix);
-    t0 = clock_type::now();
-    // WALGATE_BENCH_WRAP="strace -f -tt -o FILE": run walgate under a tracer (diagnosis only: the
-    // CPU figures are then the tracer's).
-    std::vector<std::string> gw_argv;
-    if (const char* w = std::getenv("WALGATE_BENCH_WRAP")) {
-      std::istringstream words(w);
-      for (std::string x; words >> x;) gw_argv.push_back(x);
-    }
-    for (const auto& a : std::vector<std::string>{walgate, "--pg", stream_conninfo, "--slot", "bench_gw" + suffix, "--publication",
-                                                  "bench_pub", "--data-dir", data, "--listen", "127.0.0.1:" + std::to_string(port)})
-      gw_argv.push_back(a);
-    gw = spawn(gw_argv);
-    if (!wait_ready(port)) {
-      std::fprintf(stderr, "walgate did not become ready\n");
-      kill(gw, SIGKILL);
-      return 1;
-    }
-    double ready_s = std::chrono::duration<double>(clock_type::now() - t0).count();
-    // WALGATE_BENCH_PERF=FILE: record a CPU profile of walgate during the last round's drain.
-    // WALGATE_BENCH_ATTACH="COMMAND ARGS": run COMMAND ARGS PID of walgate during it
-    // (e.g. "strace -c -f -o /tmp/drain.strace -p").
-    pid_t perf = 0;
+    // Each round drains the three slots one after the other; the order alternates (walgate
+    // first in odd rounds) so that the machine's drift in speed does not favour one side.
     bool last = round + 1 == rounds;
-    if (const char* f = std::getenv("WALGATE_BENCH_PERF"); f && last)
-      perf = spawn({"perf", "record", "-F", "4000", "-o", f, "-p", std::to_string(gw)});
-    else if (const char* a = std::getenv("WALGATE_BENCH_ATTACH"); a && last) {
-      std::istringstream words(a);
-      std::vector<std::string> argv_attach;
-      for (std::string w; words >> w;) argv_attach.push_back(w);
-      argv_attach.push_back(std::to_string(gw));
-      perf = spawn(argv_attach);
-    }
-    long received = ndjson_drain(port, changes);
-    double gw_s = std::chrono::duration<double>(clock_type::now() - t0).count();
-    double gw_cpu = cpu_seconds(gw);
-    long gw_hwm = rss_kib(gw, "VmHWM:");
-    double gw_walsender = gw_ws.finish();
-    if (perf) {
-      kill(perf, SIGINT);
-      waitpid(perf, &status, 0);
-    }
-    if (received != changes) {
-      std::fprintf(stderr, "the NDJSON client received %ld of %ld changes\n", received, changes);
-      return 1;
-    }
-    std::printf("\nround %d: drain of %ld changes\n", round + 1, received);
-    std::printf("  pg_recvlogical   %6.2f s wall, %5.2f CPU s; walsender %5.2f CPU s, %ld waits\n", ref_s, ref_cpu, ref_walsender, ref_ws.sleeps.load());
+    int status = 0;
+    double ref_s = 0, ref_cpu = 0, ref_walsender = 0, floor_s = 0, floor_cpu = 0, floor_walsender = 0;
+    double gw_s = 0, gw_cpu = 0, gw_walsender = 0, ready_s = 0;
+    long ref_waits = 0, gw_waits = 0, gw_hwm = 0, received = 0;
+    auto run_ref = [&]() -> bool {
+      // --- the reference ---
+      walsender_watch ref_ws(conninfo, "bench_ref" + suffix);
+      auto t0 = clock_type::now();
+      std::vector<std::string> ref_argv;
+      if (const char* w = std::getenv("WALGATE_BENCH_REF_WRAP")) {   // diagnosis only, as WALGATE_BENCH_WRAP
+        std::istringstream words(w);
+        for (std::string x; words >> x;) ref_argv.push_back(x);
+      }
+      for (const auto& a : std::vector<std::string>{bindir + "/pg_recvlogical", "-d", stream_conninfo, "--start", "-S", "bench_ref" + suffix, "-o",
+                         "proto_version=1", "-o", "publication_names=bench_pub", "--endpos=" + end, "-F", "0", "-f", "-",
+                                                    "--no-loop"})
+        ref_argv.push_back(a);
+      pid_t ref = spawn(ref_argv);
+      rusage ru{};
+      wait4(ref, &status, 0, &ru);
+      ref_s = std::chrono::duration<double>(clock_type::now() - t0).count();
+      ref_cpu = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+      ref_walsender = ref_ws.finish();
+      ref_waits = ref_ws.sleeps;
+
+      return true;
+    };
+    auto run_floor = [&]() -> bool {
+      // --- the floor: walgate's replication client alone, every frame read and dropped ---
+      walsender_watch floor_ws(conninfo, "bench_floor" + suffix);
+      auto t0 = clock_type::now();
+      std::vector<std::string> fl_argv;
+      if (const char* w = std::getenv("WALGATE_BENCH_FLOOR_WRAP")) {   // diagnosis only, as WALGATE_BENCH_WRAP
+        std::istringstream words(w);
+        for (std::string x; words >> x;) fl_argv.push_back(x);
+      }
+      for (const auto& a : {self, std::string("--floor"), stream_conninfo, "bench_floor" + suffix, end}) fl_argv.push_back(a);
+      pid_t fl = spawn(fl_argv);
+      rusage ru{};
+      wait4(fl, &status, 0, &ru);
+      floor_s = std::chrono::duration<double>(clock_type::now() - t0).count();
+      floor_cpu = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+      floor_walsender = floor_ws.finish();
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        std::fprintf(stderr, "the floor consumer failed\n");
+        return false;
+      }
+
+      return true;
+    };
+    auto run_gw = [&]() -> bool {
+      // --- walgate to an NDJSON client ---
+      std::string data = data_root + suffix;
+      port = free_port();
+      walsender_watch gw_ws(conninfo, "bench_gw" + suffix);
+      auto t0 = clock_type::now();
+      // WALGATE_BENCH_WRAP="strace -f -tt -o FILE": run walgate under a tracer (diagnosis only: the
+      // CPU figures are then the tracer's).
+      std::vector<std::string> gw_argv;
+      if (const char* w = std::getenv("WALGATE_BENCH_WRAP")) {
+        std::istringstream words(w);
+        for (std::string x; words >> x;) gw_argv.push_back(x);
+      }
+      for (const auto& a : std::vector<std::string>{walgate, "--pg", stream_conninfo, "--slot", "bench_gw" + suffix, "--publication",
+                                                    "bench_pub", "--data-dir", data, "--listen", "127.0.0.1:" + std::to_string(port)})
+        gw_argv.push_back(a);
+      gw = spawn(gw_argv);
+      if (!wait_ready(port)) {
+        std::fprintf(stderr, "walgate did not become ready\n");
+        kill(gw, SIGKILL);
+        return false;
+      }
+      ready_s = std::chrono::duration<double>(clock_type::now() - t0).count();
+      // WALGATE_BENCH_PERF=FILE: record a CPU profile of walgate during the last round's drain.
+      // WALGATE_BENCH_ATTACH="COMMAND ARGS": run COMMAND ARGS PID of walgate during it
+      // (e.g. "strace -c -f -o /tmp/drain.strace -p").
+      pid_t perf = 0;
+      if (const char* f = std::getenv("WALGATE_BENCH_PERF"); f && last)
+        perf = spawn({"perf", "record", "-F", "4000", "-o", f, "-p", std::to_string(gw)});
+      else if (const char* a = std::getenv("WALGATE_BENCH_ATTACH"); a && last) {
+        std::istringstream words(a);
+        std::vector<std::string> argv_attach;
+        for (std::string w; words >> w;) argv_attach.push_back(w);
+        argv_attach.push_back(std::to_string(gw));
+        perf = spawn(argv_attach);
+      }
+      received = ndjson_drain(port, changes);
+      gw_s = std::chrono::duration<double>(clock_type::now() - t0).count();
+      gw_cpu = cpu_seconds(gw);
+      gw_hwm = rss_kib(gw, "VmHWM:");
+      gw_walsender = gw_ws.finish();
+      gw_waits = gw_ws.sleeps;
+      if (perf) {
+        kill(perf, SIGINT);
+        waitpid(perf, &status, 0);
+      }
+      if (received != changes) {
+        std::fprintf(stderr, "the NDJSON client received %ld of %ld changes\n", received, changes);
+        return false;
+      }
+      if (!last) {   // the last round's walgate serves the phases below
+        kill(gw, SIGTERM);
+        waitpid(gw, &status, 0);
+      }
+      return true;
+    };
+    bool ok = round % 2 == 0 ? run_ref() && run_floor() && run_gw() : run_gw() && run_ref() && run_floor();
+    if (!ok) return 1;
+    std::printf("\nround %d (%s first): drain of %ld changes\n", round + 1, round % 2 == 0 ? "pg_recvlogical" : "walgate", received);
+    std::printf("  pg_recvlogical   %6.2f s wall, %5.2f CPU s; walsender %5.2f CPU s, %ld waits\n", ref_s, ref_cpu, ref_walsender, ref_waits);
     std::printf("  floor consumer   %6.2f s wall, %5.2f CPU s; walsender %5.2f CPU s (%.0f%%)\n", floor_s, floor_cpu,
                 floor_walsender, 100.0 * floor_cpu / std::max(floor_walsender, 0.001));
     std::printf("  walgate (NDJSON) %6.2f s wall, %5.2f CPU s; walsender %5.2f CPU s, %ld waits; peak RSS %ld MiB\n", gw_s, gw_cpu,
-                gw_walsender, gw_ws.sleeps.load(), gw_hwm / 1024);
+                gw_walsender, gw_waits, gw_hwm / 1024);
     std::printf("  (walgate was streaming and serving %.2f s after it was started)\n", ready_s);
     std::printf("  ratio walgate/reference wall %.2f; walgate CPU / its walsender CPU %.0f%%\n", gw_s / ref_s,
                 100.0 * gw_cpu / std::max(gw_walsender, 0.001));
-    if (!last) {   // the last round's walgate serves the phases below
-      kill(gw, SIGTERM);
-      waitpid(gw, &status, 0);
-    }
     wall_ratios.push_back(gw_s / ref_s);
     cpu_ratios.push_back(gw_cpu / std::max(gw_walsender, 0.001));
     floor_ratios.push_back(floor_cpu / std::max(floor_walsender, 0.001));

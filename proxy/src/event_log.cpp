@@ -105,6 +105,7 @@ event_log::~event_log() {
     sync();
     ::close(fd_);
   }
+  for (int fd : retired_fds_) ::close(fd);
 }
 
 std::uint64_t event_log::first_seq() const {
@@ -211,9 +212,11 @@ bool event_log::recover(std::string& error) {
 }
 
 bool event_log::roll_segment() {
+  // The full segment is written now and synced by the next sync job, on the sync thread: a roll
+  // never stalls the event loop on an fdatasync.
   if (fd_ >= 0) {
-    if (!sync()) return false;
-    ::close(fd_);
+    if (!write_pending()) return false;
+    retired_fds_.push_back(fd_);
     fd_ = -1;
   }
   segment s;
@@ -225,18 +228,7 @@ bool event_log::roll_segment() {
     error_ = "cannot create " + s.path.string() + ": " + std::strerror(errno);
     return false;
   }
-  if (opts_.fsync) {   // the new file's directory entry is durable before anything in it is
-    int dfd = ::open(opts_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    bool ok = dfd >= 0 && ::fsync(dfd) == 0;
-    int saved = errno;
-    if (dfd >= 0) ::close(dfd);
-    if (!ok) {
-      error_ = "cannot sync the data directory " + opts_.dir.string() + ": " + std::strerror(saved);
-      ::close(fd_);
-      fd_ = -1;
-      return false;
-    }
-  }
+  dir_dirty_ = true;   // its directory entry is made durable with the first sync after it
   segments_.push_back(std::move(s));
   enforce_retention();
   return true;
@@ -396,11 +388,29 @@ bool event_log::sync() {
 event_log::sync_job event_log::begin_sync() {
   sync_job job;
   if (!pending_.empty() && !write_pending()) return job;
+  if (!opts_.fsync) {
+    for (int fd : retired_fds_) ::close(fd);
+    retired_fds_.clear();
+    dir_dirty_ = false;
+  }
   job.fd = opts_.fsync ? ::fcntl(fd_, F_DUPFD_CLOEXEC, 0) : -2;   // -2: nothing to sync
   if (job.fd == -1) {
     error_ = "cannot fsync the event log: " + std::string(std::strerror(errno));
     return job;
   }
+  if (dir_dirty_) {
+    int dfd = ::open(opts_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) {
+      error_ = "cannot sync the data directory " + opts_.dir.string() + ": " + std::strerror(errno);
+      ::close(job.fd);
+      job.fd = -1;
+      return job;
+    }
+    dir_dirty_ = false;
+    job.before.push_back(dfd);
+  }
+  job.before.insert(job.before.begin(), retired_fds_.begin(), retired_fds_.end());
+  retired_fds_.clear();
   job.target = pending_durable_;
   pending_durable_ = lsn{};
   ++syncing_;
@@ -408,8 +418,13 @@ event_log::sync_job event_log::begin_sync() {
 }
 
 void event_log::run_sync_job(sync_job& job) {
+  for (int fd : job.before) {
+    if (!job.error && ::fsync(fd) != 0) job.error = errno;
+    ::close(fd);
+  }
+  job.before.clear();
   if (job.fd < 0) return;
-  if (::fdatasync(job.fd) != 0) job.error = errno;
+  if (!job.error && ::fdatasync(job.fd) != 0) job.error = errno;
   ::close(job.fd);
 }
 

@@ -381,3 +381,35 @@ TEST_CASE("resuming inside a segment's first transaction, from the file: exactly
   CHECK(log->seq_after({lsn{0x200}, 0}) == 6);
   CHECK(log->seq_after({lsn{0x80}, 0}) == 0);   // before the first event of a log that dropped nothing
 }
+
+TEST_CASE("a segment roll syncs the full segment and the directory on the sync job, not on the spot") {
+  temp_dir d;
+  std::string error;
+  log_options o;
+  o.dir = d.path;
+  o.segment_bytes = 256;   // every transaction after the first rolls
+  auto log = event_log::open(o, error);
+  REQUIRE(log);
+  REQUIRE(log->sync());    // the first segment's directory entry
+  txn_builder b;
+  protocol::transaction_info t1, t2;
+  b.append(*log, 0x100, 5, t1);
+  REQUIRE(log->sync());
+  CHECK(log->durable_lsn().value == 0x108);
+  b.append(*log, 0x200, 5, t2);   // rolls: the first segment is written, its sync is pending
+  CHECK(std::distance(std::filesystem::directory_iterator(d.path), {}) == 3);   // FORMAT + 2 segments
+  CHECK(log->dirty());
+  auto job = log->begin_sync();
+  REQUIRE(job.fd >= 0);
+  CHECK(job.before.size() == 2);   // the rolled segment, then the directory
+  CHECK(log->durable_lsn().value == 0x108);
+  event_log::run_sync_job(job);
+  CHECK(job.error == 0);
+  REQUIRE(log->end_sync(job));
+  CHECK(log->durable_lsn().value == 0x208);
+  CHECK_FALSE(log->dirty());
+  log.reset();
+  auto again = event_log::open(o, error);
+  REQUIRE(again);
+  CHECK(again->next_seq() == 10);
+}

@@ -91,6 +91,9 @@ class event_log {
   /// (fdatasync and close, on any thread), then end_sync() here.
   struct sync_job {
     int fd = -1;
+    /// Also synced, then closed, before fd: segments rolled since the last job (their files,
+    /// whose descriptors the log handed over) and the data directory (a new segment's entry).
+    std::vector<int> before;
     protocol::lsn target;
     int error = 0;   ///< errno of a failed fdatasync
   };
@@ -98,7 +101,9 @@ class event_log {
   static void run_sync_job(sync_job& job);
   bool end_sync(const sync_job& job);
   /// Something appended is not durable yet (pending, or its sync still running).
-  bool dirty() const { return !pending_.empty() || pending_durable_.valid() || syncing_ > 0; }
+  bool dirty() const {
+    return !pending_.empty() || pending_durable_.valid() || syncing_ > 0 || !retired_fds_.empty() || dir_dirty_;
+  }
   const std::string& error() const { return error_; }
 
   /// End LSN of the last transaction made durable (what may be acknowledged).
@@ -163,6 +168,8 @@ class event_log {
   std::string error_;
   bool open_ = false, skipping_ = false;
   int syncing_ = 0;   // sync jobs begun and not ended
+  std::vector<int> retired_fds_;   // rolled segments, written, to be synced by the next job
+  bool dir_dirty_ = false;         // a segment was created: the directory is synced by the next job
   std::uint64_t txn_first_seq_ = 0;
   std::size_t txn_file_offset_ = 0;   // segment bytes + pending at begin()
 };

@@ -26,20 +26,23 @@ function render(ev) {
   received++;
   document.getElementById('received').textContent = received;
   document.getElementById('lastid').textContent = ev.id;
-  const t = ev.schema + '.' + ev.table;
-  counts[t] = counts[t] || {insert: 0, update: 0, delete: 0};
-  if (ev.op in counts[t]) counts[t][ev.op]++;
-  const tables = document.getElementById('tables');
-  let row = document.getElementById('t-' + t);
-  if (!row) { row = tables.insertRow(-1); row.id = 't-' + t; for (let i = 0; i < 4; i++) row.insertCell(); }
-  row.cells[0].textContent = t; row.cells[1].textContent = counts[t].insert;
-  row.cells[2].textContent = counts[t].update; row.cells[3].textContent = counts[t].delete;
+  const message = ev.op === 'message';   // a logical decoding message has a prefix, no table
+  const t = message ? 'message ' + ev.prefix : ev.schema + '.' + ev.table;
+  if (!message) {
+    counts[t] = counts[t] || {insert: 0, update: 0, delete: 0};
+    if (ev.op in counts[t]) counts[t][ev.op]++;
+    const tables = document.getElementById('tables');
+    let row = document.getElementById('t-' + t);
+    if (!row) { row = tables.insertRow(-1); row.id = 't-' + t; for (let i = 0; i < 4; i++) row.insertCell(); }
+    row.cells[0].textContent = t; row.cells[1].textContent = counts[t].insert;
+    row.cells[2].textContent = counts[t].update; row.cells[3].textContent = counts[t].delete;
+  }
   const latest = document.getElementById('latest');
   const r = latest.insertRow(1);
   r.className = ev.op;
   [ev.id, ev.op, t].forEach(v => { r.insertCell().textContent = v; });
   const c = r.insertCell(); const code = document.createElement('code');
-  code.textContent = JSON.stringify(ev.after || ev.before); c.appendChild(code);
+  code.textContent = message ? ev.content : JSON.stringify(ev.after || ev.before); c.appendChild(code);
   while (latest.rows.length > 21) latest.deleteRow(-1);
 }
 const es = new EventSource('/v1/stream?format=native');

@@ -60,6 +60,16 @@ try {
     }), port);
     if (!msg.idempotency_key || !msg.table.startsWith('public.')) throw new Error(JSON.stringify(msg));
   });
+  await check('the live page lists a logical decoding message under its prefix, not as a table', async () => {
+    const seen = await page.evaluate(() => {
+      render({ id: '0/1:0', op: 'message', transactional: false, prefix: 'walgate-test', content: 'hello' });
+      const row = document.getElementById('latest').rows[1];
+      return { cells: [...row.cells].map((c) => c.textContent), undefinedTable: !!document.getElementById('t-undefined.undefined') };
+    });
+    if (seen.cells[1] !== 'message' || seen.cells[2] !== 'message walgate-test' || seen.cells[3] !== 'hello')
+      throw new Error(JSON.stringify(seen.cells));
+    if (seen.undefinedTable) throw new Error('a table row "undefined.undefined" was made');
+  });
   if (screenshot) await page.screenshot({ path: screenshot, fullPage: true });
 } finally {
   await browser.close();

@@ -222,7 +222,7 @@ int serve(const settings& s, const std::function<void(std::uint16_t)>& on_listen
   rs.conn = *parsed.params;
   rs.slot = s.slot;
   rs.publications = s.publications;
-  rs.messages = true;
+  rs.messages_when_supported = true;
   rs.status_interval = std::chrono::milliseconds(s.status_interval_ms);
   proxy::replication_client client(io.get_executor(), rs, gw);
   client.set_retry_handler([](const proxy::failure& f, std::chrono::milliseconds d) {

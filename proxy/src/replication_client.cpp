@@ -195,7 +195,7 @@ struct replication_client::impl : std::enable_shared_from_this<replication_clien
     o.slot = settings.slot;
     o.publications = settings.publications;
     o.proto_version = settings.proto_version ? settings.proto_version : protocol::max_pgoutput_protocol(info.server_major);
-    o.messages = settings.messages;
+    o.messages = settings.messages || (settings.messages_when_supported && info.server_major >= 14);
     o.binary = settings.binary;
     o.two_phase = settings.two_phase;
     o.streaming = settings.streaming;

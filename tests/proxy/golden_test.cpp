@@ -6,6 +6,8 @@
 #include "capture_sink.hpp"
 #include "golden.hpp"
 #include "golden_expected.hpp"
+
+#include <sstream>
 #include "test_cluster.hpp"
 
 #include <boost/asio/co_spawn.hpp>
@@ -72,11 +74,44 @@ TEST_CASE("golden workload: every message type decoded from a real server") {
     std::uint32_t proto = 0;
     auto frames = capture(binary ? "g_binary" : "g_text", binary, proto);
     std::string summary = test::summarize(frames, proto);
-    CHECK(summary == test::golden_expected(binary));
+    const std::string raw_summary = summary;
+    std::string expected = test::golden_expected(binary);   // made on PostgreSQL 15+
+    if (major < 15) {
+      // PostgreSQL 14 has no two-phase decoding (the workload leaves it out), and it sends the
+      // empty transaction of a DDL statement, which 15 and later skip.
+      auto lines = [](const std::string& text) {
+        std::vector<std::string> out;
+        std::istringstream in(text);
+        for (std::string l; std::getline(in, l);) out.push_back(l);
+        return out;
+      };
+      std::string kept;
+      bool skipping = false;
+      for (const auto& l : lines(expected)) {
+        if (l.rfind("BEGIN", 0) == 0 && l.find(" gid=") != std::string::npos) skipping = true;
+        if (!skipping) kept += l + "\n";
+        if (skipping && l == "COMMIT") skipping = false;
+      }
+      expected = kept;
+      auto got = lines(summary);
+      std::string without_empty;
+      int empty = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        if (got[i] == "BEGIN" && i + 1 < got.size() && got[i + 1] == "COMMIT") {
+          ++i;
+          ++empty;
+          continue;
+        }
+        without_empty += got[i] + "\n";
+      }
+      CHECK(empty >= 1);
+      summary = without_empty;
+    }
+    CHECK(summary == expected);
     if (const char* out = std::getenv("WALGATE_GOLDEN_OUT")) {
       std::string name = std::string(out) + "/pg" + std::to_string(major) + (binary ? "-binary" : "-text") + ".frames";
       std::ofstream(name, std::ios::binary) << test::encode_frames(frames);
-      std::ofstream(name + ".summary") << summary;
+      std::ofstream(name + ".summary") << raw_summary;
     }
     // Every message kind the workload should produce came through at least once.
     std::string tags;

@@ -57,7 +57,7 @@ struct running_gateway {
     rs.conn = *parse_conninfo(test::cluster().conninfo()).params;
     rs.slot = slot;
     rs.publications = {publication};
-    rs.messages = true;
+    rs.messages_when_supported = true;
     rs.status_interval = std::chrono::milliseconds(200);
     client = std::make_unique<replication_client>(io.get_executor(), rs, *gw);
     so.port = 0;
@@ -340,6 +340,7 @@ TEST_CASE("table and op filters; resume by from and Last-Event-ID with no gap an
 }
 
 TEST_CASE("non-transactional logical messages are logged and served in WAL order, and resumable") {
+  if (test::cluster().server_major() < 14) return;   // pgoutput sends messages from PostgreSQL 14
   setup_tables("ntm");
   running_gateway g("ntm_slot", "ntm_pub");
   stream_client all(g.port(), "/v1/stream");

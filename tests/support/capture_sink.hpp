@@ -17,7 +17,9 @@ class capture_sink final : public proxy::replication_sink {
   boost::system::error_code on_xlog_data(const protocol::xlog_data& x) override {
     std::lock_guard g(m_);
     std::string data(protocol::as_string_view(x.data));
-    if (!data.empty() && data[0] == 'M' && data.find(end_marker_) != std::string::npos) done_ = true;
+    // The end: a logical message, or the Relation message of a marker table (PostgreSQL 13,
+    // whose pgoutput sends no messages), naming the marker.
+    if (!data.empty() && (data[0] == 'M' || data[0] == 'R') && data.find(end_marker_) != std::string::npos) done_ = true;
     frames_.push_back({x.wal_start, std::move(data)});
     return {};
   }

@@ -33,7 +33,10 @@ struct replication_settings {
   bool create_slot = true;           ///< Create the slot when it does not exist.
   bool temporary_slot = false;       ///< Dropped by the server when the connection ends.
   std::uint32_t proto_version = 0;   ///< 0: the highest the server supports.
-  bool messages = false;
+  bool messages = false;              ///< Logical decoding messages; PostgreSQL 14+ (an error before).
+  /// Logical decoding messages where the server has them (14+), without them before: the
+  /// gateway's choice, so that it streams from PostgreSQL 13 too.
+  bool messages_when_supported = false;
   bool binary = false;
   bool two_phase = false;
   protocol::streaming_mode streaming = protocol::streaming_mode::off;

@@ -86,6 +86,21 @@ pid_t spawn(const std::vector<std::string>& argv, const std::string& out = "/dev
   return pid;
 }
 
+/// The words of environment variable name (a command prefix such as "strace -f -o FILE"); none
+/// when it is unset.
+std::vector<std::string> env_words(const char* name) {
+  std::vector<std::string> out;
+  if (const char* w = std::getenv(name)) {
+    std::istringstream words(w);
+    for (std::string x; words >> x;) out.push_back(x);
+  }
+  return out;
+}
+
+double cpu_of(const rusage& ru) {
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
 std::string sql1(const std::string& conninfo, const std::string& q) {
   PGconn* c = PQconnectdb(conninfo.c_str());
   PGresult* r = PQexec(c, q.c_str());
@@ -323,11 +338,7 @@ int main(int argc, char** argv) {
       // --- the reference ---
       walsender_watch ref_ws(conninfo, "bench_ref" + suffix);
       auto t0 = clock_type::now();
-      std::vector<std::string> ref_argv;
-      if (const char* w = std::getenv("WALGATE_BENCH_REF_WRAP")) {   // diagnosis only, as WALGATE_BENCH_WRAP
-        std::istringstream words(w);
-        for (std::string x; words >> x;) ref_argv.push_back(x);
-      }
+      auto ref_argv = env_words("WALGATE_BENCH_REF_WRAP");   // diagnosis only, as WALGATE_BENCH_WRAP
       for (const auto& a : std::vector<std::string>{bindir + "/pg_recvlogical", "-d", stream_conninfo, "--start", "-S", "bench_ref" + suffix, "-o",
                          "proto_version=1", "-o", "publication_names=bench_pub", "--endpos=" + end, "-F", "0", "-f", "-",
                                                     "--no-loop"})
@@ -336,7 +347,7 @@ int main(int argc, char** argv) {
       rusage ru{};
       wait4(ref, &status, 0, &ru);
       ref_s = std::chrono::duration<double>(clock_type::now() - t0).count();
-      ref_cpu = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+      ref_cpu = cpu_of(ru);
       ref_walsender = ref_ws.finish();
       ref_waits = ref_ws.sleeps;
 
@@ -346,17 +357,13 @@ int main(int argc, char** argv) {
       // --- the floor: walgate's replication client alone, every frame read and dropped ---
       walsender_watch floor_ws(conninfo, "bench_floor" + suffix);
       auto t0 = clock_type::now();
-      std::vector<std::string> fl_argv;
-      if (const char* w = std::getenv("WALGATE_BENCH_FLOOR_WRAP")) {   // diagnosis only, as WALGATE_BENCH_WRAP
-        std::istringstream words(w);
-        for (std::string x; words >> x;) fl_argv.push_back(x);
-      }
+      auto fl_argv = env_words("WALGATE_BENCH_FLOOR_WRAP");   // diagnosis only, as WALGATE_BENCH_WRAP
       for (const auto& a : {self, std::string("--floor"), stream_conninfo, "bench_floor" + suffix, end}) fl_argv.push_back(a);
       pid_t fl = spawn(fl_argv);
       rusage ru{};
       wait4(fl, &status, 0, &ru);
       floor_s = std::chrono::duration<double>(clock_type::now() - t0).count();
-      floor_cpu = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+      floor_cpu = cpu_of(ru);
       floor_walsender = floor_ws.finish();
       if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         std::fprintf(stderr, "the floor consumer failed\n");
@@ -373,11 +380,7 @@ int main(int argc, char** argv) {
       auto t0 = clock_type::now();
       // WALGATE_BENCH_WRAP="strace -f -tt -o FILE": run walgate under a tracer (diagnosis only: the
       // CPU figures are then the tracer's).
-      std::vector<std::string> gw_argv;
-      if (const char* w = std::getenv("WALGATE_BENCH_WRAP")) {
-        std::istringstream words(w);
-        for (std::string x; words >> x;) gw_argv.push_back(x);
-      }
+      auto gw_argv = env_words("WALGATE_BENCH_WRAP");
       for (const auto& a : std::vector<std::string>{walgate, "--pg", stream_conninfo, "--slot", "bench_gw" + suffix, "--publication",
                                                     "bench_pub", "--data-dir", data, "--listen", "127.0.0.1:" + std::to_string(port)})
         gw_argv.push_back(a);
@@ -394,10 +397,7 @@ int main(int argc, char** argv) {
       pid_t perf = 0;
       if (const char* f = std::getenv("WALGATE_BENCH_PERF"); f && last)
         perf = spawn({"perf", "record", "-F", "4000", "-o", f, "-p", std::to_string(gw)});
-      else if (const char* a = std::getenv("WALGATE_BENCH_ATTACH"); a && last) {
-        std::istringstream words(a);
-        std::vector<std::string> argv_attach;
-        for (std::string w; words >> w;) argv_attach.push_back(w);
+      else if (auto argv_attach = env_words("WALGATE_BENCH_ATTACH"); !argv_attach.empty() && last) {
         argv_attach.push_back(std::to_string(gw));
         perf = spawn(argv_attach);
       }

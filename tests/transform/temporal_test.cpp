@@ -38,3 +38,26 @@ TEST_CASE("dates, times, timestamps and intervals from PostgreSQL's ISO output")
   CHECK(parse_interval("1 year 2 mons 3 days -04:05:06.5", v));
   CHECK_FALSE(parse_interval("forever", v));
 }
+
+TEST_CASE("values past 64-bit microseconds stay text instead of wrapping around") {
+  std::int64_t v = 0;
+  // Found by the json_values fuzz target: a nine-digit year overflowed the microsecond count.
+  CHECK_FALSE(parse_timestamp("2021025-09-09 10:20:00.1236", v));
+  CHECK_FALSE(parse_timestamp("999999999-12-31 23:59:59", v));
+  // PostgreSQL's timestamps count from 2000, so its last ones do not fit Unix-epoch microseconds.
+  CHECK_FALSE(parse_timestamp("294276-12-31 23:59:59.999999", v));
+  CHECK(parse_timestamp("294247-01-10 04:00:54.775807", v));   // the last that does
+  CHECK(v == 9223372036854775807LL);
+  CHECK_FALSE(parse_timestamp("294247-01-10 04:00:54.775808", v));
+  CHECK(parse_timestamp("4714-11-24 00:00:00 BC", v));          // PostgreSQL's first timestamp
+  CHECK(v == -210866803200000000LL);   // Julian day 0
+  CHECK(parse_date("5874897-12-31", v));                          // and its last date
+  CHECK(v == 2145042905LL);
+  // 32-bit months at 30.4375 days each go past 64-bit microseconds.
+  CHECK_FALSE(parse_interval("178956970 years 7 mons", v));
+  CHECK_FALSE(parse_interval("9999999999:00:00", v));
+  CHECK(parse_interval("2562047788:00:54.775807", v));           // the largest time part
+  CHECK(v == 9223372036854775807LL);
+  CHECK(parse_interval("-2562047788:00:54.775807", v));
+  CHECK(v == -9223372036854775807LL);
+}

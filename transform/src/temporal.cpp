@@ -95,7 +95,13 @@ bool parse_timestamp(std::string_view s, std::int64_t& us) {
   bc_suffix(s, i, bc);
   if (i != s.size()) return false;
   if (bc) y = 1 - y;
-  us = days_from_civil(y, static_cast<unsigned>(m), static_cast<unsigned>(d)) * us_per_day + t - offset_s * 1'000'000;
+  // PostgreSQL's timestamps end in year 294276; a year beyond what 64-bit microseconds hold is
+  // not a value the server sends, and is left as text rather than wrapped around.
+  const std::int64_t days = days_from_civil(y, static_cast<unsigned>(m), static_cast<unsigned>(d));
+  std::int64_t day_us = 0;
+  if (__builtin_mul_overflow(days, us_per_day, &day_us) || __builtin_add_overflow(day_us, t, &day_us) ||
+      __builtin_sub_overflow(day_us, offset_s * 1'000'000, &us))
+    return false;
   return true;
 }
 
@@ -120,8 +126,9 @@ bool parse_interval(std::string_view s, std::int64_t& us) {
       std::int64_t t = 0;
       // hours may exceed two digits in intervals
       std::int64_t h = 0, mi = 0, se = 0, frac = 0;
-      if (!(digits(s, i, 1, 18, h) && expect(s, i, ':') && digits(s, i, 2, 2, mi) && expect(s, i, ':') &&
-            digits(s, i, 2, 2, se)))
+      // (at most 2,562,047,788 hours fit in the server's 64-bit microseconds: 10 digits)
+      if (!(digits(s, i, 1, 10, h) && expect(s, i, ':') && digits(s, i, 2, 2, mi) && expect(s, i, ':') &&
+            digits(s, i, 2, 2, se) && h <= 2'562'047'788))
         return false;
       if (i < s.size() && s[i] == '.') {
         ++i;
@@ -147,6 +154,9 @@ bool parse_interval(std::string_view s, std::int64_t& us) {
   }
   if (!any) return false;
   long double total = (months * 30.4375L + days) * 86'400'000'000.0L + time_us;
+  // Months and days are 32-bit on the server, so an interval can exceed 64-bit microseconds once
+  // a month counts 30.4375 days: such a value stays text rather than wrapping around.
+  if (!(total >= -9223372036854775807.0L && total <= 9223372036854775807.0L)) return false;
   us = static_cast<std::int64_t>(std::llround(total));
   return true;
 }

@@ -24,6 +24,8 @@
 
 #include <libpq-fe.h>
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <atomic>
 #include <variant>
@@ -49,6 +51,7 @@ struct settings {
   std::size_t client_lag_mb = 64;
   std::size_t retention_mb = 1024;
   std::size_t tail_mb = 16;
+  std::size_t max_clients = 0;   // 0: 10,000, or fewer if the open-file limit cannot hold them
   std::string debezium_name = "walgate";
   std::string decimal_mode = "string";
   std::string time_precision = "adaptive_time_microseconds";
@@ -138,6 +141,41 @@ asio::awaitable<void> watch_slot(proxy::conn_params conn, std::string slot, prox
   }
 }
 
+/// Sets the client limit so that every client, and the connections and files walgate needs
+/// beside them, fit the open-file limit (raised to its hard limit first). An explicit
+/// --max-clients that cannot fit is an error; the default shrinks to fit, and says so.
+bool client_limit(std::size_t requested, proxy::server_options& so, std::string& error) {
+  constexpr std::size_t own_files = 128;   // event log segments, PostgreSQL connections, spill files, libraries
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rlimit raised = rl;
+    raised.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) rl = raised;
+  }
+  const std::size_t files = rl.rlim_cur == RLIM_INFINITY ? SIZE_MAX : static_cast<std::size_t>(rl.rlim_cur);
+  const std::size_t others = so.max_other_connections + own_files;
+  const std::size_t fit = files > others ? files - others : 0;
+  if (requested != 0) {
+    if (requested > fit) {
+      error = "--max-clients " + std::to_string(requested) + ": needs " + std::to_string(requested + others) +
+              " open files but the limit (ulimit -n) is " + std::to_string(files) + "; raise it or lower --max-clients";
+      return false;
+    }
+    so.max_clients = requested;
+    return true;
+  }
+  so.max_clients = std::min<std::size_t>(10'000, fit);
+  if (so.max_clients < 10'000)
+    log_line("at most " + std::to_string(so.max_clients) + " clients: the open-file limit (ulimit -n) is " +
+             std::to_string(files) + " (raise it, or set --max-clients, to silence this)");
+  if (so.max_clients == 0) {
+    error = "the open-file limit (ulimit -n) is " + std::to_string(files) + ": walgate needs at least " +
+            std::to_string(others + 1);
+    return false;
+  }
+  return true;
+}
+
 /// Runs the gateway until SIGINT/SIGTERM or a failure reconnecting cannot fix.
 int serve(const settings& s, const std::function<void(std::uint16_t)>& on_listening = {}) {
   auto parsed = proxy::parse_conninfo(s.pg);
@@ -172,6 +210,10 @@ int serve(const settings& s, const std::function<void(std::uint16_t)>& on_listen
     return 2;
   }
   proxy::server_options so;
+  if (!client_limit(s.max_clients, so, error)) {
+    log_line(error);
+    return 2;
+  }
   so.host = host;
   so.port = port;
   so.tls_cert = s.tls_cert;
@@ -572,7 +614,7 @@ int main(int argc, char** argv) {
       {"pg", &s.pg}, {"slot", &s.slot}, {"publication", &s.publications}, {"status-interval", &s.status_interval_ms},
       {"create-publication", &s.create_publication}, {"listen", &s.listen}, {"data-dir", &s.data_dir},
       {"allow-unauthenticated", &s.allow_unauthenticated}, {"tls-cert", &s.tls_cert}, {"tls-key", &s.tls_key},
-      {"client-lag-mb", &s.client_lag_mb}, {"retention-mb", &s.retention_mb}, {"tail-mb", &s.tail_mb}, {"debezium-name", &s.debezium_name},
+      {"client-lag-mb", &s.client_lag_mb}, {"retention-mb", &s.retention_mb}, {"tail-mb", &s.tail_mb}, {"max-clients", &s.max_clients}, {"debezium-name", &s.debezium_name},
       {"debezium-decimal-mode", &s.decimal_mode}, {"debezium-time-precision", &s.time_precision},
       {"no-fsync", &s.no_fsync}};
   // --config is needed before the flags are parsed (they override what it sets).
@@ -610,6 +652,9 @@ int main(int argc, char** argv) {
   app.add_option("--tail-mb", s.tail_mb, "newest events (and their encodings) kept in memory for live clients")
       ->capture_default_str()
       ->check(CLI::Range(1, 65536));
+  app.add_option("--max-clients", s.max_clients,
+                 "stream clients at once (more get 503); 0: 10000, or what the open-file limit allows")
+      ->capture_default_str();
   app.add_option("--debezium-name", s.debezium_name, "Debezium source.name")->capture_default_str();
   app.add_option("--debezium-decimal-mode", s.decimal_mode, "string, double or precise")
       ->check(CLI::IsMember({"string", "double", "precise"}))

@@ -19,6 +19,9 @@
 #include <boost/beast/websocket/ssl.hpp>
 #include <boost/url/parse.hpp>
 
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <deque>
 #include <map>
 #include <set>
@@ -96,6 +99,19 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
   std::set<client_state*> clients;
   std::map<transport, std::size_t> by_transport;
   bool stopping = false;
+  std::size_t connections = 0;       // open TCP connections
+  std::size_t streams = 0;           // stream requests admitted (clients, or upgrading to one)
+  std::uint64_t rejected_clients = 0;   // 503: over max_clients
+  std::uint64_t accept_pauses = 0;      // accepting paused: connections or file descriptors exhausted
+
+  /// Held while a connection is open / a stream request is admitted.
+  struct counted {
+    std::size_t& n;
+    explicit counted(std::size_t& c) : n(c) { ++n; }
+    ~counted() { --n; }
+    counted(const counted&) = delete;
+    counted& operator=(const counted&) = delete;
+  };
 
   /// A connected stream client, counted while it lives.
   struct registration {
@@ -261,9 +277,10 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
 
   template <class Stream>
   awaitable<void> write_simple(Stream& s, unsigned version, http::status st, std::string_view type, std::string body,
-                               bool keep_alive) {
+                               bool keep_alive, std::string_view retry_after = {}) {
     http::response<http::string_body> res{st, version};
     res.set(http::field::server, "walgate");
+    if (!retry_after.empty()) res.set(http::field::retry_after, retry_after);
     res.set(http::field::content_type, type);
     res.set(http::field::cache_control, "no-store");
     res.keep_alive(keep_alive);
@@ -302,6 +319,11 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
         << (c->offset && log.end_offset() > c->offset ? log.end_offset() - c->offset : 0) << "\n";
     metric("walgate_clients_disconnected_slow_total", "counter", "Clients disconnected for being too slow.",
            m.clients_disconnected_slow);
+    metric("walgate_clients_rejected_total", "counter", "Stream requests answered 503: over --max-clients.",
+           rejected_clients);
+    metric("walgate_connections", "gauge", "Open HTTP connections (stream clients included).", connections);
+    metric("walgate_accept_pauses_total", "counter",
+           "Times accepting paused (connection limit reached, or out of file descriptors).", accept_pauses);
     std::int64_t lag_bytes = m.server_wal_end.valid() && m.server_wal_end > gw.durable_lsn()
                                  ? static_cast<std::int64_t>(m.server_wal_end.value - gw.durable_lsn().value)
                                  : 0;
@@ -344,6 +366,26 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
       auto [ec, n] = co_await asio::async_write(s, http::make_chunk(asio::buffer(retry)), use_tuple);
       if (ec) co_return;
     }
+    // A client that hangs up while idle is noticed at once (not at the next keep-alive write),
+    // so its slot is free for the next one. The client sends nothing after its request: the
+    // socket turning readable with nothing to read is its end; bytes to read (a pipelined
+    // request, a TLS alert) end the watch, and the next write finds out.
+    auto alive = std::make_shared<bool>(true);
+    struct watch_guard {
+      std::shared_ptr<bool> alive;
+      ~watch_guard() { *alive = false; }
+    } watching{alive};
+    auto& sock = beast::get_lowest_layer(s).socket();
+    sock.async_wait(tcp::socket::wait_read, [alive, &c, &sock](boost::system::error_code ec) {
+      if (!*alive || ec) return;
+      char b;
+      auto n = ::recv(sock.native_handle(), &b, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        c.close_reason = "the client closed the connection";
+        c.closing = true;
+        c.wake.cancel();
+      }
+    });
     std::map<std::string, std::string> schemas;
     std::vector<item> batch;
     std::string out;
@@ -589,6 +631,15 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
           }
           r->from = id;
         }
+        if (streams >= opts.max_clients) {
+          ++rejected_clients;
+          co_await write_simple(s, req.version(), http::status::service_unavailable, "application/json",
+                                json_error("", "too many clients (limit " + std::to_string(opts.max_clients) +
+                                                   "); try again later"),
+                                false, "5");
+          co_return;
+        }
+        counted admitted(streams);
         std::uint64_t start = gw.log().next_seq();
         if (r->from) {
           auto seq = gw.log().seq_after(*r->from);
@@ -624,6 +675,7 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
 
   awaitable<void> session(tcp::socket socket) {
     auto self = shared_from_this();
+    counted open(connections);
     // Events are written as they come, in small batches: no Nagle delay behind an unacknowledged
     // segment (it meets the client's delayed ACK: 40 ms stalls).
     boost::system::error_code nec;
@@ -642,10 +694,26 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
 
   awaitable<void> accept_loop() {
     auto self = shared_from_this();
+    asio::steady_timer pause(executor);
+    auto wait = [&](std::chrono::milliseconds d) -> awaitable<void> {
+      ++accept_pauses;
+      pause.expires_after(d);
+      co_await pause.async_wait(use_tuple);
+    };
     while (!stopping) {
+      // At the connection limit, new connections wait in the listen backlog until one closes.
+      if (connections >= opts.max_clients + opts.max_other_connections) {
+        co_await wait(std::chrono::milliseconds(50));
+        continue;
+      }
       auto [ec, socket] = co_await acceptor.async_accept(use_tuple);
       if (ec) {
         if (stopping) break;
+        // Out of file descriptors or memory: the connection stays queued and accept would fail
+        // again at once; wait instead of spinning.
+        if (ec == asio::error::no_descriptors || ec == asio::error::no_buffer_space || ec == asio::error::no_memory ||
+            ec.value() == ENFILE)
+          co_await wait(std::chrono::milliseconds(100));
         continue;
       }
       asio::co_spawn(executor, session(std::move(socket)), asio::detached);

@@ -48,6 +48,11 @@ TEST_CASE("a wrong setting is a one-line error naming it") {
   auto d = run("--publication p");
   CHECK(d.status == 2);
   CHECK(d.output.find("--pg is required") != std::string::npos);
+  // Every client needs a file descriptor: a limit the open-file limit cannot hold is refused.
+  auto f = run(base + "--max-clients 1000", "prlimit --nofile=512:512");
+  CHECK(f.status == 2);
+  CHECK(f.output.find("--max-clients 1000: needs 1384 open files but the limit (ulimit -n) is 512") !=
+        std::string::npos);
   auto e = run("--publication p --pg 'host=x bogus=1'");
   CHECK(e.status == 2);
   CHECK(e.output.find("--pg: invalid connection string") != std::string::npos);

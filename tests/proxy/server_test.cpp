@@ -548,6 +548,57 @@ TEST_CASE("bad requests: 400 naming the parameter, 404, 414, 431, trickled heade
   CHECK(c.events(1).size() == 1);
 }
 
+TEST_CASE("client limits: a stream over --max-clients gets 503, accepting pauses at the connection limit") {
+  setup_tables("lim");
+  server_options so;
+  so.max_clients = 2;
+  so.max_other_connections = 2;
+  so.header_timeout = std::chrono::milliseconds(1500);
+  running_gateway g("lim_slot", "lim_pub", so);
+  auto a = std::make_unique<stream_client>(g.port(), "/v1/stream");
+  ws_client b(g.port(), "/v1/ws");
+  REQUIRE(a->status() == 200);
+  {  // a third stream client, by either transport: 503 with the limit and Retry-After
+    stream_client c(g.port(), "/v1/stream");
+    CHECK(c.status() == 503);
+    CHECK(c.header("Retry-After") == "5");
+    auto body = c.lines(1);
+    REQUIRE(body.size() == 1);
+    CHECK(body[0].find("too many clients (limit 2)") != std::string::npos);
+    boost::system::error_code ec;
+    websocket::stream<tcp::socket> w(c.io);
+    w.next_layer().connect({asio::ip::make_address("127.0.0.1"), g.port()});
+    w.handshake("localhost", "/v1/ws", ec);
+    CHECK(ec == websocket::error::upgrade_declined);
+  }
+  // Other requests are still served while the stream clients are at their limit.
+  CHECK(get_path(g.port(), "/healthz").first == 200);
+  auto metrics = get_path(g.port(), "/metrics").second;
+  CHECK(metrics.find("walgate_clients_rejected_total 2") != std::string::npos);
+  {  // two idle connections fill the other slots: the next connection waits in the backlog...
+    asio::io_context io;
+    tcp::socket idle1(io), idle2(io);
+    idle1.connect({asio::ip::make_address("127.0.0.1"), g.port()});
+    idle2.connect({asio::ip::make_address("127.0.0.1"), g.port()});
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    auto start = std::chrono::steady_clock::now();
+    auto [code, body] = get_path(g.port(), "/healthz");   // ...until the idle ones time out
+    CHECK(code == 200);
+    auto waited = std::chrono::steady_clock::now() - start;
+    CHECK(waited > std::chrono::milliseconds(800));
+    CHECK(waited < std::chrono::milliseconds(5000));
+  }
+  // A slot freed is a slot for the next client.
+  a.reset();
+  REQUIRE(test::wait_until([&] { return g.srv->clients() == 1; }));
+  stream_client d(g.port(), "/v1/stream");
+  CHECK(d.status() == 200);
+  test::cluster().sql("INSERT INTO lim_items VALUES (1, 'one', 1)");
+  CHECK(d.events(1).size() == 1);
+  CHECK(b.messages(1).size() == 1);
+  CHECK(get_path(g.port(), "/metrics").second.find("walgate_accept_pauses_total 0") == std::string::npos);
+}
+
 TEST_CASE("a slow client is disconnected with where to resume; the others are not slowed") {
   setup_tables("slow");
   server_options so;

@@ -31,6 +31,12 @@ struct server_options {
   std::size_t client_lag_bytes = 64u << 20;        ///< A live client further behind than this is disconnected.
   std::size_t batch_bytes = 256 * 1024;            ///< Per-client write batch (memory per client is bounded by it).
   std::chrono::milliseconds sse_retry{2'000};
+  /// Stream clients (NDJSON, SSE, WebSocket) at once; one more is answered 503 with Retry-After.
+  std::size_t max_clients = 10'000;
+  /// Connections beyond the stream clients (requests in progress, /metrics, the page). With
+  /// max_clients + this many open, accepting pauses until one closes: the process never runs
+  /// out of file descriptors because of its clients.
+  std::size_t max_other_connections = 256;
   transform::encoder_options encoder;              ///< Debezium name, db, decimal/time modes.
 };
 

@@ -8,6 +8,8 @@
 #include <openssl/objects.h>
 #include <openssl/rand.h>
 #include <openssl/x509.h>
+#include <unicode/usprep.h>
+#include <unicode/ustring.h>
 
 #include <array>
 #include <charconv>
@@ -70,7 +72,39 @@ std::string md5_password_response(std::string_view user, std::string_view passwo
   return "md5" + md5_hex(inner + std::string(salt4));
 }
 
-std::string scram_prepare_password(std::string_view password) { return std::string(password); }
+std::string scram_prepare_password(std::string_view password) {
+  std::string raw(password);
+  bool ascii = true;
+  for (unsigned char ch : password) ascii = ascii && ch < 0x80;
+  if (ascii || password.size() > 1024 * 1024) return raw;   // PostgreSQL's own limit is 1 MB
+  UErrorCode st = U_ZERO_ERROR;
+  std::int32_t n16 = 0;
+  u_strFromUTF8(nullptr, 0, &n16, password.data(), static_cast<std::int32_t>(password.size()), &st);
+  if (st != U_BUFFER_OVERFLOW_ERROR && U_FAILURE(st)) return raw;   // not UTF-8
+  std::u16string in(static_cast<std::size_t>(n16), u'\0');
+  st = U_ZERO_ERROR;
+  u_strFromUTF8(in.data(), n16, nullptr, password.data(), static_cast<std::int32_t>(password.size()), &st);
+  if (U_FAILURE(st)) return raw;
+  st = U_ZERO_ERROR;
+  std::unique_ptr<UStringPrepProfile, decltype(&usprep_close)> profile(
+      usprep_openByType(USPREP_RFC4013_SASLPREP, &st), &usprep_close);
+  if (U_FAILURE(st) || !profile) return raw;
+  // NFKC can expand a character many times over: size by a first pass.
+  std::int32_t n = usprep_prepare(profile.get(), in.data(), n16, nullptr, 0, USPREP_DEFAULT, nullptr, &st);
+  if (st != U_BUFFER_OVERFLOW_ERROR && U_FAILURE(st)) return raw;   // prohibited, unassigned, bidi
+  std::u16string out(static_cast<std::size_t>(n), u'\0');
+  st = U_ZERO_ERROR;
+  n = usprep_prepare(profile.get(), in.data(), n16, out.data(), n, USPREP_DEFAULT, nullptr, &st);
+  if (U_FAILURE(st) || n == 0) return raw;   // PostgreSQL refuses an empty prepared password too
+  std::int32_t n8 = 0;
+  st = U_ZERO_ERROR;
+  u_strToUTF8(nullptr, 0, &n8, out.data(), n, &st);
+  if (st != U_BUFFER_OVERFLOW_ERROR && U_FAILURE(st)) return raw;
+  std::string prepared(static_cast<std::size_t>(n8), '\0');
+  st = U_ZERO_ERROR;
+  u_strToUTF8(prepared.data(), n8, nullptr, out.data(), n, &st);
+  return U_FAILURE(st) ? raw : prepared;
+}
 
 scram_client::scram_client(std::string password, std::string user, std::string nonce,
                            std::string channel_binding_data, bool client_supports_binding)

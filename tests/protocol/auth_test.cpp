@@ -56,3 +56,24 @@ TEST_CASE("MD5 password response") {
 TEST_CASE("tls-server-end-point of garbage is empty") {
   CHECK(tls_server_end_point("not a certificate").empty());
 }
+
+TEST_CASE("SASLprep of SCRAM passwords, as PostgreSQL does it") {
+  using walgate::protocol::scram_prepare_password;
+  // ASCII: unchanged, control characters included (PostgreSQL's quick path).
+  CHECK(scram_prepare_password("scram secret") == "scram secret");
+  CHECK(scram_prepare_password("tab\there") == "tab\there");
+  // RFC 4013's examples: soft hyphen mapped to nothing, NFKC of ª and Ⅸ.
+  CHECK(scram_prepare_password("I\xC2\xAD" "X") == "IX");
+  CHECK(scram_prepare_password("\xC2\xAA") == "a");
+  CHECK(scram_prepare_password("\xE2\x85\xA8") == "IX");
+  // A no-break space becomes a space; fullwidth letters and a decomposed umlaut normalize.
+  CHECK(scram_prepare_password("pass\xC2\xA0word") == "pass word");
+  CHECK(scram_prepare_password("\xEF\xBD\x90\xEF\xBD\x81\xEF\xBD\x93\xEF\xBD\x93") == "pass");
+  CHECK(scram_prepare_password("a\xCC\x88") == "\xC3\xA4");
+  // Prohibited (a non-ASCII control character), bad bidi, invalid UTF-8, or nothing left
+  // after mapping: the raw bytes, as PostgreSQL's server stores them.
+  CHECK(scram_prepare_password("a\xC2\x80" "b") == "a\xC2\x80" "b");
+  CHECK(scram_prepare_password("\xD8\xA7" "a") == "\xD8\xA7" "a");   // Arabic alef then a Latin letter
+  CHECK(scram_prepare_password("\xFF\xFEpass") == "\xFF\xFEpass");
+  CHECK(scram_prepare_password("\xC2\xAD") == "\xC2\xAD");
+}

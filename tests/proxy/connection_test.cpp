@@ -72,6 +72,18 @@ TEST_CASE("md5, cleartext password and SCRAM-SHA-256") {
   CHECK(scram.info.auth_method == "SCRAM-SHA-256");
 }
 
+TEST_CASE("SCRAM with a password that SASLprep changes: as the server prepared it, and as typed") {
+  // The server stored the verifier of the prepared password ("pass w\u00f6rd", NFC): the
+  // password as typed (fullwidth letters, no-break space, decomposed umlaut) must prepare to it.
+  auto typed = try_connect(tcp("user=unicode_user password='\uff50\uff41\uff53\uff53\u00a0wo\u0308rd' sslmode=disable"));
+  REQUIRE_MESSAGE(typed.ok, typed.error.message);
+  CHECK(typed.info.auth_method == "SCRAM-SHA-256");
+  auto prepared = try_connect(tcp("user=unicode_user password='pass w\u00f6rd' sslmode=disable"));
+  CHECK_MESSAGE(prepared.ok, prepared.error.message);
+  auto other = try_connect(tcp("user=unicode_user password='pass word' sslmode=disable"));
+  CHECK_FALSE(other.ok);
+}
+
 TEST_CASE("a wrong or missing password is a clear, final error") {
   for (const char* user : {"md5_user", "scram_user", "password_user"}) {
     auto a = try_connect(tcp(std::string("user=") + user + " password=wrong sslmode=disable"));

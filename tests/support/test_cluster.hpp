@@ -27,6 +27,7 @@ inline const std::vector<std::string>& default_hba() {
       "host all trust_user 127.0.0.1/32 trust",
       "host all md5_user 127.0.0.1/32 md5",
       "host all scram_user 127.0.0.1/32 scram-sha-256",
+      "host all unicode_user 127.0.0.1/32 scram-sha-256",
       "host all tls_only 127.0.0.1/32 scram-sha-256",
       "host all password_user 127.0.0.1/32 password",
       "host all norepl_user 127.0.0.1/32 trust",
@@ -53,6 +54,9 @@ inline proxy::local_cluster& cluster() {
         "CREATE ROLE password_user LOGIN REPLICATION PASSWORD 'plain secret';"
         "SET password_encryption = 'scram-sha-256';"
         "CREATE ROLE scram_user LOGIN REPLICATION PASSWORD 'scram secret';"
+        // fullwidth "pass", a no-break space, "wo" + combining diaeresis + "rd": SASLprep makes
+        // it "pass w\u00f6rd", on the server and in every client that follows RFC 4013
+        "CREATE ROLE unicode_user LOGIN PASSWORD '\uff50\uff41\uff53\uff53\u00a0wo\u0308rd';"
         "CREATE ROLE tls_only LOGIN REPLICATION PASSWORD 'tls secret';"
         "CREATE ROLE trust_user LOGIN REPLICATION;"
         "CREATE ROLE norepl_user LOGIN;");

@@ -60,9 +60,11 @@ class scram_client {
 /// Empty on an unparseable certificate or one whose signature algorithm has no known hash.
 std::string tls_server_end_point(std::string_view der_certificate);
 
-/// SASLprep (RFC 4013) subset used by PostgreSQL: a password of printable ASCII is unchanged;
-/// anything else is used as raw bytes, which is also what PostgreSQL's server does when a
-/// password is not valid for SASLprep. See docs/protocol.md.
+/// SASLprep (RFC 4013) as PostgreSQL applies it to SCRAM passwords (libpq and the server alike):
+/// an ASCII password is unchanged; otherwise non-ASCII spaces become spaces, characters
+/// "commonly mapped to nothing" go, the rest is NFKC-normalized (ICU's RFC 4013 profile). A
+/// password that is not valid UTF-8, prepares to nothing, or holds a prohibited or unassigned
+/// character or a bad mix of directions is used as its raw bytes, as PostgreSQL does.
 std::string scram_prepare_password(std::string_view password);
 
 }  // namespace walgate::protocol

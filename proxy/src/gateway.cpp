@@ -42,11 +42,15 @@ void gateway::on_stream_start(const stream_start_info& i) {
 boost::system::error_code gateway::on_xlog_data(const protocol::xlog_data& x) {
   if (x.wal_end > metrics_.server_wal_end) metrics_.server_wal_end = x.wal_end;
   frame_server_clock_us_ = x.server_clock_us;
+  // An event log that failed takes nothing more: what it could not store must come again
+  // after a restart, so nothing past its durable position may be acknowledged.
+  if (log_failed()) return make_error_code(boost::system::errc::io_error);
   auto r = assembler_->feed(x.wal_start, x.data);
   if (!r) {
     failure_ = r.error().message;
     return make_error_code(r.error().code);
   }
+  if (log_failed()) return make_error_code(boost::system::errc::io_error);
   between_transactions_ = !assembler_->in_transaction() && assembler_->open_streams() == 0 &&
                           assembler_->held_prepared() == 0;
   return {};
@@ -56,6 +60,7 @@ void gateway::on_keepalive(const protocol::primary_keepalive& k) {
   if (k.wal_end > metrics_.server_wal_end) metrics_.server_wal_end = k.wal_end;
   // Idle tables: with nothing outstanding, the keepalive position is durable too (the slot
   // advances and the server can free WAL), once everything logged before it is synced.
+  if (log_failed()) return;
   if (between_transactions_ && !log_.dirty() && !log_.in_transaction()) keepalive_durable_ = k.wal_end;
 }
 
@@ -122,7 +127,7 @@ void gateway::schedule_sync() {
     sync_scheduled_ = false;
     auto job = log_.begin_sync();
     if (job.fd == -1) {
-      failure_ = log_.error();
+      log_failed();
       return;
     }
     sync_running_ = true;
@@ -131,7 +136,10 @@ void gateway::schedule_sync() {
       asio::post(executor_, [this, alive, job] {
         if (!*alive) return;
         sync_running_ = false;
-        if (!log_.end_sync(job)) failure_ = log_.error();
+        if (!log_.end_sync(job) || log_failed()) {
+          log_failed();
+          return;
+        }
         if (log_.dirty()) schedule_sync();
       });
     });
@@ -139,7 +147,19 @@ void gateway::schedule_sync() {
 }
 
 void gateway::flush() {
-  if (!log_.sync()) failure_ = log_.error();
+  if (!log_failed()) log_.sync();
+  log_failed();
+}
+
+bool gateway::log_failed() {
+  if (log_.error().empty()) return false;
+  if (failure_.empty()) {
+    failure_ = log_.error();
+    if (on_failure_) asio::post(executor_, [f = on_failure_, alive = alive_] {
+      if (*alive) f();
+    });
+  }
+  return true;
 }
 
 }  // namespace walgate::proxy

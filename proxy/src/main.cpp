@@ -300,10 +300,22 @@ int serve(const settings& s, const std::function<void(std::uint16_t)>& on_listen
       shutdown();
     }
   });
+  bool failure_logged = false;
+  // The event log failed (disk full, I/O error): stop rather than go on without storing. Nothing
+  // past the durable position was acknowledged; a restart resumes from it.
+  gw.on_failure([&] {
+    if (failure_logged) return;
+    failure_logged = true;
+    log_line(gw.failure() + "; stopping (durable up to " + gw.durable_lsn().to_string() +
+             ": a restart resumes from there)");
+    rc = 1;
+    if (!stop) shutdown();
+  });
   asio::co_spawn(io, client.run(), [&](std::exception_ptr e, proxy::outcome<void> r) {
     if (!r) {
       log_line(r.error().message);
-      if (!gw.failure().empty()) log_line(gw.failure());
+      if (!gw.failure().empty() && !failure_logged) log_line(gw.failure());
+      failure_logged = true;
       rc = 1;
     }
     if (!stop) shutdown();

@@ -18,9 +18,12 @@
 #include <doctest/doctest.h>
 
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
+#include <csignal>
 #include <fstream>
+#include <set>
 #include <thread>
 
 using namespace walgate;
@@ -42,11 +45,15 @@ struct running_gateway {
   std::unique_ptr<replication_client> client;
   std::unique_ptr<server> srv;
   std::thread thread;
+  bool own_dir = true;
+  std::atomic<bool> ended{false};   // the replication client's run() returned
+  std::string end_message;          // with this failure (set before ended)
 
   running_gateway(const std::string& slot, const std::string& publication, server_options so = {},
                   log_options lo = {}) {
     std::string t = (std::filesystem::temp_directory_path() / "walgate-gw-XXXXXX").string();
-    dir = mkdtemp(t.data());
+    own_dir = lo.dir.empty();   // a given directory is the caller's (a restart on the same log)
+    dir = own_dir ? std::filesystem::path(mkdtemp(t.data())) : lo.dir;
     std::string error;
     lo.dir = dir;
     lo.fsync = false;
@@ -67,7 +74,10 @@ struct running_gateway {
     srv = std::make_unique<server>(io.get_executor(), so, *gw, st);
     gw->on_new_events([this] { srv->notify(); });
     REQUIRE_MESSAGE(srv->start(error), error);
-    asio::co_spawn(io, client->run(), [](std::exception_ptr, outcome<void>) {});
+    asio::co_spawn(io, client->run(), [this](std::exception_ptr, outcome<void> r) {
+      if (!r) end_message = r.error().message;
+      ended = true;
+    });
     thread = std::thread([this] { io.run(); });
     REQUIRE(test::wait_until([this] { return client->streaming(); }));
   }
@@ -83,7 +93,7 @@ struct running_gateway {
       t->async_wait([this, t](boost::system::error_code) { io.stop(); });
     });
     thread.join();
-    std::filesystem::remove_all(dir);
+    if (own_dir) std::filesystem::remove_all(dir);
   }
 };
 
@@ -457,6 +467,49 @@ TEST_CASE("an event log that cannot be read ends the stream with the reason and 
   auto why = w.wait_close();
   CHECK(std::string(why.reason.data(), why.reason.size()).find("damaged at offset") != std::string::npos);
   CHECK(std::string(why.reason.data(), why.reason.size()).find("resume from " + id_of(every[2])) != std::string::npos);
+}
+
+TEST_CASE("an event log that cannot be written stops the stream; a restart delivers every change once") {
+  setup_tables("full");
+  std::string t = (std::filesystem::temp_directory_path() / "walgate-full-XXXXXX").string();
+  std::filesystem::path dir = mkdtemp(t.data());
+  log_options lo;
+  lo.dir = dir;
+  {
+    running_gateway g("full_slot", "full_pub", {}, lo);
+    // This process's files may grow to 48 KiB, as if the disk filled up: a write of the
+    // segment fails part-way (EFBIG), leaving a torn frame at its end.
+    std::signal(SIGXFSZ, SIG_IGN);
+    rlimit old{};
+    REQUIRE(getrlimit(RLIMIT_FSIZE, &old) == 0);
+    rlimit small = old;
+    small.rlim_cur = 48 * 1024;
+    REQUIRE(setrlimit(RLIMIT_FSIZE, &small) == 0);
+    for (int k = 0; k < 40; ++k)
+      test::cluster().sql("INSERT INTO full_items SELECT g, repeat('x', 100), 1 FROM generate_series(" +
+                          std::to_string(k * 25 + 1) + ", " + std::to_string(k * 25 + 25) + ") g");
+    bool ended = test::wait_until([&] { return g.ended.load(); });
+    REQUIRE(setrlimit(RLIMIT_FSIZE, &old) == 0);
+    REQUIRE(ended);
+    INFO(g.end_message << " / " << g.gw->failure());
+    CHECK(g.end_message.find("stream consumer failed") != std::string::npos);
+    CHECK(g.gw->failure().find("cannot write the event log: File too large") != std::string::npos);
+  }
+  {  // Restarted on the same log and slot: nothing was acknowledged past what the log held.
+    running_gateway g("full_slot", "full_pub", {}, lo);
+    stream_client c(g.port(), "/v1/stream?from=0/0:0");
+    auto events = c.events(1000);
+    CHECK(events.size() == 1000);
+    std::set<std::string> ids;
+    std::set<std::int64_t> keys;
+    for (const auto& e : events) {
+      ids.insert(id_of(e));
+      keys.insert(json::parse(e).at("after").at("id").as_int64());
+    }
+    CHECK(ids.size() == events.size());
+    CHECK(keys.size() == events.size());
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("a resume position older than the retained log is 410 Gone") {

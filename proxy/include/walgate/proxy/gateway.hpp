@@ -68,9 +68,15 @@ class gateway final : public replication_sink, public protocol::transaction_hand
   /// Writes and syncs what is pending now (shutdown).
   void flush();
   const std::string& failure() const { return failure_; }
+  /// Called once (on the executor) when the event log fails: a write, sync or new segment
+  /// that did not work. The gateway then refuses the stream (nothing after the last durable
+  /// position is acknowledged) and the process should stop: a restart resumes from there.
+  void on_failure(std::function<void()> f) { on_failure_ = std::move(f); }
 
  private:
   void schedule_sync();
+  /// Records the event log's failure (once) and tells on_failure.
+  bool log_failed();
 
   boost::asio::any_io_executor executor_;
   event_log& log_;
@@ -89,6 +95,7 @@ class gateway final : public replication_sink, public protocol::transaction_hand
   std::function<void(const logged_event&, const transform::change&)> logged_;
   bool wake_posted_ = false;
   std::string failure_;
+  std::function<void()> on_failure_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

@@ -36,7 +36,8 @@ std::string join_quoted(const std::vector<std::string>& names) {
 
 // SQL checks run on the replication connection itself (replication=database accepts plain
 // SQL through the simple query protocol), so what we check is what we will stream from.
-awaitable<outcome<stream_start_info>> prepare_replication(pg_connection& conn, const replication_settings& s) {
+awaitable<outcome<stream_start_info>> prepare_replication(pg_connection& conn, const replication_settings& s,
+                                                          lsn stored_up_to) {
   stream_start_info start;
   start.server_major = conn.info().server_major;
   if (start.server_major < 10)
@@ -74,8 +75,9 @@ awaitable<outcome<stream_start_info>> prepare_replication(pg_connection& conn, c
   }
 
   auto slot = co_await conn.query(
-      "SELECT plugin, slot_type, database, active, active_pid, confirmed_flush_lsn FROM "
-      "pg_catalog.pg_replication_slots WHERE slot_name = " + protocol::quote_literal(s.slot));
+      std::string("SELECT plugin, slot_type, database, active, active_pid, confirmed_flush_lsn, ") +
+      (start.server_major >= 13 ? "wal_status" : "NULL") +
+      " FROM pg_catalog.pg_replication_slots WHERE slot_name = " + protocol::quote_literal(s.slot));
   if (!slot) co_return slot.error();
   if (!slot->rows.empty()) {
     const auto& r = slot->rows[0];
@@ -89,6 +91,12 @@ awaitable<outcome<stream_start_info>> prepare_replication(pg_connection& conn, c
     if (r[2].value_or("") != database)
       co_return config_failure("replication slot \"" + s.slot + "\" belongs to database \"" + r[2].value_or("") +
                                "\", not \"" + database + "\": connect to that database or choose another --slot");
+    if (r[6].value_or("") == "lost")
+      co_return config_failure("replication slot \"" + s.slot +
+                               "\" was invalidated (wal_status lost): the server removed WAL it still needed, beyond "
+                               "max_slot_wal_keep_size, and the changes in it are gone. Drop the slot "
+                               "(SELECT pg_drop_replication_slot('" + s.slot +
+                               "');) and start over with an empty event log; clients then need a new snapshot");
     if (r[3].value_or("f") == "t")
       co_return failure{make_error_code(errc::server_error),
                         "replication slot \"" + s.slot + "\" is active for PID " + r[4].value_or("?") +
@@ -101,6 +109,14 @@ awaitable<outcome<stream_start_info>> prepare_replication(pg_connection& conn, c
   if (!s.create_slot)
     co_return config_failure("replication slot \"" + s.slot + "\" does not exist in database \"" + database +
                              "\": create it, or allow walgate to create it");
+  // A new slot starts at the server's current position: with changes already stored from an
+  // earlier slot, everything between would be skipped without a trace.
+  if (stored_up_to.valid() && !s.temporary_slot)
+    co_return config_failure("replication slot \"" + s.slot + "\" does not exist, but changes up to " +
+                             stored_up_to.to_string() +
+                             " from it are already stored: a new slot would start at the server's current position "
+                             "and silently skip everything since. If the slot was dropped on purpose, start over "
+                             "with an empty event log (--data-dir); clients then need a new snapshot");
   if (used_slots >= max_slots)
     co_return failure{make_error_code(errc::limit_exceeded),
                       "no free replication slot: all " + std::to_string(max_slots) +
@@ -187,7 +203,7 @@ struct replication_client::impl : std::enable_shared_from_this<replication_clien
     if (!capture_path.empty()) conn->set_capture_file(capture_path);
     auto c = conn;
     if (auto r = co_await c->connect(settings.conn, true); !r) co_return r.error();
-    auto prepared = co_await prepare_replication(*c, settings);
+    auto prepared = co_await prepare_replication(*c, settings, sink.durable_lsn());
     if (!prepared) co_return prepared.error();
     stream_start_info info = *prepared;
 

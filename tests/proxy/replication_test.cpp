@@ -300,6 +300,53 @@ TEST_CASE("pre-flight: wal_level not logical, and no free replication slot") {
   CHECK(slots.error().message.find("max_replication_slots") != std::string::npos);
 }
 
+TEST_CASE("a dropped slot is not silently recreated past stored changes; an invalidated slot is refused") {
+  auto& pg = test::cluster();
+  pg.sql("CREATE TABLE gone_items(id int PRIMARY KEY); CREATE PUBLICATION gone_pub FOR TABLE gone_items;");
+  {  // a consumer that stored nothing yet may create the slot
+    recording_sink sink;
+    running_client c(settings_for("gone_slot", "gone_pub"), sink);
+    REQUIRE(test::wait_until([&] { return c.client.streaming(); }));
+    c.stop();
+  }
+  pg.sql("SELECT pg_drop_replication_slot('gone_slot')");
+  auto s = settings_for("gone_slot", "gone_pub");
+  s.max_attempts = 1;
+  recording_sink stored;
+  stored.set_durable(*lsn::parse("0/1000000"));   // what an event log holds after a restart
+  running_client c(s, stored);
+  REQUIRE(test::wait_until([&] { return c.finished.load(); }, std::chrono::seconds(30)));
+  c.stop();
+  REQUIRE(c.result);
+  REQUIRE_FALSE(*c.result);
+  CHECK(c.result->error().message.find("does not exist, but changes up to 0/1000000 from it are already stored") !=
+        std::string::npos);
+  CHECK_FALSE(c.result->error().retryable);
+  CHECK(slot_value("gone_slot", "slot_name").empty());   // and it was not created
+
+  // A slot the server invalidated for want of WAL (max_slot_wal_keep_size) is refused with why.
+  proxy::cluster_options o;
+  o.name = "walgate-test-keep";
+  o.extra_conf = {"max_slot_wal_keep_size = 1MB", "max_wal_size = 32MB", "min_wal_size = 32MB"};
+  std::string error;
+  auto keep = proxy::local_cluster::start(o, error);
+  REQUIRE_MESSAGE(keep, error);
+  keep->sql("CREATE TABLE k(x text); CREATE PUBLICATION p FOR ALL TABLES");
+  keep->sql("SELECT pg_create_logical_replication_slot('lost_slot', 'pgoutput')");
+  for (int i = 0; i < 4; ++i) keep->sql("INSERT INTO k SELECT repeat('x', 1000) FROM generate_series(1, 3000); SELECT pg_switch_wal()");
+  keep->sql("CHECKPOINT");
+  REQUIRE(test::wait_until([&] {
+    auto rows = keep->sql("SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'lost_slot'");
+    return !rows.empty() && rows[0][0] && *rows[0][0] == "lost";
+  }));
+  auto ls = settings_for("lost_slot", "p");
+  ls.conn = *parse_conninfo(keep->conninfo()).params;
+  auto lost = run_once(ls);
+  REQUIRE_FALSE(lost);
+  CHECK(lost.error().message.find("was invalidated (wal_status lost)") != std::string::npos);
+  CHECK_FALSE(lost.error().retryable);
+}
+
 TEST_CASE("streaming over TLS with SCRAM-SHA-256-PLUS") {
   auto& pg = test::cluster();
   pg.sql("CREATE TABLE tls_items(id int PRIMARY KEY); CREATE PUBLICATION tls_pub FOR TABLE tls_items;");

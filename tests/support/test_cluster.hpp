@@ -42,6 +42,8 @@ inline proxy::local_cluster& cluster() {
     o.name = "walgate-test";
     o.tls = true;
     o.hba = default_hba();
+    // Every test case streams from slots of its own (left in place: they are cheap while idle).
+    o.extra_conf = {"max_replication_slots = 40", "max_wal_senders = 40"};
     std::string error;
     auto started = proxy::local_cluster::start(o, error);
     if (!started) {

@@ -105,9 +105,12 @@ class replication_client {
 };
 
 /// Pre-flight checks on an open replication=database connection, before START_REPLICATION.
-/// Creates the slot if allowed. Each failure says which setting to change.
+/// Creates the slot if allowed — but not when the consumer already stored changes (up to
+/// stored_up_to, valid) from a slot of that name: a new slot would skip what happened since.
+/// A slot the server invalidated (wal_status lost) is refused too. Each failure says what to do.
 class pg_connection;
 boost::asio::awaitable<outcome<stream_start_info>> prepare_replication(pg_connection& conn,
-                                                                     const replication_settings& s);
+                                                                     const replication_settings& s,
+                                                                     protocol::lsn stored_up_to = {});
 
 }  // namespace walgate::proxy

@@ -97,6 +97,7 @@ std::unique_ptr<event_log> event_log::open(const log_options& o, std::string& er
     }
   }
   if (!log->recover(error)) return nullptr;
+  log->prefill_tail();
   return log;
 }
 
@@ -177,6 +178,49 @@ bool event_log::scan_segment(segment& s, std::string& error, bool truncate_torn)
               index.end());
   s.index = std::move(index);
   return true;
+}
+
+void event_log::prefill_tail() {
+  // After a restart, clients resume near the head (a browser's EventSource sends its last id):
+  // with the newest events in memory again, they share those events and their encodings
+  // instead of each reading and encoding them from the file. Half the tail's budget: the other
+  // half is for the encodings and what comes next.
+  const std::size_t budget = opts_.memory_bytes / 2;
+  std::uint64_t start = next_seq_;
+  std::size_t covered = 0;
+  for (auto it = segments_.rbegin(); it != segments_.rend(); ++it) {
+    if (it->end_seq == it->first_seq) continue;
+    if (covered + it->bytes <= budget) {
+      start = it->first_seq;
+      covered += it->bytes;
+      continue;
+    }
+    const std::size_t from = it->bytes - (budget - covered);   // the newest part that fits
+    for (const auto& [iseq, ioff] : it->index)
+      if (ioff >= from) {
+        start = iseq;
+        break;
+      }
+    break;
+  }
+  std::uint64_t seq = start;
+  while (seq < next_seq_) {
+    auto batch = read_disk(seq, 512, nullptr);
+    if (batch.empty()) break;
+    for (auto& ev : batch) {
+      ev->in_tail = true;
+      ev->accounted = ev->memory();
+      tail_bytes_ += ev->accounted;
+      tail_.push_back(std::move(ev));
+    }
+    seq = tail_.back()->seq + 1;
+  }
+  if (seq != next_seq_) {   // the tail must reach the head; a fault here shows on reading
+    for (auto& ev : tail_) ev->in_tail = false;
+    tail_.clear();
+    tail_bytes_ = 0;
+  }
+  evict();
 }
 
 bool event_log::recover(std::string& error) {

@@ -118,9 +118,12 @@ TEST_CASE("recovery after a restart, and a torn tail is cut off") {
   CHECK(log->next_seq() == 5);
   CHECK(log->durable_lsn().value == 0x208);
   CHECK(log->last_commit_lsn().value == 0x200);
-  CHECK(log->tail().empty());   // after a restart, older events come from disk
+  // After a restart the newest events are in memory again (clients resuming share them).
+  REQUIRE(log->tail().size() == 5);
+  CHECK(log->tail().front()->seq == 0);
   auto events = log->read(1, 10);
   REQUIRE(events.size() == 4);
+  CHECK(events[0] == log->tail()[1]);   // the same event, not a copy per reader
   CHECK(events[0]->id.to_string() == "0/100:1");
   CHECK(events[3]->id.to_string() == "0/200:1");
   CHECK(*log->seq_after(transform::event_id{lsn{0x100}, 1}) == 2);
@@ -128,6 +131,45 @@ TEST_CASE("recovery after a restart, and a torn tail is cut off") {
   CHECK(b.append(*log, 0x300, 1, t3));
   REQUIRE(log->sync());
   CHECK(log->read(5, 10).size() == 1);
+}
+
+TEST_CASE("after a restart the newest events, up to half the memory tail, are in memory again") {
+  temp_dir d;
+  std::string error;
+  log_options o;
+  o.dir = d.path;
+  o.segment_bytes = 4096;
+  o.memory_bytes = 4096;
+  o.fsync = false;
+  txn_builder b;
+  std::vector<protocol::transaction_info> txns(100);
+  {
+    auto log = event_log::open(o, error);
+    REQUIRE(log);
+    for (int i = 0; i < 100; ++i)
+      REQUIRE(b.append(*log, 0x1000 + 0x10 * static_cast<std::uint64_t>(i), 5, txns[static_cast<std::size_t>(i)]));
+    REQUIRE(log->sync());
+  }
+  auto log = event_log::open(o, error);
+  REQUIRE_MESSAGE(log, error);
+  REQUIRE_FALSE(log->tail().empty());
+  CHECK(log->tail().back()->seq == log->next_seq() - 1);   // up to the head, without a hole
+  for (std::size_t i = 1; i < log->tail().size(); ++i) CHECK(log->tail()[i]->seq == log->tail()[i - 1]->seq + 1);
+  CHECK(log->tail().front()->seq > log->first_seq());      // not the whole log: the budget
+  std::size_t bytes = 0;
+  for (const auto& e : log->tail()) bytes += e->memory();
+  CHECK(bytes <= o.memory_bytes);
+  // Reading below the tail still comes from the file, and joins the tail without a seam.
+  std::uint64_t expect = log->first_seq();
+  while (expect < log->next_seq()) {
+    auto batch = log->read(expect, 64);
+    REQUIRE_FALSE(batch.empty());
+    for (const auto& e : batch) CHECK(e->seq == expect++);
+  }
+  // New events follow on.
+  protocol::transaction_info next;
+  REQUIRE(b.append(*log, 0x9000, 2, next));
+  CHECK(log->tail().back()->seq == log->next_seq() - 1);
 }
 
 TEST_CASE("segments roll, retention drops the oldest, the memory tail stays bounded") {

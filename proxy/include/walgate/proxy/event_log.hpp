@@ -146,6 +146,8 @@ class event_log {
   };
   event_log() = default;
   bool recover(std::string& error);
+  /// After recovery: the newest events (up to half the memory tail) back in memory.
+  void prefill_tail();
   bool scan_segment(segment& s, std::string& error, bool truncate_torn);
   bool roll_segment();
   bool write_pending();   // write() what is pending (no fsync)

@@ -97,6 +97,14 @@ std::unique_ptr<event_log> event_log::open(const log_options& o, std::string& er
     }
   }
   if (!log->recover(error)) return nullptr;
+  {  // ACKED: Int64 LSN | Int32 CRC-32C of it; a file that does not check out is no position
+    std::ifstream ain(o.dir / "ACKED", std::ios::binary);
+    std::string a((std::istreambuf_iterator<char>(ain)), std::istreambuf_iterator<char>());
+    protocol::cursor c(a);
+    std::uint64_t v = c.u64();
+    std::uint32_t sum = c.u32();
+    if (c.ok() && c.empty() && sum == protocol::crc32c(std::string_view(a).substr(0, 8))) log->acked_lsn_ = lsn{v};
+  }
   log->prefill_tail();
   return log;
 }
@@ -178,6 +186,29 @@ bool event_log::scan_segment(segment& s, std::string& error, bool truncate_torn)
               index.end());
   s.index = std::move(index);
   return true;
+}
+
+bool event_log::store_acked(const std::filesystem::path& dir, lsn l, bool fsync, std::string& error) {
+  std::string data;
+  protocol::writer(data).u64(l.value);
+  protocol::writer(data).u32(protocol::crc32c(data));
+  const auto path = dir / "ACKED";
+  std::error_code ec;
+  const bool existed = fs::exists(path, ec);
+  // 12 bytes rewritten in place: within one sector, so a crash leaves the old or the new value.
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0640);
+  bool ok = fd >= 0 && ::pwrite(fd, data.data(), data.size(), 0) == static_cast<ssize_t>(data.size()) &&
+            (!fsync || ::fdatasync(fd) == 0);
+  int saved = errno;
+  if (fd >= 0) ::close(fd);
+  if (ok && fsync && !existed) {
+    int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    ok = dfd >= 0 && ::fsync(dfd) == 0;
+    saved = errno;
+    if (dfd >= 0) ::close(dfd);
+  }
+  if (!ok) error = "cannot store the acknowledged position in " + path.string() + ": " + std::strerror(saved);
+  return ok;
 }
 
 void event_log::prefill_tail() {

@@ -12,6 +12,7 @@ gateway::gateway(asio::any_io_executor ex, event_log& log, protocol::assembler_o
     : executor_(ex), log_(log), assembler_opts_(std::move(assembler_opts)), sync_interval_(sync_interval),
       sync_timer_(ex), sync_thread_(std::make_unique<asio::thread_pool>(1)) {
   assembler_ = std::make_unique<protocol::assembler>(assembler_opts_, *this);
+  keepalive_durable_ = log_.acked_lsn();   // acknowledged before the restart
   log_.set_publish([this](const logged_event& e, const transform::change& c) {
     if (logged_) logged_(e, c);
     if (wake_posted_ || !wake_) return;
@@ -61,7 +62,7 @@ void gateway::on_keepalive(const protocol::primary_keepalive& k) {
   // Idle tables: with nothing outstanding, the keepalive position is durable too (the slot
   // advances and the server can free WAL), once everything logged before it is synced.
   if (log_failed()) return;
-  if (between_transactions_ && !log_.dirty() && !log_.in_transaction()) keepalive_durable_ = k.wal_end;
+  if (between_transactions_ && !log_.dirty() && !log_.in_transaction() && k.wal_end > durable_lsn()) store_ack(k.wal_end);
 }
 
 protocol::lsn gateway::durable_lsn() const { return std::max(log_.durable_lsn(), keepalive_durable_); }
@@ -152,14 +153,40 @@ void gateway::flush() {
 }
 
 bool gateway::log_failed() {
-  if (log_.error().empty()) return false;
-  if (failure_.empty()) {
-    failure_ = log_.error();
-    if (on_failure_) asio::post(executor_, [f = on_failure_, alive = alive_] {
-      if (*alive) f();
+  if (!log_.error().empty()) fail(log_.error());
+  return !log_.error().empty() || ack_failed_;
+}
+
+void gateway::fail(std::string why) {
+  if (!failure_.empty()) return;
+  failure_ = std::move(why);
+  if (on_failure_) asio::post(executor_, [f = on_failure_, alive = alive_] {
+    if (*alive) f();
+  });
+}
+
+void gateway::store_ack(protocol::lsn l) {
+  // Stored before it is acknowledged, so that after a restart a slot acknowledged further than
+  // this log knows is recognised as moved on by someone else. At most one store a second: an
+  // idle stream's keepalives need not be acknowledged at once.
+  auto now = std::chrono::steady_clock::now();
+  if (ack_storing_ || now - last_ack_store_ < std::chrono::seconds(1)) return;
+  ack_storing_ = true;
+  last_ack_store_ = now;
+  asio::post(*sync_thread_, [this, alive = alive_, l, dir = log_.options().dir, fsync = log_.options().fsync] {
+    std::string error;
+    bool ok = event_log::store_acked(dir, l, fsync, error);
+    asio::post(executor_, [this, alive, l, ok, error] {
+      if (!*alive) return;
+      ack_storing_ = false;
+      if (!ok) {
+        ack_failed_ = true;
+        fail(error);
+        return;
+      }
+      if (l > keepalive_durable_) keepalive_durable_ = l;
     });
-  }
-  return true;
+  });
 }
 
 }  // namespace walgate::proxy

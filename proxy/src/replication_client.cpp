@@ -91,6 +91,16 @@ awaitable<outcome<stream_start_info>> prepare_replication(pg_connection& conn, c
     if (r[2].value_or("") != database)
       co_return config_failure("replication slot \"" + s.slot + "\" belongs to database \"" + r[2].value_or("") +
                                "\", not \"" + database + "\": connect to that database or choose another --slot");
+    // The slot acknowledged further than what is stored here: someone else consumed from it, or
+    // the store is older than the slot (restored from a backup). The server would start at the
+    // slot's position and the changes in between would be missing without a trace.
+    if (auto confirmed = lsn::parse(r[5].value_or("")); stored_up_to.valid() && confirmed && *confirmed > stored_up_to)
+      co_return config_failure("replication slot \"" + s.slot + "\" was acknowledged up to " + confirmed->to_string() +
+                               ", past the changes stored here (up to " + stored_up_to.to_string() +
+                               "): another client consumed from it, or the event log is older than the slot "
+                               "(restored from a backup?). The changes in between are not in the log: restore the "
+                               "matching event log, or start over with an empty one (--data-dir) and a new slot; "
+                               "clients then need a new snapshot");
     if (r[6].value_or("") == "lost")
       co_return config_failure("replication slot \"" + s.slot +
                                "\" was invalidated (wal_status lost): the server removed WAL it still needed, beyond "

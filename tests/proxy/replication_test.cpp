@@ -300,7 +300,7 @@ TEST_CASE("pre-flight: wal_level not logical, and no free replication slot") {
   CHECK(slots.error().message.find("max_replication_slots") != std::string::npos);
 }
 
-TEST_CASE("a dropped slot is not silently recreated past stored changes; an invalidated slot is refused") {
+TEST_CASE("a dropped slot is not silently recreated past stored changes; a slot acknowledged past them or invalidated is refused") {
   auto& pg = test::cluster();
   pg.sql("CREATE TABLE gone_items(id int PRIMARY KEY); CREATE PUBLICATION gone_pub FOR TABLE gone_items;");
   {  // a consumer that stored nothing yet may create the slot
@@ -323,6 +323,41 @@ TEST_CASE("a dropped slot is not silently recreated past stored changes; an inva
         std::string::npos);
   CHECK_FALSE(c.result->error().retryable);
   CHECK(slot_value("gone_slot", "slot_name").empty());   // and it was not created
+
+  // A slot acknowledged past what is stored: another consumer, or an event log restored from a
+  // backup. The server would start at the slot's position: refused, with why.
+  pg.sql("CREATE TABLE ahead_items(id int PRIMARY KEY); CREATE PUBLICATION ahead_pub FOR TABLE ahead_items;");
+  {
+    recording_sink sink;
+    running_client a(settings_for("ahead_slot", "ahead_pub"), sink);
+    REQUIRE(test::wait_until([&] { return a.client.streaming(); }));
+    a.stop();
+  }
+  REQUIRE(test::wait_until([&] { return slot_value("ahead_slot", "active") == "f"; }));
+  auto stored_at = *lsn::parse(slot_value("ahead_slot", "confirmed_flush_lsn"));
+  pg.sql("INSERT INTO ahead_items VALUES (1)");
+  pg.sql("SELECT pg_replication_slot_advance('ahead_slot', pg_current_wal_lsn())");
+  auto as = settings_for("ahead_slot", "ahead_pub");
+  as.max_attempts = 1;
+  {
+    recording_sink older;
+    older.set_durable(stored_at);
+    running_client a(as, older);
+    REQUIRE(test::wait_until([&] { return a.finished.load(); }, std::chrono::seconds(30)));
+    a.stop();
+    REQUIRE(a.result);
+    REQUIRE_FALSE(*a.result);
+    CHECK(a.result->error().message.find("was acknowledged up to") != std::string::npos);
+    CHECK(a.result->error().message.find("past the changes stored here (up to " + stored_at.to_string() + ")") !=
+          std::string::npos);
+    CHECK_FALSE(a.result->error().retryable);
+  }
+  {  // stored up to where the slot is: a plain restart
+    recording_sink same;
+    same.set_durable(*lsn::parse(slot_value("ahead_slot", "confirmed_flush_lsn")));
+    running_client a(as, same);
+    CHECK(test::wait_until([&] { return a.client.streaming(); }));
+  }
 
   // A slot the server invalidated for want of WAL (max_slot_wal_keep_size) is refused with why.
   proxy::cluster_options o;

@@ -512,6 +512,45 @@ TEST_CASE("an event log that cannot be written stops the stream; a restart deliv
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("an idle stream's acknowledged position is stored: a restart is not taken for a slot moved on") {
+  setup_tables("ack");
+  test::cluster().sql("CREATE TABLE ack_unpublished(id int)");
+  std::string t = (std::filesystem::temp_directory_path() / "walgate-ack-XXXXXX").string();
+  std::filesystem::path dir = mkdtemp(t.data());
+  log_options lo;
+  lo.dir = dir;
+  protocol::lsn durable;
+  {
+    running_gateway g("ack_slot", "ack_pub", {}, lo);
+    stream_client c(g.port(), "/v1/stream");
+    test::cluster().sql("INSERT INTO ack_items VALUES (1, 'one', 1)");
+    REQUIRE(c.events(1).size() == 1);
+    REQUIRE(test::wait_until([&] { return g.gw->durable_lsn().valid(); }));
+    // WAL that is not published moves the server on: the idle stream's keepalives carry it,
+    // and walgate acknowledges it — after storing it.
+    auto slot_confirmed = [] {
+      auto rows = test::cluster().sql("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'ack_slot'");
+      return *protocol::lsn::parse(*rows[0][0]);
+    };
+    auto logged = g.log->durable_lsn();
+    bool moved = test::wait_until([&] {
+      test::cluster().sql("INSERT INTO ack_unpublished VALUES (1)");
+      return slot_confirmed() > logged;
+    });
+    REQUIRE(moved);
+    durable = slot_confirmed();
+  }
+  // The restart finds the slot where it left it (not "acknowledged past the changes stored").
+  running_gateway g("ack_slot", "ack_pub", {}, lo);
+  CHECK(g.log->acked_lsn() >= durable);
+  stream_client c(g.port(), "/v1/stream");
+  test::cluster().sql("INSERT INTO ack_items VALUES (2, 'two', 2)");
+  auto e = c.events(1);
+  REQUIRE(e.size() == 1);
+  CHECK(json::parse(e[0]).at("after").at("id") == 2);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("a resume position older than the retained log is 410 Gone") {
   setup_tables("ret");
   log_options lo;

@@ -108,6 +108,13 @@ class event_log {
 
   /// End LSN of the last transaction made durable (what may be acknowledged).
   protocol::lsn durable_lsn() const { return durable_lsn_; }
+  /// A position acknowledged past the last logged transaction (an idle stream's keepalives),
+  /// as last stored in the ACKED file: with durable_lsn(), how far the slot may have been
+  /// acknowledged — so that a restart can tell a slot moved on by someone else.
+  protocol::lsn acked_lsn() const { return acked_lsn_; }
+  /// Stores l in dir's ACKED file (synced unless fsync is off). Any thread; false with why.
+  static bool store_acked(const std::filesystem::path& dir, protocol::lsn l, bool fsync, std::string& error);
+  const log_options& options() const { return opts_; }
   /// Commit LSN of the last transaction appended (durable or not).
   protocol::lsn last_commit_lsn() const { return last_commit_; }
   std::uint64_t next_seq() const { return next_seq_; }
@@ -162,7 +169,7 @@ class event_log {
   std::string scratch_;                 // add(): the event's payload
   transform::record_writer record_writer_;
   protocol::lsn pending_durable_;       // end LSN that becomes durable at the next sync
-  protocol::lsn durable_lsn_, last_commit_;
+  protocol::lsn durable_lsn_, last_commit_, acked_lsn_;
   std::uint64_t next_seq_ = 0;
   std::deque<event_ptr> tail_;
   std::size_t tail_bytes_ = 0;

@@ -77,6 +77,10 @@ class gateway final : public replication_sink, public protocol::transaction_hand
   void schedule_sync();
   /// Records the event log's failure (once) and tells on_failure.
   bool log_failed();
+  void fail(std::string why);
+  /// Stores an idle stream's keepalive position (ACKED file, on the sync thread); it counts as
+  /// durable — and is acknowledged — once stored.
+  void store_ack(protocol::lsn l);
 
   boost::asio::any_io_executor executor_;
   event_log& log_;
@@ -88,7 +92,10 @@ class gateway final : public replication_sink, public protocol::transaction_hand
   bool sync_running_ = false;
   std::unique_ptr<boost::asio::thread_pool> sync_thread_;   // runs the fdatasyncs
   bool between_transactions_ = true;
-  protocol::lsn keepalive_durable_;
+  protocol::lsn keepalive_durable_;           // stored in the ACKED file
+  bool ack_storing_ = false;
+  bool ack_failed_ = false;
+  std::chrono::steady_clock::time_point last_ack_store_{};
   std::int64_t frame_server_clock_us_ = 0;   // of the XLogData frame being fed
   gateway_metrics metrics_;
   std::function<void()> wake_;

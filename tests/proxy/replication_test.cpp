@@ -335,8 +335,16 @@ TEST_CASE("a dropped slot is not silently recreated past stored changes; a slot 
   }
   REQUIRE(test::wait_until([&] { return slot_value("ahead_slot", "active") == "f"; }));
   auto stored_at = *lsn::parse(slot_value("ahead_slot", "confirmed_flush_lsn"));
-  pg.sql("INSERT INTO ahead_items VALUES (1)");
-  pg.sql("SELECT pg_replication_slot_advance('ahead_slot', pg_current_wal_lsn())");
+  {  // another consumer takes a transaction and acknowledges it
+    recording_sink other;
+    other.set_auto_durable(true);
+    running_client a(settings_for("ahead_slot", "ahead_pub"), other);
+    REQUIRE(test::wait_until([&] { return a.client.streaming(); }));
+    pg.sql("INSERT INTO ahead_items VALUES (1)");
+    REQUIRE(test::wait_until([&] { return *lsn::parse(slot_value("ahead_slot", "confirmed_flush_lsn")) > stored_at; }));
+    a.stop();
+  }
+  REQUIRE(test::wait_until([&] { return slot_value("ahead_slot", "active") == "f"; }));
   auto as = settings_for("ahead_slot", "ahead_pub");
   as.max_attempts = 1;
   {

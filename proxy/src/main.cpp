@@ -52,6 +52,7 @@ struct settings {
   std::size_t retention_mb = 1024;
   std::size_t tail_mb = 16;
   std::size_t max_clients = 0;   // 0: 10,000, or fewer if the open-file limit cannot hold them
+  std::vector<std::string> allow_origins;   // cross-origin pages allowed to read the stream
   std::string debezium_name = "walgate";
   std::string decimal_mode = "string";
   std::string time_precision = "adaptive_time_microseconds";
@@ -214,6 +215,15 @@ int serve(const settings& s, const std::function<void(std::uint16_t)>& on_listen
     log_line(error);
     return 2;
   }
+  for (const auto& o : s.allow_origins) {
+    bool ok = o == "*" || ((o.rfind("http://", 0) == 0 || o.rfind("https://", 0) == 0) &&
+                           o.find('/', o.find("://") + 3) == std::string::npos && o.size() > o.find("://") + 3);
+    if (!ok) {
+      log_line("--allow-origin: '" + o + "' is not an origin: use scheme://host[:port] (no path), or *");
+      return 2;
+    }
+  }
+  so.allowed_origins = s.allow_origins;
   so.host = host;
   so.port = port;
   so.tls_cert = s.tls_cert;
@@ -502,8 +512,8 @@ int run_demo(settings s) {
                  "\nwalgate demo: PostgreSQL %d is changing rows in public.customers and public.orders.\n"
                  "  open      %s/\n"
                  "  curl      curl -N '%s/v1/stream?format=native'\n"
-                 "  SSE       new EventSource('%s/v1/stream?format=debezium')\n"
-                 "  WebSocket new WebSocket('ws://127.0.0.1:%u/v1/ws?format=waltail')\n"
+                 "  SSE       new EventSource('%s/v1/stream?format=debezium')   (in the page's console;\n"
+                 "  WebSocket new WebSocket('ws://127.0.0.1:%u/v1/ws?format=waltail')   other origins need --allow-origin)\n"
                  "  Ctrl-C stops everything and leaves nothing running.\n\n",
                  cluster->server_major(), base.c_str(), base.c_str(), base.c_str(), port);
     t = std::thread(trickle, cluster->conninfo(), std::ref(stop));
@@ -626,7 +636,7 @@ int main(int argc, char** argv) {
       {"pg", &s.pg}, {"slot", &s.slot}, {"publication", &s.publications}, {"status-interval", &s.status_interval_ms},
       {"create-publication", &s.create_publication}, {"listen", &s.listen}, {"data-dir", &s.data_dir},
       {"allow-unauthenticated", &s.allow_unauthenticated}, {"tls-cert", &s.tls_cert}, {"tls-key", &s.tls_key},
-      {"client-lag-mb", &s.client_lag_mb}, {"retention-mb", &s.retention_mb}, {"tail-mb", &s.tail_mb}, {"max-clients", &s.max_clients}, {"debezium-name", &s.debezium_name},
+      {"client-lag-mb", &s.client_lag_mb}, {"retention-mb", &s.retention_mb}, {"tail-mb", &s.tail_mb}, {"max-clients", &s.max_clients}, {"allow-origin", &s.allow_origins}, {"debezium-name", &s.debezium_name},
       {"debezium-decimal-mode", &s.decimal_mode}, {"debezium-time-precision", &s.time_precision},
       {"no-fsync", &s.no_fsync}};
   // --config is needed before the flags are parsed (they override what it sets).
@@ -667,6 +677,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-clients", s.max_clients,
                  "stream clients at once (more get 503); 0: 10000, or what the open-file limit allows")
       ->capture_default_str();
+  app.add_option("--allow-origin", s.allow_origins,
+                 "origin (scheme://host[:port], or *) whose pages may read the stream across origins")
+      ->delimiter(',');
   app.add_option("--debezium-name", s.debezium_name, "Debezium source.name")->capture_default_str();
   app.add_option("--debezium-decimal-mode", s.decimal_mode, "string, double or precise")
       ->check(CLI::IsMember({"string", "double", "precise"}))

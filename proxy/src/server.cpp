@@ -102,6 +102,7 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
   std::size_t connections = 0;       // open TCP connections
   std::size_t streams = 0;           // stream requests admitted (clients, or upgrading to one)
   std::uint64_t rejected_clients = 0;   // 503: over max_clients
+  std::uint64_t rejected_origins = 0;   // 403: a cross-origin request from an origin not allowed
   std::uint64_t accept_pauses = 0;      // accepting paused: connections or file descriptors exhausted
 
   /// Held while a connection is open / a stream request is admitted.
@@ -277,10 +278,11 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
 
   template <class Stream>
   awaitable<void> write_simple(Stream& s, unsigned version, http::status st, std::string_view type, std::string body,
-                               bool keep_alive, std::string_view retry_after = {}) {
+                               bool keep_alive, std::string_view retry_after = {}, std::string_view cors = {}) {
     http::response<http::string_body> res{st, version};
     res.set(http::field::server, "walgate");
     if (!retry_after.empty()) res.set(http::field::retry_after, retry_after);
+    set_cors(res, cors);
     res.set(http::field::content_type, type);
     res.set(http::field::cache_control, "no-store");
     res.keep_alive(keep_alive);
@@ -288,6 +290,14 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
     res.prepare_payload();
     beast::get_lowest_layer(s).expires_after(opts.write_timeout);
     co_await http::async_write(s, res, use_tuple);
+  }
+
+  /// An allowed cross-origin request's response may be read by its page.
+  template <class Response>
+  static void set_cors(Response& res, std::string_view origin) {
+    if (origin.empty()) return;
+    res.set(http::field::access_control_allow_origin, origin);
+    res.set(http::field::vary, "Origin");
   }
 
   std::string metrics_text() {
@@ -321,6 +331,8 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
            m.clients_disconnected_slow);
     metric("walgate_clients_rejected_total", "counter", "Stream requests answered 503: over --max-clients.",
            rejected_clients);
+    metric("walgate_origins_rejected_total", "counter", "Cross-origin requests refused (403): origin not allowed.",
+           rejected_origins);
     metric("walgate_connections", "gauge", "Open HTTP connections (stream clients included).", connections);
     metric("walgate_accept_pauses_total", "counter",
            "Times accepting paused (connection limit reached, or out of file descriptors).", accept_pauses);
@@ -344,7 +356,7 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
   // The streaming loop shared by NDJSON and SSE.
   template <class Stream>
   awaitable<void> serve_http_stream(Stream& s, const http::request<http::empty_body>& req, stream_request r,
-                                    transport kind, std::uint64_t start) {
+                                    transport kind, std::uint64_t start, std::string_view cors = {}) {
     client_state c(executor);
     c.kind = kind;
     c.cursor = start;
@@ -356,6 +368,7 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
     res.set(http::field::content_type, kind == transport::sse ? "text/event-stream" : "application/x-ndjson");
     res.set(http::field::cache_control, "no-cache");
     res.set("X-Accel-Buffering", "no");
+    set_cors(res, cors);
     res.chunked(true);
     http::response_serializer<http::empty_body> sr{res};
     beast::get_lowest_layer(s).expires_after(opts.write_timeout);
@@ -597,28 +610,56 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
       std::string_view target(req.target().data(), req.target().size());
       std::string_view path = target.substr(0, target.find('?'));
       bool keep = req.keep_alive();
+      // Cross-origin browser requests: only from the origins allowed (CORS headers on their
+      // responses), never a page of any site reading the stream through its visitor's browser.
+      auto origin_field = req[http::field::origin];
+      std::string_view origin(origin_field.data(), origin_field.size());
+      auto host_field = req[http::field::host];
+      if (!origin_allowed(origin, std::string_view(host_field.data(), host_field.size()), opts.allowed_origins)) {
+        ++rejected_origins;
+        co_await write_simple(s, req.version(), http::status::forbidden, "application/json",
+                              json_error("", "origin " + std::string(origin.substr(0, 200)) +
+                                                 " is not allowed: start walgate with --allow-origin " +
+                                                 std::string(origin.substr(0, 200))),
+                              false);
+        co_return;
+      }
+      std::string_view cors = origin;   // set only when the request is allowed and has one
+      if (req.method() == http::verb::options && !origin.empty()) {   // a CORS preflight
+        http::response<http::empty_body> res{http::status::no_content, req.version()};
+        res.set(http::field::server, "walgate");
+        set_cors(res, cors);
+        res.set(http::field::access_control_allow_methods, "GET");
+        res.set(http::field::access_control_allow_headers, "Accept, Last-Event-ID, Cache-Control");
+        res.set(http::field::access_control_max_age, "600");
+        res.keep_alive(keep);
+        beast::get_lowest_layer(s).expires_after(opts.write_timeout);
+        co_await http::async_write(s, res, use_tuple);
+        if (!keep) co_return;
+        continue;
+      }
       if (req.method() != http::verb::get && req.method() != http::verb::head) {
         co_await write_simple(s, req.version(), http::status::method_not_allowed, "application/json",
-                              json_error("", "only GET is supported"), false);
+                              json_error("", "only GET is supported"), false, {}, cors);
         co_return;
       }
       if (path == "/healthz") {
-        co_await write_simple(s, req.version(), http::status::ok, "application/json", "{\"status\":\"ok\"}\n", keep);
+        co_await write_simple(s, req.version(), http::status::ok, "application/json", "{\"status\":\"ok\"}\n", keep, {}, cors);
       } else if (path == "/readyz") {
         bool ready = status.streaming && status.streaming();
         co_await write_simple(s, req.version(), ready ? http::status::ok : http::status::service_unavailable,
                               "application/json", ready ? "{\"status\":\"streaming\"}\n" : "{\"status\":\"not streaming\"}\n",
-                              keep);
+                              keep, {}, cors);
       } else if (path == "/metrics") {
-        co_await write_simple(s, req.version(), http::status::ok, "text/plain; version=0.0.4", metrics_text(), keep);
+        co_await write_simple(s, req.version(), http::status::ok, "text/plain; version=0.0.4", metrics_text(), keep, {}, cors);
       } else if (path == "/") {
-        co_await write_simple(s, req.version(), http::status::ok, "text/html; charset=utf-8", live_page_html, keep);
+        co_await write_simple(s, req.version(), http::status::ok, "text/html; charset=utf-8", live_page_html, keep, {}, cors);
       } else if (path == "/v1/stream" || path == "/v1/ws") {
         request_error err;
         auto r = parse_stream_query(target, err);
         if (!r) {
           co_await write_simple(s, req.version(), http::status::bad_request, "application/json",
-                                json_error(err.parameter, err.message), false);
+                                json_error(err.parameter, err.message), false, {}, cors);
           co_return;
         }
         auto last_event_id = req["Last-Event-ID"];
@@ -626,7 +667,7 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
           auto id = transform::event_id::parse(std::string_view(last_event_id.data(), last_event_id.size()));
           if (!id) {
             co_await write_simple(s, req.version(), http::status::bad_request, "application/json",
-                                  json_error("Last-Event-ID", "malformed event id"), false);
+                                  json_error("Last-Event-ID", "malformed event id"), false, {}, cors);
             co_return;
           }
           r->from = id;
@@ -636,7 +677,7 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
           co_await write_simple(s, req.version(), http::status::service_unavailable, "application/json",
                                 json_error("", "too many clients (limit " + std::to_string(opts.max_clients) +
                                                    "); try again later"),
-                                false, "5");
+                                false, "5", cors);
           co_return;
         }
         counted admitted(streams);
@@ -647,7 +688,7 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
             co_await write_simple(s, req.version(), http::status::gone, "application/json",
                                   json_error("from", "event " + r->from->to_string() +
                                                          " is older than the retained log; take a new snapshot"),
-                                  false);
+                                  false, {}, cors);
             co_return;
           }
           start = *seq;
@@ -655,7 +696,7 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
         if (path == "/v1/ws") {
           if (!websocket::is_upgrade(req)) {
             co_await write_simple(s, req.version(), http::status::upgrade_required, "application/json",
-                                  json_error("", "/v1/ws needs a WebSocket upgrade"), false);
+                                  json_error("", "/v1/ws needs a WebSocket upgrade"), false, {}, cors);
             co_return;
           }
           co_await serve_websocket(std::move(s), std::move(req), std::move(*r), start);
@@ -663,11 +704,11 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
         }
         auto accept = req[http::field::accept];
         bool sse = std::string_view(accept.data(), accept.size()).find("text/event-stream") != std::string_view::npos;
-        co_await serve_http_stream(s, req, std::move(*r), sse ? transport::sse : transport::ndjson, start);
+        co_await serve_http_stream(s, req, std::move(*r), sse ? transport::sse : transport::ndjson, start, cors);
         co_return;
       } else {
         co_await write_simple(s, req.version(), http::status::not_found, "application/json",
-                              json_error("", "no such endpoint"), keep);
+                              json_error("", "no such endpoint"), keep, {}, cors);
       }
       if (!keep) co_return;
     }

@@ -122,6 +122,24 @@ bool matches(const stream_request& r, const logged_event& e) {
   return false;
 }
 
+bool origin_allowed(std::string_view origin, std::string_view host, const std::vector<std::string>& allowed) {
+  if (origin.empty()) return true;
+  auto iequal = [](std::string_view a, std::string_view b) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i)
+      if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
+    return true;
+  };
+  for (const auto& a : allowed)
+    if (a == "*" || iequal(a, origin)) return true;
+  // The gateway's own pages (the live page): the Origin's authority is the Host it asked for.
+  auto scheme_end = origin.find("://");
+  if (scheme_end == std::string_view::npos || host.empty()) return false;
+  auto scheme = origin.substr(0, scheme_end);
+  if (!iequal(scheme, "http") && !iequal(scheme, "https")) return false;
+  return iequal(origin.substr(scheme_end + 3), host);
+}
+
 std::size_t websocket_text_frame_header(char (&out)[10], std::uint64_t n) {
   out[0] = static_cast<char>(0x81);   // FIN | text
   if (n < 126) {

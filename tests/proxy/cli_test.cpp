@@ -53,6 +53,9 @@ TEST_CASE("a wrong setting is a one-line error naming it") {
   CHECK(f.status == 2);
   CHECK(f.output.find("--max-clients 1000: needs 1384 open files but the limit (ulimit -n) is 512") !=
         std::string::npos);
+  auto g = run(base + "--allow-origin https://app.example/path");
+  CHECK(g.status == 2);
+  CHECK(g.output.find("--allow-origin: 'https://app.example/path' is not an origin") != std::string::npos);
   auto e = run("--publication p --pg 'host=x bogus=1'");
   CHECK(e.status == 2);
   CHECK(e.output.find("--pg: invalid connection string") != std::string::npos);

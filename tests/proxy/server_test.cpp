@@ -693,6 +693,53 @@ TEST_CASE("client limits: a stream over --max-clients gets 503, accepting pauses
   CHECK(get_path(g.port(), "/metrics").second.find("walgate_accept_pauses_total 0") == std::string::npos);
 }
 
+TEST_CASE("cross-origin pages: the allowed ones get CORS headers, the others 403 (WebSocket too)") {
+  setup_tables("cors");
+  server_options so;
+  so.allowed_origins = {"http://app.example:3000"};
+  running_gateway g("cors_slot", "cors_pub", so);
+  const std::string own = "http://127.0.0.1:" + std::to_string(g.port());
+  {
+    stream_client c(g.port(), "/v1/stream", {{"Origin", "http://app.example:3000"}, {"Accept", "text/event-stream"}});
+    CHECK(c.status() == 200);
+    CHECK(c.header("Access-Control-Allow-Origin") == "http://app.example:3000");
+    CHECK(c.header("Vary") == "Origin");
+  }
+  {
+    stream_client c(g.port(), "/v1/stream", {{"Origin", "http://evil.example"}});
+    CHECK(c.status() == 403);
+    CHECK(c.header("Access-Control-Allow-Origin").empty());
+    auto body = c.lines(1);
+    REQUIRE(body.size() == 1);
+    CHECK(body[0].find("--allow-origin http://evil.example") != std::string::npos);
+  }
+  {  // the gateway's own page, and clients that send no Origin (curl)
+    stream_client own_page(g.port(), "/v1/stream", {{"Origin", "http://localhost"}});   // it sends Host: localhost
+    CHECK(own_page.status() == 200);
+    CHECK(get_path(g.port(), "/healthz").first == 200);
+  }
+  {  // a preflight from an allowed origin
+    auto [code, body] = get(g.port(), "OPTIONS /v1/stream HTTP/1.1\r\nHost: x\r\nOrigin: http://app.example:3000\r\n"
+                                      "Access-Control-Request-Headers: last-event-id\r\nConnection: close\r\n\r\n");
+    CHECK(code == 204);
+  }
+  auto ws_from = [&](const std::string& origin) {
+    asio::io_context io;
+    websocket::stream<tcp::socket> ws(io);
+    ws.next_layer().connect({asio::ip::make_address("127.0.0.1"), g.port()});
+    ws.set_option(websocket::stream_base::decorator([origin](websocket::request_type& req) {
+      req.set(http::field::origin, origin);
+    }));
+    boost::system::error_code ec;
+    ws.handshake("127.0.0.1:" + std::to_string(g.port()), "/v1/ws", ec);
+    return ec;
+  };
+  CHECK(ws_from("http://evil.example") == websocket::error::upgrade_declined);
+  CHECK_FALSE(ws_from("http://app.example:3000"));
+  CHECK_FALSE(ws_from(own));
+  CHECK(get_path(g.port(), "/metrics").second.find("walgate_origins_rejected_total 2") != std::string::npos);
+}
+
 TEST_CASE("a slow client is disconnected with where to resume; the others are not slowed") {
   setup_tables("slow");
   server_options so;

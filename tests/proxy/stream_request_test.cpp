@@ -56,3 +56,21 @@ TEST_CASE("stream parameters: formats, filters, resume ids; a bad one names itse
     CHECK(err.parameter == parameter);
   }
 }
+
+TEST_CASE("origins: none, the gateway's own, the allowed ones, or any with *") {
+  using walgate::proxy::origin_allowed;
+  const std::vector<std::string> none, app = {"https://app.example", "http://localhost:3000"}, any = {"*"};
+  CHECK(origin_allowed("", "127.0.0.1:8080", none));                        // curl, same-origin GETs
+  CHECK(origin_allowed("http://127.0.0.1:8080", "127.0.0.1:8080", none));   // the live page
+  CHECK(origin_allowed("HTTP://Gateway.Example", "gateway.example", none));
+  CHECK_FALSE(origin_allowed("http://127.0.0.1:8081", "127.0.0.1:8080", none));
+  CHECK_FALSE(origin_allowed("http://evil.example", "127.0.0.1:8080", none));
+  CHECK_FALSE(origin_allowed("null", "127.0.0.1:8080", none));               // sandboxed frames, file://
+  CHECK_FALSE(origin_allowed("ftp://127.0.0.1:8080", "127.0.0.1:8080", none));
+  CHECK_FALSE(origin_allowed("http://127.0.0.1:8080", "", none));
+  CHECK(origin_allowed("https://APP.example", "127.0.0.1:8080", app));
+  CHECK(origin_allowed("http://localhost:3000", "127.0.0.1:8080", app));
+  CHECK_FALSE(origin_allowed("http://localhost:3001", "127.0.0.1:8080", app));
+  CHECK_FALSE(origin_allowed("https://app.example.evil", "127.0.0.1:8080", app));
+  CHECK(origin_allowed("http://anything.example", "127.0.0.1:8080", any));
+}

@@ -37,6 +37,10 @@ struct server_options {
   /// max_clients + this many open, accepting pauses until one closes: the process never runs
   /// out of file descriptors because of its clients.
   std::size_t max_other_connections = 256;
+  /// Origins (scheme://host[:port], or "*") whose pages may read the stream across origins:
+  /// they get CORS headers, and their WebSockets are accepted. Other cross-origin requests
+  /// get 403: a page from any site cannot read the stream through a visitor's browser.
+  std::vector<std::string> allowed_origins;
   transform::encoder_options encoder;              ///< Debezium name, db, decimal/time modes.
 };
 
@@ -80,6 +84,11 @@ struct request_error {
 std::optional<stream_request> parse_stream_query(std::string_view target, request_error& error);
 /// True if the event passes the request's table and op filters.
 bool matches(const stream_request& r, const logged_event& e);
+/// Whether a browser request from `origin` (its Origin header; empty: none, as curl and
+/// same-origin page loads send) may be served: no Origin, the gateway's own origin (the Origin's
+/// host[:port] equals the Host header, any case), an origin in `allowed` (exact
+/// "scheme://host[:port]", any case), or anything when `allowed` holds "*".
+bool origin_allowed(std::string_view origin, std::string_view host, const std::vector<std::string>& allowed);
 /// Writes the header of a server's WebSocket text frame (FIN, opcode 1, unmasked, RFC 6455 5.2)
 /// for a payload of n bytes into out; returns its length (2, 4 or 10).
 std::size_t websocket_text_frame_header(char (&out)[10], std::uint64_t n);

@@ -1,5 +1,5 @@
 // Client bytes: an HTTP request head through Beast's parser with walgate's limits, and every
-// stream query string through parse_stream_query. Never a crash, never an unbounded allocation.
+// stream query string through parse_stream_query, and its Origin and Host through the checks. Never a crash, never an unbounded allocation.
 #include "walgate/proxy/server.hpp"
 
 #include <boost/beast/core/flat_buffer.hpp>
@@ -29,5 +29,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (r)
     for (const auto& [schema, table] : r->tables)
       if (schema.empty() || table.empty()) std::abort();
+  // The Origin and Host checks on whatever the head carried (or on the raw bytes): an origin that
+  // passes without "*" allowed is none or the Host's own.
+  std::string origin, host;
+  if (parser.is_header_done()) {
+    origin = std::string(parser.get()[http::field::origin]);
+    host = std::string(parser.get()[http::field::host]);
+  } else {
+    origin = std::string(in.substr(0, in.size() / 2));
+    host = std::string(in.substr(in.size() / 2));
+  }
+  static const std::vector<std::string> none;
+  if (walgate::proxy::origin_allowed(origin, host, none) && !origin.empty() &&
+      origin.find("://") == std::string::npos)
+    std::abort();
+  walgate::proxy::loopback_host_allowed(host, none);
   return 0;
 }

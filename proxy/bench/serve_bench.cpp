@@ -151,7 +151,7 @@ bool wait_ready(std::uint16_t port) {
     boost::system::error_code ec;
     s.connect({asio::ip::make_address("127.0.0.1"), port}, ec);
     if (!ec) {
-      std::string req = "GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+      std::string req = "GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
       asio::write(s, asio::buffer(req), ec);
       char buf[64] = {};
       s.read_some(asio::buffer(buf), ec);
@@ -169,7 +169,7 @@ long ndjson_drain(std::uint16_t port, long changes) {
   asio::io_context io;
   tcp::socket s(io);
   s.connect({asio::ip::make_address("127.0.0.1"), port});
-  std::string req = "GET /v1/stream?format=native&from=0/0:0 HTTP/1.1\r\nHost: x\r\n\r\n";
+  std::string req = "GET /v1/stream?format=native&from=0/0:0 HTTP/1.1\r\nHost: localhost\r\n\r\n";
   asio::write(s, asio::buffer(req));
   // One event per line; a blank line is a keep-alive. (Counting a marker such as {"id": would
   // also count rows whose first column is named id.)

@@ -53,6 +53,7 @@ struct settings {
   std::size_t tail_mb = 16;
   std::size_t max_clients = 0;   // 0: 10,000, or fewer if the open-file limit cannot hold them
   std::vector<std::string> allow_origins;   // cross-origin pages allowed to read the stream
+  std::vector<std::string> allow_hosts;     // Host names a loopback listener serves besides localhost
   std::string debezium_name = "walgate";
   std::string decimal_mode = "string";
   std::string time_precision = "adaptive_time_microseconds";
@@ -224,6 +225,7 @@ int serve(const settings& s, const std::function<void(std::uint16_t)>& on_listen
     }
   }
   so.allowed_origins = s.allow_origins;
+  so.allowed_hosts = s.allow_hosts;
   so.host = host;
   so.port = port;
   so.tls_cert = s.tls_cert;
@@ -636,7 +638,7 @@ int main(int argc, char** argv) {
       {"pg", &s.pg}, {"slot", &s.slot}, {"publication", &s.publications}, {"status-interval", &s.status_interval_ms},
       {"create-publication", &s.create_publication}, {"listen", &s.listen}, {"data-dir", &s.data_dir},
       {"allow-unauthenticated", &s.allow_unauthenticated}, {"tls-cert", &s.tls_cert}, {"tls-key", &s.tls_key},
-      {"client-lag-mb", &s.client_lag_mb}, {"retention-mb", &s.retention_mb}, {"tail-mb", &s.tail_mb}, {"max-clients", &s.max_clients}, {"allow-origin", &s.allow_origins}, {"debezium-name", &s.debezium_name},
+      {"client-lag-mb", &s.client_lag_mb}, {"retention-mb", &s.retention_mb}, {"tail-mb", &s.tail_mb}, {"max-clients", &s.max_clients}, {"allow-origin", &s.allow_origins}, {"allow-host", &s.allow_hosts}, {"debezium-name", &s.debezium_name},
       {"debezium-decimal-mode", &s.decimal_mode}, {"debezium-time-precision", &s.time_precision},
       {"no-fsync", &s.no_fsync}};
   // --config is needed before the flags are parsed (they override what it sets).
@@ -679,6 +681,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--allow-origin", s.allow_origins,
                  "origin (scheme://host[:port], or *) whose pages may read the stream across origins")
+      ->delimiter(',');
+  app.add_option("--allow-host", s.allow_hosts,
+                 "Host name served on a loopback --listen besides localhost (a reverse proxy's public name; * for any)")
       ->delimiter(',');
   app.add_option("--debezium-name", s.debezium_name, "Debezium source.name")->capture_default_str();
   app.add_option("--debezium-decimal-mode", s.decimal_mode, "string, double or precise")

@@ -102,7 +102,8 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
   std::size_t connections = 0;       // open TCP connections
   std::size_t streams = 0;           // stream requests admitted (clients, or upgrading to one)
   std::uint64_t rejected_clients = 0;   // 503: over max_clients
-  std::uint64_t rejected_origins = 0;   // 403: a cross-origin request from an origin not allowed
+  std::uint64_t rejected_origins = 0;   // 403: an origin not allowed, or a Host a loopback listener refuses
+  bool loopback_listener = false;       // Host is checked (DNS rebinding)
   std::uint64_t accept_pauses = 0;      // accepting paused: connections or file descriptors exhausted
 
   /// Held while a connection is open / a stream request is admitted.
@@ -331,7 +332,8 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
            m.clients_disconnected_slow);
     metric("walgate_clients_rejected_total", "counter", "Stream requests answered 503: over --max-clients.",
            rejected_clients);
-    metric("walgate_origins_rejected_total", "counter", "Cross-origin requests refused (403): origin not allowed.",
+    metric("walgate_origins_rejected_total", "counter",
+           "Browser requests refused (403): an origin not allowed, or a Host a loopback listener does not serve.",
            rejected_origins);
     metric("walgate_connections", "gauge", "Open HTTP connections (stream clients included).", connections);
     metric("walgate_accept_pauses_total", "counter",
@@ -610,12 +612,23 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
       std::string_view target(req.target().data(), req.target().size());
       std::string_view path = target.substr(0, target.find('?'));
       bool keep = req.keep_alive();
+      auto host_field = req[http::field::host];
+      std::string_view host(host_field.data(), host_field.size());
+      if (loopback_listener && !loopback_host_allowed(host, opts.allowed_hosts)) {
+        ++rejected_origins;
+        std::string name(host.substr(0, std::min<std::size_t>(host.size(), 200)));
+        co_await write_simple(s, req.version(), http::status::forbidden, "application/json",
+                              json_error("", "Host " + name +
+                                                 " is not served on a loopback address (a DNS-rebinding page poses as "
+                                                 "the gateway so): a reverse proxy that sends it needs --allow-host"),
+                              false);
+        co_return;
+      }
       // Cross-origin browser requests: only from the origins allowed (CORS headers on their
       // responses), never a page of any site reading the stream through its visitor's browser.
       auto origin_field = req[http::field::origin];
       std::string_view origin(origin_field.data(), origin_field.size());
-      auto host_field = req[http::field::host];
-      if (!origin_allowed(origin, std::string_view(host_field.data(), host_field.size()), opts.allowed_origins)) {
+      if (!origin_allowed(origin, host, opts.allowed_origins)) {
         ++rejected_origins;
         co_await write_simple(s, req.version(), http::status::forbidden, "application/json",
                               json_error("", "origin " + std::string(origin.substr(0, 200)) +
@@ -784,6 +797,7 @@ bool server::start(std::string& error) {
       return false;
     }
   }
+  i.loopback_listener = addr.is_loopback();
   tcp::endpoint ep(addr, i.opts.port);
   i.acceptor.open(ep.protocol(), ec);
   if (!ec) i.acceptor.set_option(asio::socket_base::reuse_address(true), ec);

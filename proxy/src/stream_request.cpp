@@ -122,6 +122,48 @@ bool matches(const stream_request& r, const logged_event& e) {
   return false;
 }
 
+bool loopback_host_allowed(std::string_view host, const std::vector<std::string>& allowed) {
+  if (host.empty()) return true;
+  // The name without its port: "[::1]:8080", "127.0.0.1:8080", "localhost".
+  std::string name;
+  if (host.front() == '[') {
+    auto close = host.find(']');
+    if (close == std::string_view::npos) return false;
+    name = std::string(host.substr(1, close - 1));
+  } else {
+    name = std::string(host.substr(0, host.find(':')));
+  }
+  for (auto& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (!name.empty() && name.back() == '.') name.pop_back();   // "localhost." is localhost too
+  if (name == "localhost" || (name.size() > 10 && name.ends_with(".localhost"))) return true;
+  if (name == "::1" || name == "0:0:0:0:0:0:0:1") return true;
+  {  // 127.0.0.0/8 in dotted-quad form
+    int parts = 0, value = -1;
+    bool ok = name.rfind("127.", 0) == 0;
+    for (char ch : name) {
+      if (!ok) break;
+      if (ch == '.') {
+        ok = value >= 0 && value <= 255;
+        ++parts;
+        value = -1;
+      } else if (ch >= '0' && ch <= '9') {
+        value = (value < 0 ? 0 : value * 10) + (ch - '0');
+        ok = value <= 255;
+      } else {
+        ok = false;
+      }
+    }
+    if (ok && parts == 3 && value >= 0) return true;
+  }
+  for (const auto& a : allowed) {
+    if (a == "*") return true;
+    std::string lower = a;
+    for (auto& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (lower == name) return true;
+  }
+  return false;
+}
+
 bool origin_allowed(std::string_view origin, std::string_view host, const std::vector<std::string>& allowed) {
   if (origin.empty()) return true;
   auto iequal = [](std::string_view a, std::string_view b) {

@@ -693,11 +693,15 @@ TEST_CASE("client limits: a stream over --max-clients gets 503, accepting pauses
   CHECK(get_path(g.port(), "/metrics").second.find("walgate_accept_pauses_total 0") == std::string::npos);
 }
 
-TEST_CASE("cross-origin pages: the allowed ones get CORS headers, the others 403 (WebSocket too)") {
+TEST_CASE("cross-origin pages: the allowed ones get CORS headers, the others 403 (WebSocket too); DNS rebinding refused") {
   setup_tables("cors");
   server_options so;
   so.allowed_origins = {"http://app.example:3000"};
+  so.allowed_hosts = {"gateway.example"};
   running_gateway g("cors_slot", "cors_pub", so);
+  // A reverse proxy's public name, allowed: and the same-origin check then uses that Host.
+  CHECK(get(g.port(), "GET /healthz HTTP/1.1\r\nHost: Gateway.Example\r\nOrigin: https://gateway.example\r\n"
+                      "Connection: close\r\n\r\n").first == 200);
   const std::string own = "http://127.0.0.1:" + std::to_string(g.port());
   {
     stream_client c(g.port(), "/v1/stream", {{"Origin", "http://app.example:3000"}, {"Accept", "text/event-stream"}});
@@ -719,7 +723,7 @@ TEST_CASE("cross-origin pages: the allowed ones get CORS headers, the others 403
     CHECK(get_path(g.port(), "/healthz").first == 200);
   }
   {  // a preflight from an allowed origin
-    auto [code, body] = get(g.port(), "OPTIONS /v1/stream HTTP/1.1\r\nHost: x\r\nOrigin: http://app.example:3000\r\n"
+    auto [code, body] = get(g.port(), "OPTIONS /v1/stream HTTP/1.1\r\nHost: localhost\r\nOrigin: http://app.example:3000\r\n"
                                       "Access-Control-Request-Headers: last-event-id\r\nConnection: close\r\n\r\n");
     CHECK(code == 204);
   }
@@ -737,7 +741,14 @@ TEST_CASE("cross-origin pages: the allowed ones get CORS headers, the others 403
   CHECK(ws_from("http://evil.example") == websocket::error::upgrade_declined);
   CHECK_FALSE(ws_from("http://app.example:3000"));
   CHECK_FALSE(ws_from(own));
-  CHECK(get_path(g.port(), "/metrics").second.find("walgate_origins_rejected_total 2") != std::string::npos);
+  // DNS rebinding: a page of evil.example whose name now points at 127.0.0.1 is same-origin for
+  // the browser (no Origin on its GETs); the gateway listening on loopback refuses its Host.
+  auto rebound = get(g.port(), "GET /v1/stream HTTP/1.1\r\nHost: evil.example:" + std::to_string(g.port()) +
+                                   "\r\nConnection: close\r\n\r\n");
+  CHECK(rebound.first == 403);
+  CHECK(rebound.second.find("--allow-host") != std::string::npos);
+  CHECK(get(g.port(), "GET /healthz HTTP/1.1\r\nHost: [::1]:1\r\nConnection: close\r\n\r\n").first == 200);
+  CHECK(get_path(g.port(), "/metrics").second.find("walgate_origins_rejected_total 3") != std::string::npos);
 }
 
 TEST_CASE("a slow client is disconnected with where to resume; the others are not slowed") {

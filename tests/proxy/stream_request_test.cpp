@@ -74,3 +74,17 @@ TEST_CASE("origins: none, the gateway's own, the allowed ones, or any with *") {
   CHECK_FALSE(origin_allowed("https://app.example.evil", "127.0.0.1:8080", app));
   CHECK(origin_allowed("http://anything.example", "127.0.0.1:8080", any));
 }
+
+TEST_CASE("Host names a loopback listener serves: localhost, loopback addresses, the allowed ones") {
+  using walgate::proxy::loopback_host_allowed;
+  const std::vector<std::string> none, proxy = {"Gateway.Example"}, any = {"*"};
+  for (const char* h : {"", "localhost", "localhost:8080", "LOCALHOST.", "app.localhost:1", "127.0.0.1:8080",
+                        "127.1.2.3", "[::1]:8080", "[::1]"})
+    CHECK_MESSAGE(loopback_host_allowed(h, none), h);
+  for (const char* h : {"evil.example", "evil.example:8080", "127.0.0.1.evil.example", "127.0.0.256", "127.0.0",
+                        "10.0.0.1:8080", "[::2]:80", "[::1", "localhost.evil", "xlocalhost"})
+    CHECK_FALSE_MESSAGE(loopback_host_allowed(h, none), h);
+  CHECK(loopback_host_allowed("gateway.example:443", proxy));
+  CHECK_FALSE(loopback_host_allowed("other.example", proxy));
+  CHECK(loopback_host_allowed("anything.example", any));
+}

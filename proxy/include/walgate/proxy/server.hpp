@@ -41,6 +41,9 @@ struct server_options {
   /// they get CORS headers, and their WebSockets are accepted. Other cross-origin requests
   /// get 403: a page from any site cannot read the stream through a visitor's browser.
   std::vector<std::string> allowed_origins;
+  /// Host names (besides localhost and loopback addresses) accepted when listening on a
+  /// loopback address; others get 403 (DNS rebinding). Not checked on other addresses.
+  std::vector<std::string> allowed_hosts;
   transform::encoder_options encoder;              ///< Debezium name, db, decimal/time modes.
 };
 
@@ -89,6 +92,11 @@ bool matches(const stream_request& r, const logged_event& e);
 /// host[:port] equals the Host header, any case), an origin in `allowed` (exact
 /// "scheme://host[:port]", any case), or anything when `allowed` holds "*".
 bool origin_allowed(std::string_view origin, std::string_view host, const std::vector<std::string>& allowed);
+/// Whether a request's Host header may be served by a gateway listening on a loopback address:
+/// "localhost" (and *.localhost), a loopback IP (127.0.0.0/8, ::1), a name in `allowed` (any
+/// case; "*": any), or no Host at all. Anything else is a DNS-rebinding page posing as the
+/// gateway's own origin — or a reverse proxy passing its public name, which `allowed` lists.
+bool loopback_host_allowed(std::string_view host, const std::vector<std::string>& allowed);
 /// Writes the header of a server's WebSocket text frame (FIN, opcode 1, unmasked, RFC 6455 5.2)
 /// for a payload of n bytes into out; returns its length (2, 4 or 10).
 std::size_t websocket_text_frame_header(char (&out)[10], std::uint64_t n);

@@ -36,6 +36,76 @@ std::string segment_name(std::uint64_t first_seq) {
   return buf;
 }
 
+std::function<void(int)>& sync_observer() {
+  static std::function<void(int)> f;
+  return f;
+}
+
+/// fsync (or fdatasync) that tells the test hook what was made durable.
+int durable_sync(int fd, bool data_only) {
+  int r = data_only ? ::fdatasync(fd) : ::fsync(fd);
+  if (r == 0 && sync_observer()) sync_observer()(fd);
+  return r;
+}
+
+bool sync_dir(const fs::path& dir) {
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  bool ok = dfd >= 0 && durable_sync(dfd, false) == 0;
+  int saved = errno;
+  if (dfd >= 0) ::close(dfd);
+  errno = saved;
+  return ok;
+}
+
+/// The first seq a segment file's name gives, or nullopt when the name is not exactly one this
+/// log writes (segment-<20 digits>.log): a stray file is left alone, never parsed.
+std::optional<std::uint64_t> segment_first_seq(const std::string& name) {
+  if (name.size() != 8 + 20 + 4 || name.compare(0, 8, "segment-") != 0 || name.compare(28, 4, ".log") != 0)
+    return std::nullopt;
+  std::uint64_t v = 0;
+  for (std::size_t i = 8; i < 28; ++i) {
+    char c = name[i];
+    if (c < '0' || c > '9') return std::nullopt;
+    std::uint64_t d = static_cast<std::uint64_t>(c - '0');
+    if (v > (UINT64_MAX - d) / 10) return std::nullopt;
+    v = v * 10 + d;
+  }
+  return v;
+}
+
+/// A 12-byte position file (ACKED, ORIGIN): Int64 LSN | Int32 CRC-32C of it. A file that does
+/// not check out is no position.
+lsn read_position_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string a((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  protocol::cursor c(a);
+  std::uint64_t v = c.u64();
+  std::uint32_t sum = c.u32();
+  if (c.ok() && c.empty() && sum == protocol::crc32c(std::string_view(a).substr(0, 8))) return lsn{v};
+  return lsn{};
+}
+
+bool write_position_file(const fs::path& dir, const char* name, lsn l, bool fsync, std::string& error) {
+  std::string data;
+  protocol::writer(data).u64(l.value);
+  protocol::writer(data).u32(protocol::crc32c(data));
+  const auto path = dir / name;
+  std::error_code ec;
+  const bool existed = fs::exists(path, ec);
+  // 12 bytes rewritten in place: within one sector, so a crash leaves the old or the new value.
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0640);
+  bool ok = fd >= 0 && ::pwrite(fd, data.data(), data.size(), 0) == static_cast<ssize_t>(data.size()) &&
+            (!fsync || durable_sync(fd, true) == 0);
+  int saved = errno;
+  if (fd >= 0) ::close(fd);
+  if (ok && fsync && !existed) {
+    ok = sync_dir(dir);
+    saved = errno;
+  }
+  if (!ok) error = "cannot store the position in " + path.string() + ": " + std::strerror(saved);
+  return ok;
+}
+
 std::shared_ptr<logged_event> make_event(std::uint64_t seq, std::string record) {
   auto e = std::make_shared<logged_event>();
   e->seq = seq;
@@ -67,7 +137,7 @@ std::unique_ptr<event_log> event_log::open(const log_options& o, std::string& er
   auto format_path = o.dir / "FORMAT";
   bool has_segments = false;
   for (const auto& e : fs::directory_iterator(o.dir, ec))
-    if (e.path().filename().string().rfind("segment-", 0) == 0) has_segments = true;
+    if (segment_first_seq(e.path().filename().string())) has_segments = true;
   std::ifstream fin(format_path, std::ios::binary);
   std::string found((std::istreambuf_iterator<char>(fin)), std::istreambuf_iterator<char>());
   if (found != format_line && (has_segments || !found.empty())) {
@@ -82,14 +152,12 @@ std::unique_ptr<event_log> event_log::open(const log_options& o, std::string& er
     // segments without the marker that says how to read them.
     int fd = ::open(format_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
     bool ok = fd >= 0 && ::write(fd, format_line.data(), format_line.size()) == static_cast<ssize_t>(format_line.size()) &&
-              (!o.fsync || ::fsync(fd) == 0);
+              (!o.fsync || durable_sync(fd, false) == 0);
     int saved = errno;
     if (fd >= 0) ::close(fd);
     if (ok && o.fsync) {
-      int dfd = ::open(o.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-      ok = dfd >= 0 && ::fsync(dfd) == 0;
+      ok = sync_dir(o.dir);
       saved = errno;
-      if (dfd >= 0) ::close(dfd);
     }
     if (!ok) {
       error = "cannot write " + format_path.string() + ": " + std::strerror(saved);
@@ -97,14 +165,12 @@ std::unique_ptr<event_log> event_log::open(const log_options& o, std::string& er
     }
   }
   if (!log->recover(error)) return nullptr;
-  {  // ACKED: Int64 LSN | Int32 CRC-32C of it; a file that does not check out is no position
-    std::ifstream ain(o.dir / "ACKED", std::ios::binary);
-    std::string a((std::istreambuf_iterator<char>(ain)), std::istreambuf_iterator<char>());
-    protocol::cursor c(a);
-    std::uint64_t v = c.u64();
-    std::uint32_t sum = c.u32();
-    if (c.ok() && c.empty() && sum == protocol::crc32c(std::string_view(a).substr(0, 8))) log->acked_lsn_ = lsn{v};
-  }
+  // What recovery keeps may be only in the page cache (a kill -9 between a write and its
+  // fdatasync): it is made durable before anything is acknowledged from it, as PostgreSQL
+  // syncs its data directory after a crash.
+  if (o.fsync && !log->sync_recovered(error)) return nullptr;
+  log->acked_lsn_ = read_position_file(o.dir / "ACKED");
+  log->origin_ = read_position_file(o.dir / "ORIGIN");
   log->prefill_tail();
   return log;
 }
@@ -118,9 +184,52 @@ event_log::~event_log() {
 }
 
 std::uint64_t event_log::first_seq() const {
-  for (const auto& s : segments_)
-    if (s.end_seq > s.first_seq) return s.first_seq;
-  return tail_.empty() ? next_seq_ : tail_.front()->seq;
+  // Segments follow each other without a gap (an empty one starts where the next does); the
+  // tail may still hold events of a segment retention dropped.
+  std::uint64_t first = segments_.empty() ? visible_seq_ : std::min(segments_.front().first_seq, visible_seq_);
+  if (!tail_.empty() && tail_.front()->seq < first) first = tail_.front()->seq;
+  return first;
+}
+
+void event_log::set_sync_observer(std::function<void(int fd)> f) { sync_observer() = std::move(f); }
+
+bool event_log::set_origin(lsn l) {
+  if (origin_.valid() || next_seq_ != 0 || !l.valid()) return true;
+  std::string error;
+  if (!write_position_file(opts_.dir, "ORIGIN", l, opts_.fsync, error)) {
+    error_ = error;
+    return false;
+  }
+  origin_ = l;
+  return true;
+}
+
+bool event_log::sync_recovered(std::string& error) {
+  for (const auto& s : segments_) {
+    int fd = ::open(s.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || durable_sync(fd, false) != 0) {
+      error = "cannot sync " + s.path.string() + " after recovery: " + std::strerror(errno);
+      if (fd >= 0) ::close(fd);
+      return false;
+    }
+    ::close(fd);
+  }
+  for (const char* name : {"ACKED", "ORIGIN"}) {
+    int fd = ::open((opts_.dir / name).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;   // not written yet
+    bool ok = durable_sync(fd, false) == 0;
+    int saved = errno;
+    ::close(fd);
+    if (!ok) {
+      error = "cannot sync " + (opts_.dir / name).string() + " after recovery: " + std::strerror(saved);
+      return false;
+    }
+  }
+  if (!sync_dir(opts_.dir)) {
+    error = "cannot sync the data directory " + opts_.dir.string() + " after recovery: " + std::strerror(errno);
+    return false;
+  }
+  return true;
 }
 
 std::size_t event_log::disk_bytes() const {
@@ -129,16 +238,22 @@ std::size_t event_log::disk_bytes() const {
   return n;
 }
 
-bool event_log::scan_segment(segment& s, std::string& error, bool truncate_torn) {
+bool event_log::scan_segment(segment& s, std::string& error, std::size_t& good_end, std::size_t& total) {
   std::ifstream in(s.path, std::ios::binary);
+  if (!in) {
+    error = "cannot read " + s.path.string() + ": " + std::strerror(errno);
+    return false;
+  }
   std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   protocol::cursor c(data);
-  std::size_t good_end = 0;   // offset after the last complete transaction
+  good_end = 0;   // offset after the last complete transaction
+  total = data.size();
   std::uint64_t seq_at_good = s.first_seq;
   std::uint64_t seq = s.first_seq;
   std::vector<std::pair<std::uint64_t, std::size_t>> index;
   transform::event_id first, last, last_good;
   bool have_first = false;
+  lsn commit_at_good = last_commit_, durable_at_good = durable_lsn_;
   while (!c.empty()) {
     std::size_t offset = c.offset();
     char type = static_cast<char>(c.u8());
@@ -149,7 +264,7 @@ bool event_log::scan_segment(segment& s, std::string& error, bool truncate_torn)
     protocol::cursor p(payload);
     if (type == 'E') {
       std::uint64_t s_seq = p.u64();
-      if (s_seq != seq) break;
+      if (!p.ok() || s_seq != seq) break;
       if ((seq - s.first_seq) % index_every == 0) index.emplace_back(seq, offset);
       auto ev = make_event(seq, std::string(protocol::as_string_view(p.rest())));   // (ids of the first and last)
       if (!have_first) {
@@ -159,8 +274,10 @@ bool event_log::scan_segment(segment& s, std::string& error, bool truncate_torn)
       last = ev->id;
       ++seq;
     } else if (type == 'C') {
-      last_commit_ = lsn{p.u64()};
-      durable_lsn_ = lsn{p.u64()};
+      std::uint64_t commit = p.u64(), end = p.u64();
+      if (!p.ok()) break;
+      commit_at_good = lsn{commit};
+      durable_at_good = lsn{end};
       good_end = c.offset();
       seq_at_good = seq;
       last_good = last;
@@ -168,19 +285,11 @@ bool event_log::scan_segment(segment& s, std::string& error, bool truncate_torn)
       break;
     }
   }
-  if (good_end != data.size()) {
-    if (!truncate_torn) {
-      error = "event log segment " + s.path.string() + " is damaged at offset " + std::to_string(good_end);
-      return false;
-    }
-    if (::truncate(s.path.c_str(), static_cast<off_t>(good_end)) != 0) {
-      error = "cannot truncate " + s.path.string() + ": " + std::strerror(errno);
-      return false;
-    }
-  }
+  last_commit_ = commit_at_good;
+  durable_lsn_ = durable_at_good;
   s.end_seq = seq_at_good;
   s.bytes = good_end;
-  s.first_id = first;
+  s.first_id = seq_at_good > s.first_seq ? first : transform::event_id{};
   s.last_id = last_good;
   index.erase(std::remove_if(index.begin(), index.end(), [&](const auto& e) { return e.first >= seq_at_good; }),
               index.end());
@@ -189,26 +298,7 @@ bool event_log::scan_segment(segment& s, std::string& error, bool truncate_torn)
 }
 
 bool event_log::store_acked(const std::filesystem::path& dir, lsn l, bool fsync, std::string& error) {
-  std::string data;
-  protocol::writer(data).u64(l.value);
-  protocol::writer(data).u32(protocol::crc32c(data));
-  const auto path = dir / "ACKED";
-  std::error_code ec;
-  const bool existed = fs::exists(path, ec);
-  // 12 bytes rewritten in place: within one sector, so a crash leaves the old or the new value.
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0640);
-  bool ok = fd >= 0 && ::pwrite(fd, data.data(), data.size(), 0) == static_cast<ssize_t>(data.size()) &&
-            (!fsync || ::fdatasync(fd) == 0);
-  int saved = errno;
-  if (fd >= 0) ::close(fd);
-  if (ok && fsync && !existed) {
-    int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    ok = dfd >= 0 && ::fsync(dfd) == 0;
-    saved = errno;
-    if (dfd >= 0) ::close(dfd);
-  }
-  if (!ok) error = "cannot store the acknowledged position in " + path.string() + ": " + std::strerror(saved);
-  return ok;
+  return write_position_file(dir, "ACKED", l, fsync, error);
 }
 
 void event_log::prefill_tail() {
@@ -255,19 +345,62 @@ void event_log::prefill_tail() {
 }
 
 bool event_log::recover(std::string& error) {
-  std::vector<fs::path> files;
+  std::vector<std::pair<std::uint64_t, fs::path>> files;
   for (const auto& e : fs::directory_iterator(opts_.dir))
-    if (e.path().filename().string().rfind("segment-", 0) == 0) files.push_back(e.path());
+    if (auto first = segment_first_seq(e.path().filename().string())) files.emplace_back(*first, e.path());
   std::sort(files.begin(), files.end());
   for (std::size_t i = 0; i < files.size(); ++i) {
     segment s;
-    s.path = files[i];
-    s.first_seq = std::stoull(files[i].filename().string().substr(8, 20));
+    s.path = files[i].second;
+    s.first_seq = files[i].first;
     if (!segments_.empty() && s.first_seq != segments_.back().end_seq) {
-      error = "event log segments do not follow each other at " + files[i].string();
+      error = "event log segments do not follow each other at " + files[i].second.string();
       return false;
     }
-    if (!scan_segment(s, error, i + 1 == files.size())) return false;
+    std::size_t good_end = 0, total = 0;
+    if (!scan_segment(s, error, good_end, total)) return false;
+    if (good_end != total) {
+      // A torn or short segment (a crash while writing it): what follows its last complete
+      // transaction was never acknowledged. Cut there, unless a later segment holds complete
+      // transactions — then the damage is inside acknowledged data, and cutting would lose them.
+      std::size_t later_transactions = 0;
+      std::vector<fs::path> later;
+      for (std::size_t j = i + 1; j < files.size(); ++j) {
+        segment t;
+        t.path = files[j].second;
+        t.first_seq = files[j].first;
+        std::size_t g = 0, n = 0;
+        lsn keep_commit = last_commit_, keep_durable = durable_lsn_;
+        if (!scan_segment(t, error, g, n)) return false;
+        last_commit_ = keep_commit;
+        durable_lsn_ = keep_durable;
+        if (g > 0) ++later_transactions;
+        later.push_back(t.path);
+      }
+      if (later_transactions > 0) {
+        error = "event log segment " + s.path.string() + " is damaged at offset " + std::to_string(good_end) + " of " +
+                std::to_string(total) + " bytes, and " + std::to_string(later_transactions) +
+                " later segment(s) hold complete transactions: cutting it would lose them. Restore the data "
+                "directory from a copy, or move it away and start over with an empty one (clients then need a new "
+                "snapshot)";
+        return false;
+      }
+      if (::truncate(s.path.c_str(), static_cast<off_t>(good_end)) != 0) {
+        error = "cannot truncate " + s.path.string() + ": " + std::strerror(errno);
+        return false;
+      }
+      for (const auto& p : later) {
+        std::error_code ec;
+        fs::remove(p, ec);
+        if (ec) {
+          error = "cannot remove " + p.string() + ": " + ec.message();
+          return false;
+        }
+      }
+      s.base = segments_.empty() ? 0 : segments_.back().base + segments_.back().bytes;
+      segments_.push_back(std::move(s));
+      break;
+    }
     s.base = segments_.empty() ? 0 : segments_.back().base + segments_.back().bytes;
     segments_.push_back(std::move(s));
   }
@@ -283,6 +416,13 @@ bool event_log::recover(std::string& error) {
       return false;
     }
   }
+  visible_seq_ = next_seq_;
+  visible_offset_ = end_offset();
+  for (auto it = segments_.rbegin(); it != segments_.rend(); ++it)
+    if (it->end_seq > it->first_seq) {
+      last_visible_id_ = it->last_id;
+      break;
+    }
   return true;
 }
 
@@ -313,6 +453,10 @@ void event_log::enforce_retention() {
   while (segments_.size() > 1 && disk_bytes() > opts_.retention_bytes) {
     std::error_code ec;
     fs::remove(segments_.front().path, ec);
+    if (segments_.front().end_seq > segments_.front().first_seq) {
+      dropped_last_id_ = segments_.front().last_id;
+      dropped_ = true;
+    }
     segments_.erase(segments_.begin());
   }
 }
@@ -327,6 +471,8 @@ bool event_log::begin(lsn commit_lsn) {
   }
   txn_first_seq_ = next_seq_;
   txn_file_offset_ = segments_.back().bytes + pending_.size();
+  txn_seg_first_id_ = segments_.back().first_id;
+  txn_seg_last_id_ = segments_.back().last_id;
   return true;
 }
 
@@ -348,6 +494,8 @@ void event_log::abort() {
   }
   seg.index.erase(std::remove_if(seg.index.begin(), seg.index.end(), [&](const auto& e) { return e.first >= txn_first_seq_; }),
                   seg.index.end());
+  seg.first_id = txn_seg_first_id_;   // the segment's ids as they were before the transaction
+  seg.last_id = txn_seg_last_id_;
   while (!tail_.empty() && tail_.back()->seq >= txn_first_seq_) {
     tail_bytes_ -= tail_.back()->accounted;
     tail_.back()->in_tail = false;
@@ -417,9 +565,14 @@ void event_log::commit(lsn commit_lsn, lsn end_lsn) {
   std::string end;
   protocol::writer(end).u64(commit_lsn.value).u64(end_lsn.value);
   frame(pending_, 'C', end);
-  segments_.back().end_seq = next_seq_;
+  auto& seg = segments_.back();
+  seg.end_seq = next_seq_;
   last_commit_ = commit_lsn;
   pending_durable_ = end_lsn;
+  // Visible to clients from here on, all of it at once.
+  if (next_seq_ > txn_first_seq_) last_visible_id_ = seg.last_id;
+  visible_seq_ = next_seq_;
+  visible_offset_ = end_offset();
 }
 
 bool event_log::append(const protocol::transaction_info& txn, const std::vector<transform::change>& changes) {
@@ -494,12 +647,12 @@ event_log::sync_job event_log::begin_sync() {
 
 void event_log::run_sync_job(sync_job& job) {
   for (int fd : job.before) {
-    if (!job.error && ::fsync(fd) != 0) job.error = errno;
+    if (!job.error && durable_sync(fd, false) != 0) job.error = errno;
     ::close(fd);
   }
   job.before.clear();
   if (job.fd < 0) return;
-  if (!job.error && ::fdatasync(job.fd) != 0) job.error = errno;
+  if (!job.error && durable_sync(job.fd, true) != 0) job.error = errno;
   ::close(job.fd);
 }
 
@@ -516,6 +669,9 @@ bool event_log::end_sync(const sync_job& job) {
 
 std::vector<event_ptr> event_log::read(std::uint64_t seq, std::size_t max, std::string* error) const {
   std::vector<event_ptr> out;
+  // Only committed transactions are read: a transaction still arriving is not visible.
+  if (seq >= visible_seq_) return out;
+  max = static_cast<std::size_t>(std::min<std::uint64_t>(max, visible_seq_ - seq));
   if (!tail_.empty() && seq >= tail_.front()->seq) {
     std::size_t i = static_cast<std::size_t>(seq - tail_.front()->seq);
     for (; i < tail_.size() && out.size() < max; ++i) out.push_back(tail_[i]);
@@ -530,9 +686,9 @@ std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max, 
     if (error) *error = why;
   };
   for (const auto& s : segments_) {
-    // The open segment holds events up to the newest: those of a transaction still arriving too
-    // (written when it is large); published to clients as they come, as in the tail.
-    std::uint64_t end = &s == &segments_.back() ? next_seq_ : s.end_seq;
+    // Up to the last committed transaction (a transaction still arriving may be in the file
+    // when it is large: not visible yet).
+    std::uint64_t end = s.end_seq;
     if (seq < s.first_seq || seq >= end) continue;
     std::size_t offset = 0;
     for (const auto& [iseq, ioff] : s.index)
@@ -587,34 +743,60 @@ std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max, 
   return out;
 }
 
-std::optional<std::uint64_t> event_log::seq_after(const transform::event_id& id) const {
-  if (next_seq_ == 0) return 0;   // nothing logged: everything from now on is after it
-  // At or past the newest event: resume at the head.
-  const transform::event_id newest = !tail_.empty() ? tail_.back()->id : segments_.back().last_id;
-  if (!(id < newest)) return next_seq_;
-  if (!tail_.empty() && tail_.front()->seq == 0 && id < tail_.front()->id) return 0;
-  if (!tail_.empty() && !(id < tail_.front()->id)) {
-    auto it = std::upper_bound(tail_.begin(), tail_.end(), id,
-                               [](const transform::event_id& v, const event_ptr& e) { return v < e->id; });
-    return it == tail_.end() ? next_seq_ : (*it)->seq;
+event_log::resume_point event_log::resume_after(const transform::event_id& id) const {
+  resume_point r;
+  const bool from_start = id == transform::event_id{};   // 0/0:0: the log's start
+  // An id from before where this log began belongs to another log (a lost data directory, a
+  // new slot): the changes between are not here. A log that holds nothing and knows no origin
+  // has no event an id could name.
+  if (!from_start && origin_.valid() && id.commit_lsn < origin_) return r;
+  if (visible_seq_ == 0) {
+    if (from_start || origin_.valid()) r.seq = 0;
+    return r;
   }
+  if (!(id < last_visible_id_)) {   // at or past the newest event: resume at the head
+    r.seq = visible_seq_;
+    return r;
+  }
+  // The memory tail (its committed part).
+  if (!tail_.empty() && tail_.front()->seq < visible_seq_ && !(id < tail_.front()->id)) {
+    auto end = tail_.begin() + static_cast<std::ptrdiff_t>(std::min<std::uint64_t>(visible_seq_ - tail_.front()->seq, tail_.size()));
+    auto it = std::upper_bound(tail_.begin(), end, id, [](const transform::event_id& v, const event_ptr& e) { return v < e->id; });
+    r.seq = it == end ? visible_seq_ : (*it)->seq;
+    return r;
+  }
+  bool first_with_events = true;
   for (const auto& s : segments_) {
-    if (s.end_seq == s.first_seq || s.last_id < id || s.last_id == id) continue;
+    if (s.end_seq == s.first_seq) continue;
+    const bool first = first_with_events;
+    first_with_events = false;
+    if (!(id < s.last_id)) continue;   // in a later segment
     if (id < s.first_id) {
-      // Before the oldest retained event: gone, unless nothing was ever dropped (the log
-      // still starts at its first event), in which case nothing after it is missing.
-      if (&s == &segments_.front()) return s.first_seq == 0 ? std::optional<std::uint64_t>(0) : std::nullopt;
-      return s.first_seq;
+      if (!first) {   // between the previous segment's last event and this one's first
+        r.seq = s.first_seq;
+        return r;
+      }
+      // Before the oldest retained event: gone, unless nothing was ever dropped (the log still
+      // starts at its first event), or id is the last event retention dropped.
+      if (s.first_seq == 0 || (dropped_ && id == dropped_last_id_)) r.seq = s.first_seq;
+      return r;
     }
     for (std::uint64_t seq = s.first_seq; seq < s.end_seq;) {
-      auto batch = read_disk(seq, 1024, nullptr);
-      if (batch.empty()) break;
+      auto batch = read_disk(seq, 1024, &r.error);
       for (const auto& e : batch)
-        if (id < e->id) return e->seq;
+        if (id < e->id) {
+          r.seq = e->seq;
+          r.error.clear();
+          return r;
+        }
+      if (!r.error.empty() || batch.empty()) {
+        if (r.error.empty()) r.error = "event log " + s.path.filename().string() + " ends before its events";
+        return r;
+      }
       seq = batch.back()->seq + 1;
     }
   }
-  return std::nullopt;
+  return r;
 }
 
 }  // namespace walgate::proxy

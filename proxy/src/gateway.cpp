@@ -15,13 +15,18 @@ gateway::gateway(asio::any_io_executor ex, event_log& log, protocol::assembler_o
   keepalive_durable_ = log_.acked_lsn();   // acknowledged before the restart
   log_.set_publish([this](const logged_event& e, const transform::change& c) {
     if (logged_) logged_(e, c);
-    if (wake_posted_ || !wake_) return;
-    wake_posted_ = true;
-    asio::post(executor_, [this, alive = alive_] {
-      if (!*alive) return;
-      wake_posted_ = false;
-      if (wake_) wake_();
-    });
+  });
+}
+
+void gateway::wake_clients() {
+  // Clients see a transaction at its commit: woken then, once for everything committed in one
+  // read of the stream.
+  if (wake_posted_ || !wake_) return;
+  wake_posted_ = true;
+  asio::post(executor_, [this, alive = alive_] {
+    if (!*alive) return;
+    wake_posted_ = false;
+    if (wake_) wake_();
   });
 }
 
@@ -36,8 +41,13 @@ void gateway::on_stream_start(const stream_start_info& i) {
   auto opts = assembler_opts_;
   opts.context.proto_version = i.proto_version;
   assembler_ = std::make_unique<protocol::assembler>(opts, *this);
-  log_.abort();   // a transaction cut off by the reconnect comes again, whole
+  log_.abort();   // a transaction cut off by the reconnect comes again, whole (clients never saw it)
   between_transactions_ = true;
+  // An empty log begins where this slot's stream does: ids from before belong to another log.
+  if (log_.next_seq() == 0 && !log_.origin().valid()) {
+    protocol::lsn origin = i.consistent_point.valid() ? i.consistent_point : std::max(i.confirmed_flush, i.start);
+    if (!log_.set_origin(origin)) log_failed();
+  }
 }
 
 boost::system::error_code gateway::on_xlog_data(const protocol::xlog_data& x) {
@@ -45,12 +55,20 @@ boost::system::error_code gateway::on_xlog_data(const protocol::xlog_data& x) {
   frame_server_clock_us_ = x.server_clock_us;
   // An event log that failed takes nothing more: what it could not store must come again
   // after a restart, so nothing past its durable position may be acknowledged.
+  decode_failed_ = false;
   if (log_failed()) return make_error_code(boost::system::errc::io_error);
   auto r = assembler_->feed(x.wal_start, x.data);
   if (!r) {
-    failure_ = r.error().message;
+    // Nothing of it is logged or acknowledged; the connection is dropped and made again, and
+    // the server sends it again from the durable position. Damaged on the way, it decodes then;
+    // sent so every time, the stream stays here (with a growing backoff), saying why.
+    decode_failed_ = true;
+    ++metrics_.decode_failures;
+    stream_fault_ = "cannot decode the pgoutput message at " + x.wal_start.to_string() + ": " + r.error().message;
+    stream_fault_lsn_ = x.wal_start;
     return make_error_code(r.error().code);
   }
+  if (!stream_fault_.empty() && x.wal_start >= stream_fault_lsn_) stream_fault_.clear();   // it decodes now
   if (log_failed()) return make_error_code(boost::system::errc::io_error);
   between_transactions_ = !assembler_->in_transaction() && assembler_->open_streams() == 0 &&
                           assembler_->held_prepared() == 0;
@@ -86,6 +104,7 @@ boost::system::error_code gateway::on_commit(const protocol::transaction_info& t
   ++metrics_.transactions_in;
   metrics_.last_commit_time_us = t.commit_time;
   schedule_sync();
+  wake_clients();
   return {};
 }
 
@@ -114,6 +133,7 @@ boost::system::error_code gateway::on_message(protocol::lsn wal_start, const pro
   }
   log_.commit(t.commit_lsn, t.end_lsn);
   schedule_sync();
+  wake_clients();
   return {};
 }
 

@@ -324,10 +324,26 @@ int serve(const settings& s, const std::function<void(std::uint16_t)>& on_listen
     if (!stop) shutdown();
   });
   asio::co_spawn(io, client.run(), [&](std::exception_ptr e, proxy::outcome<void> r) {
-    if (!r) {
+    // Every way out that is not a requested shutdown is a failure a supervisor must see.
+    if (e) {
+      std::string what = "unknown exception";
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& x) {
+        what = x.what();
+      } catch (...) {
+      }
+      log_line("the replication stream failed: " + what + "; stopping (durable up to " + gw.durable_lsn().to_string() +
+               ": a restart resumes from there)");
+      failure_logged = true;
+      rc = 1;
+    } else if (!r) {
       log_line(r.error().message);
       if (!gw.failure().empty() && !failure_logged) log_line(gw.failure());
       failure_logged = true;
+      rc = 1;
+    } else if (!stop) {
+      log_line("the replication stream ended without a shutdown being asked for; stopping");
       rc = 1;
     }
     if (!stop) shutdown();
@@ -557,8 +573,17 @@ std::string assign(const binding& b, const std::string& text) {
         [&](auto* p) -> std::string {
           using T = std::remove_pointer_t<decltype(p)>;
           if constexpr (std::is_same_v<T, std::string>) *p = text;
-          else if constexpr (std::is_same_v<T, int>) *p = std::stoi(text);
-          else if constexpr (std::is_same_v<T, std::size_t>) *p = static_cast<std::size_t>(std::stoull(text));
+          else if constexpr (std::is_same_v<T, int>) {
+            std::size_t used = 0;
+            int v = std::stoi(text, &used);
+            if (used != text.size()) return "not a number";
+            *p = v;
+          } else if constexpr (std::is_same_v<T, std::size_t>) {
+            std::size_t used = 0;
+            if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos) return "not a number";
+            auto v = std::stoull(text, &used);
+            *p = static_cast<std::size_t>(v);
+          }
           else if constexpr (std::is_same_v<T, bool>) {
             if (text == "1" || text == "true" || text == "yes") *p = true;
             else if (text == "0" || text == "false" || text == "no" || text.empty()) *p = false;
@@ -625,6 +650,38 @@ bool load_config_and_env(const std::vector<binding>& bindings, const std::string
   return true;
 }
 
+/// Checks every setting where it ends up, whatever set it (flag, WALGATE_* variable or the
+/// config file): a wrong value is the same one-line error from any source.
+bool validate(const settings& s, std::string& error) {
+  auto range = [&](const char* name, std::uint64_t v, std::uint64_t lo, std::uint64_t hi) {
+    if (v >= lo && v <= hi) return true;
+    error = std::string("--") + name + " (or " + env_name(name) + ", or " + name + " in the config file): " +
+            std::to_string(v) + " is not in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+    return false;
+  };
+  if (s.status_interval_ms < 100 || s.status_interval_ms > 60'000) {
+    error = "--status-interval (or WALGATE_STATUS_INTERVAL, or status-interval in the config file): " +
+            std::to_string(s.status_interval_ms) + " is not in [100, 60000] ms";
+    return false;
+  }
+  // Megabyte figures stay far from overflowing when shifted into bytes.
+  if (!range("client-lag-mb", s.client_lag_mb, 1, 65'536)) return false;
+  if (!range("retention-mb", s.retention_mb, 1, std::uint64_t{1} << 24)) return false;
+  if (!range("tail-mb", s.tail_mb, 1, 65'536)) return false;
+  if (!range("max-clients", s.max_clients, 0, 1'000'000)) return false;
+  auto member = [&](const char* name, const std::string& v, std::initializer_list<const char*> allowed) {
+    for (const char* a : allowed)
+      if (v == a) return true;
+    error = std::string("--") + name + " (or " + env_name(name) + ", or " + name + " in the config file): '" + v +
+            "' is not one of";
+    for (const char* a : allowed) error += std::string(" ") + a;
+    return false;
+  };
+  if (!member("debezium-decimal-mode", s.decimal_mode, {"string", "double", "precise"})) return false;
+  if (!member("debezium-time-precision", s.time_precision, {"adaptive_time_microseconds", "connect"})) return false;
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -657,8 +714,7 @@ int main(int argc, char** argv) {
     a->add_option("--pg", st.pg, "libpq connection string or URI (PG* environment honoured)");
     a->add_option("--slot", st.slot, "logical replication slot (created if missing)")->capture_default_str();
     a->add_option("--publication", st.publications, "publication(s) to stream")->delimiter(',');
-    a->add_option("--status-interval", st.status_interval_ms, "status update interval while idle, ms")
-        ->check(CLI::Range(100, 60'000))
+    a->add_option("--status-interval", st.status_interval_ms, "status update interval while idle, ms (100-60000)")
         ->capture_default_str();
   };
   add_common(&app, s);
@@ -669,13 +725,11 @@ int main(int argc, char** argv) {
   app.add_flag("--allow-unauthenticated", s.allow_unauthenticated, "allow a non-loopback --listen without authentication");
   app.add_option("--tls-cert", s.tls_cert, "PEM certificate chain for HTTPS/WSS");
   app.add_option("--tls-key", s.tls_key, "PEM private key for HTTPS/WSS");
-  app.add_option("--client-lag-mb", s.client_lag_mb, "a client further behind than this is disconnected")
-      ->check(CLI::Range(1, 65536))
+  app.add_option("--client-lag-mb", s.client_lag_mb, "a client further behind than this is disconnected (1-65536)")
       ->capture_default_str();
-  app.add_option("--retention-mb", s.retention_mb, "event log kept on disk")->capture_default_str();
-  app.add_option("--tail-mb", s.tail_mb, "newest events (and their encodings) kept in memory for live clients")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 65536));
+  app.add_option("--retention-mb", s.retention_mb, "event log kept on disk (1-16777216)")->capture_default_str();
+  app.add_option("--tail-mb", s.tail_mb, "newest events (and their encodings) kept in memory for live clients (1-65536)")
+      ->capture_default_str();
   app.add_option("--max-clients", s.max_clients,
                  "stream clients at once (more get 503); 0: 10000, or what the open-file limit allows")
       ->capture_default_str();
@@ -686,11 +740,8 @@ int main(int argc, char** argv) {
                  "Host name served on a loopback --listen besides localhost (a reverse proxy's public name; * for any)")
       ->delimiter(',');
   app.add_option("--debezium-name", s.debezium_name, "Debezium source.name")->capture_default_str();
-  app.add_option("--debezium-decimal-mode", s.decimal_mode, "string, double or precise")
-      ->check(CLI::IsMember({"string", "double", "precise"}))
-      ->capture_default_str();
+  app.add_option("--debezium-decimal-mode", s.decimal_mode, "string, double or precise")->capture_default_str();
   app.add_option("--debezium-time-precision", s.time_precision, "adaptive_time_microseconds or connect")
-      ->check(CLI::IsMember({"adaptive_time_microseconds", "connect"}))
       ->capture_default_str();
   app.add_flag("--no-fsync", s.no_fsync, "do not fdatasync the event log (benchmarks only: acknowledges unsynced data)");
   auto* demo = app.add_subcommand("demo", "a throwaway PostgreSQL with a trickle of changes, and the gateway");
@@ -702,6 +753,12 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+  for (const settings* st : {&s, &stream_settings}) {
+    if (!validate(*st, error)) {
+      std::fprintf(stderr, "walgate: %s\n", error.c_str());
+      return 2;
+    }
   }
   if (*demo) return run_demo(s);
   if (*stream) return run_stream(stream_settings, capture);

@@ -107,6 +107,7 @@ awaitable<outcome<stream_start_info>> prepare_replication(pg_connection& conn, c
                                "max_slot_wal_keep_size, and the changes in it are gone. Drop the slot "
                                "(SELECT pg_drop_replication_slot('" + s.slot +
                                "');) and start over with an empty event log; clients then need a new snapshot");
+    if (auto confirmed = lsn::parse(r[5].value_or(""))) start.confirmed_flush = *confirmed;
     if (r[3].value_or("f") == "t")
       co_return failure{make_error_code(errc::server_error),
                         "replication slot \"" + s.slot + "\" is active for PID " + r[4].value_or("?") +
@@ -283,11 +284,12 @@ struct replication_client::impl : std::enable_shared_from_this<replication_clien
         const auto& x = payload->xlog;
         if (x.wal_start > pos.received) pos.received = x.wal_start;
         if (auto ec = sink.on_xlog_data(x)) {
-          // Report what is durable so far, then stop without acknowledging the failed data.
+          // Report what is durable so far, then end without acknowledging the failed data.
           send_status(false);
           c.close();
+          sink_failed = true;
           co_return failure{ec, "stream consumer failed at " + x.wal_start.to_string() + ": " + ec.message(), {},
-                            false};
+                            sink.retry_after_failure()};
         }
       } else {
         sink.on_keepalive(payload->keepalive);
@@ -310,10 +312,12 @@ struct replication_client::impl : std::enable_shared_from_this<replication_clien
     int attempt = 0;
     while (!stopping) {
       started_stream = false;
+      sink_failed = false;
       auto r = co_await stream_once();
       if (stopping) break;
-      // A connection that got as far as streaming resets the backoff.
-      if (started_stream) attempt = 0;
+      // A connection that got as far as streaming resets the backoff — unless the sink refused
+      // what came (the same bytes may come back each time: the backoff keeps growing).
+      if (started_stream && !sink_failed) attempt = 0;
       if (r) {  // CopyDone on stop
         break;
       }
@@ -329,6 +333,7 @@ struct replication_client::impl : std::enable_shared_from_this<replication_clien
     co_return outcome<void>{};
   }
   bool started_stream = false;
+  bool sink_failed = false;
 
   void stop() {
     if (stopping) return;

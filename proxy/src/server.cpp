@@ -209,14 +209,16 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
                   std::vector<item>& out) {
     out.clear();
     auto& log = gw.log();
-    if (c.live && log.end_offset() - c.offset > opts.client_lag_bytes) {
+    // Against what clients can see (the last commit): it never moves back, not even when a
+    // reconnect drops a transaction half received.
+    if (c.live && log.visible_offset() > c.offset && log.visible_offset() - c.offset > opts.client_lag_bytes) {
       c.closing = true;
       c.close_reason = "slow client: more than " + std::to_string(opts.client_lag_bytes) +
                        " bytes behind the stream";
       ++gw.metrics().clients_disconnected_slow;
       return;
     }
-    if (c.cursor < log.first_seq() && (log.tail().empty() || c.cursor < log.tail().front()->seq)) {
+    if (c.cursor < log.first_seq()) {
       c.closing = true;
       c.close_reason = "the resume position is no longer retained; take a new snapshot";
       return;
@@ -269,9 +271,9 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
       }
       if (bytes >= opts.batch_bytes) break;
     }
-    if (c.cursor >= log.next_seq()) {
+    if (c.cursor >= log.visible_seq()) {
       c.live = true;
-      c.offset = log.end_offset();
+      c.offset = log.visible_offset();
     }
   }
 
@@ -321,13 +323,13 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
     std::size_t i = 0;
     for (auto* c : clients)
       o << "walgate_client_lag_events{client=\"" << i++ << "\",transport=\"" << transport_name(c->kind) << "\"} "
-        << (log.next_seq() > c->cursor ? log.next_seq() - c->cursor : 0) << "\n";
+        << (log.visible_seq() > c->cursor ? log.visible_seq() - c->cursor : 0) << "\n";
     o << "# HELP walgate_client_lag_bytes Bytes of event log between a client's position and the head.\n"
          "# TYPE walgate_client_lag_bytes gauge\n";
     i = 0;
     for (auto* c : clients)
       o << "walgate_client_lag_bytes{client=\"" << i++ << "\",transport=\"" << transport_name(c->kind) << "\"} "
-        << (c->offset && log.end_offset() > c->offset ? log.end_offset() - c->offset : 0) << "\n";
+        << (c->offset && log.visible_offset() > c->offset ? log.visible_offset() - c->offset : 0) << "\n";
     metric("walgate_clients_disconnected_slow_total", "counter", "Clients disconnected for being too slow.",
            m.clients_disconnected_slow);
     metric("walgate_clients_rejected_total", "counter", "Stream requests answered 503: over --max-clients.",
@@ -348,9 +350,14 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
     metric("walgate_last_commit_age_seconds", "gauge", "Seconds since the commit time of the last logged transaction.", lag_s);
     metric("walgate_slot_retained_wal_bytes", "gauge", "WAL the slot retains on the server (pg_replication_slots).",
            m.slot_retained_wal);
+    metric("walgate_stream_decode_failures_total", "counter",
+           "pgoutput messages that could not be decoded (the connection is made again; nothing is skipped).",
+           m.decode_failures);
+    metric("walgate_stream_fault", "gauge", "1 while the stream is stuck on a message that cannot be decoded.",
+           gw.stream_fault().empty() ? 0 : 1);
     metric("walgate_reconnects_total", "counter", "Reconnections to PostgreSQL.", status.reconnects ? status.reconnects() : 0);
     metric("walgate_log_disk_bytes", "gauge", "Bytes of event log on disk.", log.disk_bytes());
-    metric("walgate_log_next_seq", "gauge", "Sequence number of the next event.", log.next_seq());
+    metric("walgate_log_next_seq", "gauge", "Sequence number of the next event clients will see.", log.visible_seq());
     metric("walgate_durable_lsn", "gauge", "Durable position (acknowledged to PostgreSQL) as a number.", gw.durable_lsn().value);
     return o.str();
   }
@@ -659,10 +666,16 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
       if (path == "/healthz") {
         co_await write_simple(s, req.version(), http::status::ok, "application/json", "{\"status\":\"ok\"}\n", keep, {}, cors);
       } else if (path == "/readyz") {
-        bool ready = status.streaming && status.streaming();
+        const std::string& fault = gw.stream_fault();
+        bool ready = status.streaming && status.streaming() && fault.empty();
+        std::string body = ready ? "{\"status\":\"streaming\"}\n" : "{\"status\":\"not streaming\"}\n";
+        if (!fault.empty()) {   // serving what is logged; the stream itself is stuck, and why
+          body = "{\"status\":\"stream fault\",\"reason\":";
+          transform::append_json_string(body, fault);
+          body += "}\n";
+        }
         co_await write_simple(s, req.version(), ready ? http::status::ok : http::status::service_unavailable,
-                              "application/json", ready ? "{\"status\":\"streaming\"}\n" : "{\"status\":\"not streaming\"}\n",
-                              keep, {}, cors);
+                              "application/json", std::move(body), keep, {}, cors);
       } else if (path == "/metrics") {
         co_await write_simple(s, req.version(), http::status::ok, "text/plain; version=0.0.4", metrics_text(), keep, {}, cors);
       } else if (path == "/") {
@@ -675,8 +688,10 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
                                 json_error(err.parameter, err.message), false, {}, cors);
           co_return;
         }
+        // Only a reconnecting EventSource sends Last-Event-ID, and it is always later than the
+        // from= its page put in the URL (which the browser sends again unchanged): it wins.
         auto last_event_id = req["Last-Event-ID"];
-        if (!r->from && !last_event_id.empty()) {
+        if (!last_event_id.empty()) {
           auto id = transform::event_id::parse(std::string_view(last_event_id.data(), last_event_id.size()));
           if (!id) {
             co_await write_simple(s, req.version(), http::status::bad_request, "application/json",
@@ -694,13 +709,26 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
           co_return;
         }
         counted admitted(streams);
-        std::uint64_t start = gw.log().next_seq();
+        std::uint64_t start = gw.log().visible_seq();
         if (r->from) {
-          auto seq = gw.log().seq_after(*r->from);
+          auto resume = gw.log().resume_after(*r->from);
+          if (!resume.error.empty()) {
+            // Damage, not age: the log could not be read to find the position.
+            co_await write_simple(s, req.version(), http::status::internal_server_error, "application/json",
+                                  json_error("from", "cannot find event " + r->from->to_string() +
+                                                         " in the event log: " + resume.error),
+                                  false, {}, cors);
+            co_return;
+          }
+          auto seq = resume.seq;
           if (!seq) {
             co_await write_simple(s, req.version(), http::status::gone, "application/json",
                                   json_error("from", "event " + r->from->to_string() +
-                                                         " is older than the retained log; take a new snapshot"),
+                                                         (gw.log().origin().valid() && r->from->commit_lsn < gw.log().origin()
+                                                              ? " is from before this event log began (at " +
+                                                                    gw.log().origin().to_string() + ")"
+                                                              : std::string(" is older than the retained log")) +
+                                                         "; take a new snapshot"),
                                   false, {}, cors);
             co_return;
           }

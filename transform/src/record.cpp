@@ -9,7 +9,8 @@ using protocol::cursor;
 using protocol::writer;
 
 namespace {
-constexpr std::uint8_t record_version = 1;
+// 2: a message's prefix is a Str32 (PostgreSQL puts no bound on it); 1 (read too): a Str16.
+constexpr std::uint8_t record_version = 2;
 
 void str16(writer& w, std::string_view s) {
   w.u16(static_cast<std::uint16_t>(std::min<std::size_t>(s.size(), 0xffff))).raw(s.substr(0, 0xffff));
@@ -48,7 +49,7 @@ void read_tuple(cursor& c, std::vector<pg::tuple_column>& out) {
 //           Int32 type | Int32 typmod) |
 // Int16 ntypes | ntypes × (Int32 oid | Str16 nsp | Str16 name) |
 // Byte1 before kind | tuple before | tuple after |
-// message: Byte1 present [| Byte1 transactional | Int64 lsn | Str16 prefix | Int32 len | bytes]
+// message: Byte1 present [| Byte1 transactional | Int64 lsn | Str32 prefix | Int32 len | bytes]
 namespace {
 void write_header(writer& w, const change& c) {
   const auto& t = *c.txn;
@@ -97,7 +98,7 @@ void write_rest(writer& w, const change& c) {
   tuple(w, c.after);
   if (c.message) {
     w.u8(1).u8(c.message->transactional ? 1 : 0).u64(c.message->message_lsn.value);
-    str16(w, c.message->prefix);
+    w.u32(static_cast<std::uint32_t>(c.message->prefix.size())).raw(c.message->prefix);
     w.u32(static_cast<std::uint32_t>(c.message->content.size())).raw(c.message->content);
   } else {
     w.u8(0);
@@ -149,7 +150,8 @@ boost::system::result<void, protocol::decode_error> read_record(protocol::bytes_
   v->message_ = protocol::pgoutput::message{};
   v->change_ = change{};
   cursor c(bytes);
-  if (c.u8("record version") != record_version && c.ok()) c.fail(protocol::errc::invalid_value, "record version");
+  const std::uint8_t version = c.u8("record version");
+  if (c.ok() && version != record_version && version != 1) c.fail(protocol::errc::invalid_value, "record version");
   auto kind = static_cast<op>(c.u8("record op"));
   if (c.ok() && kind != op::insert && kind != op::update && kind != op::delete_ && kind != op::truncate &&
       kind != op::read && kind != op::message)
@@ -197,7 +199,8 @@ boost::system::result<void, protocol::decode_error> read_record(protocol::bytes_
     auto& m = v->message_;
     m.transactional = c.u8() == 1;
     m.message_lsn = protocol::lsn{c.u64()};
-    m.prefix = read_str16(c, "record message prefix");
+    m.prefix = version == 1 ? read_str16(c, "record message prefix")
+                            : protocol::as_string_view(c.bytes(c.u32("record message prefix length"), "record message prefix"));
     m.content = c.bytes(c.u32("record message length"), "record message content");
   }
   c.expect_end("record");

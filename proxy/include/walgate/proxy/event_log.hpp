@@ -7,7 +7,15 @@
 // type, length and payload). The data directory's FORMAT file names the layout ("walgate event
 // log 2"); a directory of another layout is refused, never read as damaged. 'E' events: Int64 seq | record. 'C' transaction ends:
 // Int64 commit_lsn | Int64 end_lsn. On open, a torn or unterminated tail (events after the
-// last 'C', or a frame whose checksum fails) is cut off: it was never acknowledged.
+// last 'C', or a frame whose checksum fails) is cut off: it was never acknowledged; what is kept
+// is fsynced (segments and directory) before anything is acknowledged. A torn segment that is not
+// the last is cut the same way when the segments after it hold no complete transaction (a power
+// cut after a roll), and refused when cutting it would lose transactions after it.
+//
+// What clients see: only committed transactions. Events of a transaction still arriving are
+// held (in memory, on disk when large) and become visible together at its commit frame; a
+// transaction cut off by a reconnect (abort()) was never visible, so a reconnect is invisible to
+// clients. visible_seq() / visible_offset() never move back.
 #pragma once
 
 #include "walgate/protocol/lsn.hpp"
@@ -80,6 +88,7 @@ class event_log {
   bool in_transaction() const { return open_; }
   /// Drops the open transaction (the connection broke before its end): its bytes are cut from
   /// the file and its seqs are reused when the server sends it again, with the same event ids.
+  /// Clients never saw it (see visible_seq()).
   void abort();
   /// begin + add each + commit.
   bool append(const protocol::transaction_info& txn, const std::vector<transform::change>& changes);
@@ -117,9 +126,23 @@ class event_log {
   const log_options& options() const { return opts_; }
   /// Commit LSN of the last transaction appended (durable or not).
   protocol::lsn last_commit_lsn() const { return last_commit_; }
+  /// Seq of the next event appended (those of an open transaction included).
   std::uint64_t next_seq() const { return next_seq_; }
-  /// The oldest retained event's seq (next_seq() when empty).
+  /// One past the last event of the last committed transaction: what clients may read up to.
+  std::uint64_t visible_seq() const { return visible_seq_; }
+  /// end_offset() as of the last commit: a client's lag is measured against it. Never moves back.
+  std::uint64_t visible_offset() const { return visible_offset_; }
+  /// The oldest retained event's seq (visible_seq() when empty).
   std::uint64_t first_seq() const;
+
+  /// Where this log began: the slot's consistent point (or the position the server resumed an
+  /// existing slot at) when the log was empty. An event id from before it belongs to another
+  /// log (a lost data directory, a new slot) and is not resumable here. Invalid: unknown (a log
+  /// made before walgate stored it), then no bound.
+  protocol::lsn origin() const { return origin_; }
+  /// Stores the origin (ORIGIN file, synced) when the log has none and holds no event; false
+  /// with error() set when it cannot be stored.
+  bool set_origin(protocol::lsn l);
 
   /// Events published to live clients: the in-memory tail, seq order.
   const std::deque<event_ptr>& tail() const { return tail_; }
@@ -127,9 +150,20 @@ class event_log {
   /// the file cannot be read (an I/O error, a segment shorter than written, a frame whose
   /// checksum fails), the events before the fault are returned and *error says what failed.
   std::vector<event_ptr> read(std::uint64_t seq, std::size_t max, std::string* error = nullptr) const;
-  /// The seq of the first event after id; nullopt when id is older than what is retained (or
-  /// unknown and not newer than everything).
-  std::optional<std::uint64_t> seq_after(const transform::event_id& id) const;
+  /// Where a client that processed id resumes: the seq of the first event after it. seq is
+  /// nullopt when id is older than what is retained, or from before this log's origin (410);
+  /// error is set instead when the file could not be read to find it (damage, not age).
+  struct resume_point {
+    std::optional<std::uint64_t> seq;
+    std::string error;
+  };
+  resume_point resume_after(const transform::event_id& id) const;
+  /// resume_after(id).seq.
+  std::optional<std::uint64_t> seq_after(const transform::event_id& id) const { return resume_after(id).seq; }
+
+  /// Test hook: called after every successful fsync/fdatasync the log makes (segment files,
+  /// the directory, ACKED, ORIGIN), with the descriptor synced, on the thread that synced it.
+  static void set_sync_observer(std::function<void(int fd)> f);
 
   /// Called with each event as it is appended (before it is durable), with the change it was
   /// made from (valid during the call only).
@@ -153,9 +187,12 @@ class event_log {
   };
   event_log() = default;
   bool recover(std::string& error);
+  /// fsyncs every kept segment and the directory (recovery keeps only what is on stable storage).
+  bool sync_recovered(std::string& error);
   /// After recovery: the newest events (up to half the memory tail) back in memory.
   void prefill_tail();
-  bool scan_segment(segment& s, std::string& error, bool truncate_torn);
+  /// Reads s; good_end is the offset after its last complete transaction, total its size.
+  bool scan_segment(segment& s, std::string& error, std::size_t& good_end, std::size_t& total);
   bool roll_segment();
   bool write_pending();   // write() what is pending (no fsync)
   void enforce_retention();
@@ -169,8 +206,13 @@ class event_log {
   std::string scratch_;                 // add(): the event's payload
   transform::record_writer record_writer_;
   protocol::lsn pending_durable_;       // end LSN that becomes durable at the next sync
-  protocol::lsn durable_lsn_, last_commit_, acked_lsn_;
+  protocol::lsn durable_lsn_, last_commit_, acked_lsn_, origin_;
   std::uint64_t next_seq_ = 0;
+  std::uint64_t visible_seq_ = 0, visible_offset_ = 0;
+  transform::event_id last_visible_id_;   // id of the last committed event
+  transform::event_id dropped_last_id_;   // last id of the newest segment retention dropped
+  bool dropped_ = false;                   // retention dropped something in this process
+  transform::event_id txn_seg_first_id_, txn_seg_last_id_;   // the last segment's ids at begin()
   std::deque<event_ptr> tail_;
   std::size_t tail_bytes_ = 0;
   std::function<void(const logged_event&, const transform::change&)> publish_;

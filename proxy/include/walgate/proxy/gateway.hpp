@@ -34,6 +34,7 @@ struct gateway_metrics {
   protocol::lsn server_wal_end;        ///< from the last XLogData or keepalive
   std::int64_t last_commit_time_us = 0;   ///< PostgreSQL-epoch µs of the last logged transaction
   std::int64_t slot_retained_wal = -1;    ///< bytes, from pg_replication_slots (-1: unknown)
+  std::uint64_t decode_failures = 0;      ///< pgoutput messages that could not be decoded
 };
 
 class gateway final : public replication_sink, public protocol::transaction_handler {
@@ -47,6 +48,9 @@ class gateway final : public replication_sink, public protocol::transaction_hand
   boost::system::error_code on_xlog_data(const protocol::xlog_data& x) override;
   void on_keepalive(const protocol::primary_keepalive& k) override;
   protocol::lsn durable_lsn() const override;
+  /// A message that cannot be decoded is retried on a new connection (it may have been damaged
+  /// on the way); a failed event log is not.
+  bool retry_after_failure() const override { return decode_failed_ && !log_failed_now(); }
 
   // transaction_handler
   boost::system::error_code on_begin(const protocol::transaction_info& t) override;
@@ -59,8 +63,8 @@ class gateway final : public replication_sink, public protocol::transaction_hand
 
   event_log& log() { return log_; }
   gateway_metrics& metrics() { return metrics_; }
-  /// Called (on the executor) when new events are in the log: once for all the events logged
-  /// from one read of the stream, not once per event.
+  /// Called (on the executor) when transactions have committed in the log (clients see them):
+  /// once for all those logged from one read of the stream, not once per transaction.
   void on_new_events(std::function<void()> f) { wake_ = std::move(f); }
   /// Called with each event as it is logged, with the change it was made from (valid during
   /// the call only): the server encodes events here that its clients will want.
@@ -68,6 +72,9 @@ class gateway final : public replication_sink, public protocol::transaction_hand
   /// Writes and syncs what is pending now (shutdown).
   void flush();
   const std::string& failure() const { return failure_; }
+  /// Why the stream is not healthy although connected or reconnecting: a pgoutput message that
+  /// could not be decoded (with its position). Empty once that position decodes.
+  const std::string& stream_fault() const { return stream_fault_; }
   /// Called once (on the executor) when the event log fails: a write, sync or new segment
   /// that did not work. The gateway then refuses the stream (nothing after the last durable
   /// position is acknowledged) and the process should stop: a restart resumes from there.
@@ -75,8 +82,10 @@ class gateway final : public replication_sink, public protocol::transaction_hand
 
  private:
   void schedule_sync();
+  void wake_clients();
   /// Records the event log's failure (once) and tells on_failure.
   bool log_failed();
+  bool log_failed_now() const { return !log_.error().empty() || ack_failed_; }
   void fail(std::string why);
   /// Stores an idle stream's keepalive position (ACKED file, on the sync thread); it counts as
   /// durable — and is acknowledged — once stored.
@@ -102,6 +111,9 @@ class gateway final : public replication_sink, public protocol::transaction_hand
   std::function<void(const logged_event&, const transform::change&)> logged_;
   bool wake_posted_ = false;
   std::string failure_;
+  std::string stream_fault_;
+  protocol::lsn stream_fault_lsn_;
+  bool decode_failed_ = false;   // the last on_xlog_data failure was a decode error
   std::function<void()> on_failure_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };

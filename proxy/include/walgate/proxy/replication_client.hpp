@@ -60,15 +60,20 @@ struct stream_start_info {
   protocol::lsn start;               ///< The position requested in START_REPLICATION.
   std::optional<std::string> exported_snapshot;   ///< When the slot was created here.
   protocol::lsn consistent_point;    ///< When the slot was created here.
+  protocol::lsn confirmed_flush;     ///< An existing slot's confirmed_flush_lsn (where the server resumes).
 };
 
 class replication_sink {
  public:
   virtual ~replication_sink() = default;
   virtual void on_stream_start(const stream_start_info&) {}
-  /// One XLogData frame; x.data is valid only during the call. An error stops streaming
-  /// without acknowledging anything further (it is not retried: the same bytes would come back).
+  /// One XLogData frame; x.data is valid only during the call. An error ends this connection
+  /// without acknowledging anything further (see retry_after_failure).
   virtual boost::system::error_code on_xlog_data(const protocol::xlog_data& x) = 0;
+  /// Whether the failure on_xlog_data just returned may pass with a new connection (bytes
+  /// damaged on the way, say): then the client reconnects, with a backoff that a stream ending
+  /// this way does not reset. Default: no, streaming stops.
+  virtual bool retry_after_failure() const { return false; }
   virtual void on_keepalive(const protocol::primary_keepalive&) {}
   /// The position that is durable downstream; reported as flush and apply.
   virtual protocol::lsn durable_lsn() const = 0;

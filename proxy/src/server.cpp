@@ -722,14 +722,16 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
           }
           auto seq = resume.seq;
           if (!seq) {
-            co_await write_simple(s, req.version(), http::status::gone, "application/json",
-                                  json_error("from", "event " + r->from->to_string() +
-                                                         (gw.log().origin().valid() && r->from->commit_lsn < gw.log().origin()
-                                                              ? " is from before this event log began (at " +
-                                                                    gw.log().origin().to_string() + ")"
-                                                              : std::string(" is older than the retained log")) +
-                                                         "; take a new snapshot"),
-                                  false, {}, cors);
+            // (Built before the co_await: gcc 12 destroys a conditional's temporaries twice there.)
+            std::string why = "event " + r->from->to_string();
+            if (gw.log().origin().valid() && r->from->commit_lsn < gw.log().origin())
+              why += " is from before this event log began (at " + gw.log().origin().to_string() + ")";
+            else
+              why += " is older than the retained log";
+            why += "; take a new snapshot";
+            std::string body = json_error("from", why);
+            co_await write_simple(s, req.version(), http::status::gone, "application/json", std::move(body), false, {},
+                                  cors);
             co_return;
           }
           start = *seq;

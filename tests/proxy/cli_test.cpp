@@ -2,7 +2,9 @@
 // precedence flags > WALGATE_* environment > TOML config file.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
+#include <vector>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -76,5 +78,41 @@ TEST_CASE("flags over WALGATE_* environment over the config file") {
   CHECK(env.output.find("'from_env_X'") != std::string::npos);
   auto flag = run("--config " + cfg + " --slot from_flag_X", "WALGATE_SLOT=from_env_X");
   CHECK(flag.output.find("'from_flag_X'") != std::string::npos);
+  std::remove(cfg.c_str());
+}
+
+TEST_CASE("out-of-range settings from the environment or the config file: the same one-line error, exit 2") {
+  struct bad {
+    std::string env, toml, name;
+  };
+  const std::vector<bad> cases = {
+      {"WALGATE_STATUS_INTERVAL=0", "status-interval = 0", "--status-interval"},
+      {"WALGATE_CLIENT_LAG_MB=0", "client-lag-mb = 0", "--client-lag-mb"},
+      {"WALGATE_CLIENT_LAG_MB=99999999999999", "client-lag-mb = 99999999999999", "--client-lag-mb"},
+      {"WALGATE_RETENTION_MB=0", "retention-mb = 0", "--retention-mb"},
+      {"WALGATE_TAIL_MB=1000000", "tail-mb = 1000000", "--tail-mb"},
+      {"WALGATE_DEBEZIUM_DECIMAL_MODE=exact", "debezium-decimal-mode = \"exact\"", "--debezium-decimal-mode"},
+  };
+  const std::string cfg = "/tmp/walgate-cli-range.toml";
+  for (const auto& c : cases) {
+    auto from_env = run(base, c.env);
+    CHECK_MESSAGE(from_env.status == 2, c.env);
+    CHECK_MESSAGE(from_env.output.find(c.name) != std::string::npos, from_env.output);
+    CHECK_MESSAGE(std::count(from_env.output.begin(), from_env.output.end(), '\n') == 1, from_env.output);
+    std::ofstream(cfg, std::ios::trunc) << c.toml << "\n";
+    auto from_file = run(base + "--config " + cfg);
+    CHECK_MESSAGE(from_file.status == 2, c.toml);
+    CHECK_MESSAGE(from_file.output == from_env.output, from_file.output);
+    auto from_flag = run(base + c.name + " " + c.env.substr(c.env.find('=') + 1));
+    CHECK_MESSAGE(from_flag.status == 2, c.name);
+    CHECK_MESSAGE(from_flag.output == from_env.output, from_flag.output);
+  }
+  // Numbers are numbers: no sign, no trailing text.
+  auto neg = run(base, "WALGATE_RETENTION_MB=-1");
+  CHECK(neg.status == 2);
+  CHECK(neg.output.find("WALGATE_RETENTION_MB: not a number") != std::string::npos);
+  auto junk = run(base, "WALGATE_STATUS_INTERVAL=10s");
+  CHECK(junk.status == 2);
+  CHECK(junk.output.find("WALGATE_STATUS_INTERVAL: not a number") != std::string::npos);
   std::remove(cfg.c_str());
 }

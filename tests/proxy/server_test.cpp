@@ -342,11 +342,25 @@ TEST_CASE("table and op filters; resume by from and Last-Event-ID with no gap an
   CHECK(tail[0].second == every[12]);
   CHECK(tail[2].second == every[14]);
 
-  // From before the first event of a log that never dropped anything: the whole log.
-  stream_client whole(g.port(), "/v1/stream?from=0/1:0");
+  // 0/0:0 of a log that never dropped anything: the whole log.
+  stream_client whole(g.port(), "/v1/stream?from=0/0:0");
   auto everything = whole.events(15);
   REQUIRE(everything.size() == 15);
   CHECK(everything[0] == every[0]);
+  // An id from before where this log began (its slot's consistent point) is another log's: the
+  // changes between are not here.
+  auto [st, body] = get_path(g.port(), "/v1/stream?from=0/1:0");
+  CHECK(st == 410);
+  CHECK(body.find("is from before this event log began") != std::string::npos);
+
+  // Both from= (an EventSource's URL, sent again unchanged) and Last-Event-ID (its reconnect):
+  // the later one, Last-Event-ID, wins.
+  stream_client both(g.port(), "/v1/stream?from=" + id_of(every[2]),
+                     {{"Accept", "text/event-stream"}, {"Last-Event-ID", id_of(every[12])}});
+  auto after = both.sse(2);
+  REQUIRE(after.size() == 2);
+  CHECK(after[0].second == every[13]);
+  CHECK(after[1].second == every[14]);
 }
 
 TEST_CASE("non-transactional logical messages are logged and served in WAL order, and resumable") {

@@ -316,3 +316,35 @@ TEST_CASE("record_writer: a relation's new definition (a new generation) is writ
   writer.write(a, c);
   CHECK(a.find("note2") != std::string::npos);
 }
+
+TEST_CASE("record: a message prefix longer than 64 KiB is kept whole; version 1 records still read") {
+  sample s;
+  pg::message m;
+  m.transactional = false;
+  std::string prefix(70'000, 'p');
+  prefix.back() = 'q';
+  m.prefix = prefix;
+  std::string content = "c";
+  m.content = protocol::as_bytes(content);
+  change msg;
+  msg.kind = op::message;
+  msg.txn = &s.txn;
+  msg.message = &m;
+  std::string rec;
+  write_record(rec, msg);
+  auto back = read_record(protocol::as_bytes(rec));
+  REQUIRE(back.has_value());
+  CHECK((*back)->get().message->prefix == prefix);
+  // The layout of version 1 (a Str16 prefix), as logs written before it hold.
+  m.prefix = "app";
+  std::string v2;
+  write_record(v2, msg);
+  const std::size_t at = v2.size() - (4 + 3) - (4 + 1);   // Str32 prefix | Int32 len | content
+  std::string v1 = v2.substr(0, at);
+  v1[0] = 1;
+  v1 += std::string("\x00\x03", 2) + "app" + v2.substr(at + 4 + 3);
+  auto old = read_record(protocol::as_bytes(v1));
+  REQUIRE_MESSAGE(old.has_value(), old.error().message());
+  CHECK((*old)->get().message->prefix == "app");
+  CHECK(protocol::as_string_view((*old)->get().message->content) == "c");
+}

@@ -1,0 +1,367 @@
+// The event log across cut-off transactions, restarts, crashes and damage: what clients see,
+// where a resume id leads, what recovery keeps and makes durable.
+#include "walgate/proxy/event_log.hpp"
+
+#include <doctest/doctest.h>
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+using namespace walgate;
+using namespace walgate::proxy;
+namespace pg = walgate::protocol::pgoutput;
+namespace fs = std::filesystem;
+using protocol::lsn;
+using transform::event_id;
+
+namespace {
+struct temp_dir {
+  fs::path path;
+  temp_dir() {
+    std::string t = (fs::temp_directory_path() / "walgate-rec-XXXXXX").string();
+    path = mkdtemp(t.data());
+  }
+  ~temp_dir() { fs::remove_all(path); }
+};
+
+/// Builds transactions of n inserts; begin/add/commit separately so a test can stop midway.
+struct writer {
+  pg::cached_relation rel;
+  std::deque<std::string> values;
+  std::deque<std::vector<pg::tuple_column>> rows;
+  std::deque<protocol::transaction_info> txns;
+  writer() {
+    rel.oid = 1;
+    rel.nspname = "public";
+    rel.relname = "items";
+    rel.columns = {{"id", 23, -1, true}};
+  }
+  protocol::transaction_info& txn(std::uint64_t commit_lsn) {
+    auto& t = txns.emplace_back();
+    t.commit_lsn = lsn{commit_lsn};
+    t.end_lsn = lsn{commit_lsn + 8};
+    return t;
+  }
+  void add(event_log& log, protocol::transaction_info& t, std::uint32_t i) {
+    values.push_back(std::to_string(t.commit_lsn.value * 100 + i));
+    rows.push_back({{pg::column_kind::text, protocol::as_bytes(values.back())}});
+    transform::change c;
+    c.txn = &t;
+    c.kind = transform::op::insert;
+    c.index = i;
+    c.change_lsn = lsn{t.commit_lsn.value - 1};
+    c.relation = &rel;
+    c.after = rows.back();
+    log.add(c);
+  }
+  /// begin, n adds, commit.
+  void whole(event_log& log, std::uint64_t commit_lsn, std::uint32_t n) {
+    auto& t = txn(commit_lsn);
+    REQUIRE(log.begin(t.commit_lsn));
+    for (std::uint32_t i = 0; i < n; ++i) add(log, t, i);
+    log.commit(t.commit_lsn, t.end_lsn);
+  }
+};
+
+std::vector<fs::path> segments(const fs::path& dir) {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind("segment-", 0) == 0) out.push_back(e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+log_options options(const fs::path& dir, bool fsync = false) {
+  log_options o;
+  o.dir = dir;
+  o.fsync = fsync;
+  return o;
+}
+}  // namespace
+
+TEST_CASE("clients see a transaction only at its commit; a cut-off transaction was never visible") {
+  temp_dir d;
+  std::string error;
+  auto o = options(d.path);
+  o.memory_bytes = 1;   // the tail holds only what is not in the file yet
+  auto log = event_log::open(o, error);
+  REQUIRE_MESSAGE(log, error);
+  writer w;
+  w.whole(*log, 0x100, 3);
+  const auto seen_offset = log->visible_offset();
+  CHECK(log->visible_seq() == 3);
+  // A transaction arriving: its events are held, not readable.
+  auto& t = w.txn(0x200);
+  REQUIRE(log->begin(t.commit_lsn));
+  for (std::uint32_t i = 0; i < 4; ++i) w.add(*log, t, i);
+  CHECK(log->next_seq() == 7);
+  CHECK(log->visible_seq() == 3);
+  CHECK(log->read(3, 10).empty());
+  CHECK(log->read(0, 10).size() == 3);
+  CHECK(log->visible_offset() == seen_offset);
+  CHECK(log->end_offset() > seen_offset);
+  CHECK(*log->seq_after({lsn{0x100}, 2}) == 3);   // the head clients see
+  // The connection breaks: the transaction is dropped; nothing visible moves, not back either.
+  log->abort();
+  CHECK(log->next_seq() == 3);
+  CHECK(log->visible_seq() == 3);
+  CHECK(log->visible_offset() == seen_offset);
+  CHECK(log->end_offset() == seen_offset);
+  // The server sends it again, whole: the same seqs, visible at its commit.
+  auto& again = w.txn(0x200);
+  REQUIRE(log->begin(again.commit_lsn));
+  for (std::uint32_t i = 0; i < 4; ++i) w.add(*log, again, i);
+  log->commit(again.commit_lsn, again.end_lsn);
+  CHECK(log->visible_seq() == 7);
+  CHECK(log->visible_offset() > seen_offset);
+  REQUIRE(log->sync());
+  auto all = log->read(0, 100);
+  REQUIRE(all.size() == 7);
+  for (std::uint64_t i = 0; i < 7; ++i) CHECK(all[i]->seq == i);
+  CHECK(all[6]->id.to_string() == "0/200:3");
+  CHECK(*log->seq_after({lsn{0x200}, 1}) == 5);
+}
+
+TEST_CASE("a transaction larger than the memory tail is read whole from the file once committed") {
+  temp_dir d;
+  std::string error;
+  auto o = options(d.path);
+  o.memory_bytes = 64 << 10;
+  auto log = event_log::open(o, error);
+  REQUIRE(log);
+  writer w;
+  auto& t = w.txn(0x100);
+  REQUIRE(log->begin(t.commit_lsn));
+  for (std::uint32_t i = 0; i < 40'000; ++i) w.add(*log, t, i);   // several MiB: most leaves the tail
+  CHECK(log->tail().front()->seq > 0);
+  CHECK(log->first_seq() == 0);   // nothing retention dropped: a client at 0 is not told to re-snapshot
+  CHECK(log->read(0, 10).empty());
+  log->commit(t.commit_lsn, t.end_lsn);
+  std::uint64_t seq = 0;
+  while (seq < log->visible_seq()) {
+    auto batch = log->read(seq, 1000);
+    REQUIRE_FALSE(batch.empty());
+    for (const auto& e : batch) REQUIRE(e->seq == seq++);
+  }
+  CHECK(seq == 40'000);
+}
+
+TEST_CASE("a restart after a cut-off transaction that had opened a new segment resumes ids exactly") {
+  temp_dir d;
+  std::string error;
+  auto o = options(d.path);
+  o.segment_bytes = 256;   // every transaction after the first opens a segment
+  writer w;
+  {
+    auto log = event_log::open(o, error);
+    REQUIRE(log);
+    w.whole(*log, 0x100, 5);
+    w.whole(*log, 0x200, 5);
+    auto& t = w.txn(0x300);
+    REQUIRE(log->begin(t.commit_lsn));   // rolls: a new, empty segment
+    w.add(*log, t, 0);
+    log->abort();                        // cut off, as by a reconnect
+    REQUIRE(log->sync());
+    CHECK(*log->seq_after({lsn{0x100}, 4}) == 5);
+    CHECK(*log->seq_after({lsn{0x200}, 2}) == 8);
+  }
+  auto log = event_log::open(o, error);
+  REQUIRE_MESSAGE(log, error);
+  CHECK(segments(d.path).size() == 3);   // the last one empty
+  CHECK(log->visible_seq() == 10);
+  // With the memory tail empty too, the ids come from the segments, not from the empty last one.
+  o.memory_bytes = 1;
+  log.reset();
+  log = event_log::open(o, error);
+  REQUIRE(log);
+  CHECK(*log->seq_after({lsn{0x100}, 4}) == 5);
+  CHECK(*log->seq_after({lsn{0x200}, 2}) == 8);
+  CHECK(*log->seq_after({lsn{0x200}, 4}) == 10);
+  CHECK(*log->seq_after({lsn{0x100}, 0}) == 1);
+}
+
+TEST_CASE("the last event of a segment retention dropped resumes at the first retained one") {
+  temp_dir d;
+  std::string error;
+  auto o = options(d.path);
+  o.segment_bytes = 256;
+  o.retention_bytes = 700;
+  o.memory_bytes = 1;
+  auto log = event_log::open(o, error);
+  REQUIRE(log);
+  writer w;
+  for (std::uint64_t i = 1; i <= 6; ++i) {
+    w.whole(*log, 0x100 * i, 5);
+    REQUIRE(log->sync());
+  }
+  REQUIRE(log->first_seq() > 0);
+  const std::uint64_t first = log->first_seq();
+  const std::uint64_t dropped_txn = first / 5;   // transactions 1.. of 5 events each
+  CHECK(*log->seq_after({lsn{0x100 * dropped_txn}, 4}) == first);   // the dropped segment's last event
+  CHECK_FALSE(log->seq_after({lsn{0x100 * dropped_txn}, 3}));      // before it: gone
+  CHECK_FALSE(log->seq_after({}));                                   // 0/0:0: the start is gone
+}
+
+TEST_CASE("an id from before where the log began is not resumable; 0/0:0 reads from the start") {
+  temp_dir d;
+  std::string error;
+  auto o = options(d.path, true);
+  {
+    auto log = event_log::open(o, error);
+    REQUIRE(log);
+    // Nothing logged and no origin known: no id can be from this log.
+    CHECK_FALSE(log->seq_after({lsn{0x50}, 0}));
+    CHECK(*log->seq_after({}) == 0);
+    REQUIRE(log->set_origin(lsn{0x1000}));
+    CHECK(*log->seq_after({lsn{0x2000}, 0}) == 0);
+    CHECK_FALSE(log->seq_after({lsn{0x500}, 3}));
+    writer w;
+    w.whole(*log, 0x1100, 2);
+    REQUIRE(log->sync());
+    REQUIRE(log->set_origin(lsn{0x9999}));   // set once: a log with events keeps its origin
+    CHECK(log->origin().value == 0x1000);
+  }
+  auto log = event_log::open(o, error);   // stored
+  REQUIRE(log);
+  CHECK(log->origin().value == 0x1000);
+  CHECK_FALSE(log->seq_after({lsn{0x500}, 3}));        // another log's id
+  CHECK(*log->seq_after({lsn{0x1000}, 0}) == 0);       // after the origin, before the first event
+  CHECK(*log->seq_after({}) == 0);
+  CHECK(*log->seq_after({lsn{0x1100}, 0}) == 1);
+}
+
+TEST_CASE("a resume lookup that cannot read the file says so, instead of 'not retained'") {
+  temp_dir d;
+  std::string error;
+  auto o = options(d.path);
+  o.memory_bytes = 1;
+  auto log = event_log::open(o, error);
+  REQUIRE(log);
+  writer w;
+  w.whole(*log, 0x100, 5);
+  w.whole(*log, 0x200, 5);
+  REQUIRE(log->sync());
+  fs::remove(segments(d.path).front());
+  auto r = log->resume_after({lsn{0x100}, 2});
+  CHECK_FALSE(r.seq);
+  CHECK(r.error.find("unreadable") != std::string::npos);
+}
+
+TEST_CASE("stray files named segment-* are left alone") {
+  temp_dir d;
+  std::string error;
+  auto o = options(d.path);
+  writer w;
+  {
+    auto log = event_log::open(o, error);
+    REQUIRE(log);
+    w.whole(*log, 0x100, 2);
+  }
+  std::ofstream(d.path / "segment-x.bak") << "junk";
+  std::ofstream(d.path / "segment-00000000000000000000.log.orig") << "junk";
+  std::ofstream(d.path / "segment-99999999999999999999.log") << "";   // 20 digits, past UINT64_MAX
+  auto log = event_log::open(o, error);
+  REQUIRE_MESSAGE(log, error);
+  CHECK(log->visible_seq() == 2);
+  CHECK(fs::exists(d.path / "segment-x.bak"));
+}
+
+TEST_CASE("a torn segment that is not the last: cut when nothing complete follows, refused when something does") {
+  temp_dir d;
+  std::string error;
+  auto o = options(d.path);
+  o.segment_bytes = 256;
+  writer w;
+  {
+    auto log = event_log::open(o, error);
+    REQUIRE(log);
+    w.whole(*log, 0x100, 5);
+    w.whole(*log, 0x200, 5);   // second segment
+    REQUIRE(log->sync());
+  }
+  auto segs = segments(d.path);
+  REQUIRE(segs.size() == 2);
+  const auto first_size = fs::file_size(segs[0]);
+  // A power cut after the roll: the first segment lost its last bytes, the second is empty.
+  fs::resize_file(segs[0], first_size - 3);
+  fs::resize_file(segs[1], 0);
+  {
+    auto log = event_log::open(o, error);
+    REQUIRE_MESSAGE(log, error);
+    CHECK(log->visible_seq() == 0);   // the first transaction's end frame was torn
+    CHECK(segments(d.path).size() == 1);
+    w.whole(*log, 0x300, 5);          // and the log goes on
+    REQUIRE(log->sync());
+    CHECK(log->visible_seq() == 5);
+  }
+  // Damage inside a segment that complete transactions follow: cutting would lose them.
+  {
+    auto log = event_log::open(o, error);
+    REQUIRE(log);
+    w.whole(*log, 0x400, 5);
+    REQUIRE(log->sync());
+  }
+  segs = segments(d.path);
+  REQUIRE(segs.size() == 2);
+  fs::resize_file(segs[0], fs::file_size(segs[0]) - 3);
+  CHECK_FALSE(event_log::open(o, error));
+  CHECK(error.find("is damaged at offset") != std::string::npos);
+  CHECK(error.find("1 later segment(s) hold complete transactions") != std::string::npos);
+  CHECK(segments(d.path).size() == 2);   // untouched
+}
+
+TEST_CASE("recovery makes what it keeps durable before anything is acknowledged (simulated power cut)") {
+  temp_dir d;
+  auto o = options(d.path, true);
+  // A walgate killed after writing and before its fdatasync: the bytes are in the page cache.
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    std::string e;
+    auto log = event_log::open(o, e);
+    if (!log) _exit(3);
+    writer w;
+    w.whole(*log, 0x100, 3);
+    w.whole(*log, 0x200, 3);
+    auto job = log->begin_sync();   // written, never synced
+    _exit(job.fd >= 0 ? 0 : 4);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  // What reached stable storage, by file (the hook sees every sync the log makes).
+  std::map<std::string, std::uint64_t> synced;
+  event_log::set_sync_observer([&](int fd) {
+    struct stat st {};
+    char link[512];
+    auto n = readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), link, sizeof link - 1);
+    if (n <= 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return;
+    link[n] = 0;
+    synced[link] = static_cast<std::uint64_t>(st.st_size);
+  });
+  lsn recovered;
+  {
+    std::string error;
+    auto log = event_log::open(o, error);
+    REQUIRE_MESSAGE(log, error);
+    recovered = log->durable_lsn();
+    CHECK(recovered.value == 0x208);   // what a restart acknowledges
+    event_log::set_sync_observer({});   // (the power goes before this log syncs anything itself)
+  }
+  // The power goes: every segment falls back to what was synced.
+  for (const auto& seg : segments(d.path)) {
+    auto it = synced.find(fs::canonical(seg).string());
+    fs::resize_file(seg, it == synced.end() ? 0 : it->second);
+  }
+  std::string error;
+  auto log = event_log::open(o, error);
+  REQUIRE_MESSAGE(log, error);
+  CHECK(log->durable_lsn() == recovered);
+  CHECK(log->visible_seq() == 6);
+}

@@ -274,6 +274,53 @@ std::unique_ptr<local_cluster> local_cluster::start(const cluster_options& o, st
 
 local_cluster::~local_cluster() { stop(); }
 
+bool local_cluster::restart_immediate(std::string& error) {
+  if (pid_ <= 0) {
+    error = "the server is not running";
+    return false;
+  }
+  kill(pid_, SIGQUIT);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+  run_as as = server_user(error);
+  if (!error.empty()) return false;
+  // The port stays ours for a moment after the server's exit (nobody else binds it here).
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    pid_t pid = spawn({(bindir_ / "postgres").string(), "-D", datadir_.string()}, log_file(), as);
+    if (pid < 0) {
+      error = "could not start postgres: " + std::string(std::strerror(errno));
+      return false;
+    }
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    bool exited = false;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (waitpid(pid, &status, WNOHANG) == pid) {
+        exited = true;
+        break;
+      }
+      std::ifstream pidfile(datadir_ / "postmaster.pid");
+      std::string line;
+      for (int i = 0; i < 8 && std::getline(pidfile, line); ++i) {
+      }
+      if (line.rfind("ready", 0) == 0) {
+        pid_ = pid;
+        return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (!exited) {
+      kill(pid, SIGQUIT);
+      waitpid(pid, nullptr, 0);
+      error = "postgres did not become ready within 60 s after an immediate stop:" + tail(log_file());
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));   // the port not free yet: again
+  }
+  error = "postgres did not start again after an immediate stop:" + tail(log_file());
+  return false;
+}
+
 void local_cluster::stop() {
   if (pid_ > 0) {
     kill(pid_, SIGINT);  // fast shutdown

@@ -31,6 +31,7 @@
 #include <variant>
 #include <cstdio>
 #include <random>
+#include <stdexcept>
 #include <thread>
 
 namespace asio = boost::asio;
@@ -178,6 +179,26 @@ bool client_limit(std::size_t requested, proxy::server_options& so, std::string&
   return true;
 }
 
+/// The gateway as the replication client's sink, with a test hook: WALGATE_TEST_THROW_IN_STREAM
+/// set makes the first XLogData frame throw, as a bug in the stream path would (the tests check
+/// that walgate then exits non-zero, saying why).
+class stream_sink final : public proxy::replication_sink {
+ public:
+  explicit stream_sink(proxy::gateway& g) : gw_(g), throw_(std::getenv("WALGATE_TEST_THROW_IN_STREAM") != nullptr) {}
+  void on_stream_start(const proxy::stream_start_info& i) override { gw_.on_stream_start(i); }
+  boost::system::error_code on_xlog_data(const protocol::xlog_data& x) override {
+    if (throw_) throw std::runtime_error("test hook: an exception in the stream path at " + x.wal_start.to_string());
+    return gw_.on_xlog_data(x);
+  }
+  bool retry_after_failure() const override { return gw_.retry_after_failure(); }
+  void on_keepalive(const protocol::primary_keepalive& k) override { gw_.on_keepalive(k); }
+  protocol::lsn durable_lsn() const override { return gw_.durable_lsn(); }
+
+ private:
+  proxy::gateway& gw_;
+  bool throw_;
+};
+
 /// Runs the gateway until SIGINT/SIGTERM or a failure reconnecting cannot fix.
 int serve(const settings& s, const std::function<void(std::uint16_t)>& on_listening = {}) {
   auto parsed = proxy::parse_conninfo(s.pg);
@@ -278,9 +299,11 @@ int serve(const settings& s, const std::function<void(std::uint16_t)>& on_listen
   rs.publications = s.publications;
   rs.messages_when_supported = true;
   rs.status_interval = std::chrono::milliseconds(s.status_interval_ms);
-  proxy::replication_client client(io.get_executor(), rs, gw);
-  client.set_retry_handler([](const proxy::failure& f, std::chrono::milliseconds d) {
-    log_line(f.message + " (reconnecting in " + std::to_string(d.count()) + " ms)");
+  stream_sink sink(gw);
+  proxy::replication_client client(io.get_executor(), rs, sink);
+  client.set_retry_handler([&gw](const proxy::failure& f, std::chrono::milliseconds d) {
+    log_line((gw.stream_fault().empty() ? f.message : gw.stream_fault()) + " (reconnecting in " +
+             std::to_string(d.count()) + " ms)");
   });
   proxy::server_status st;
   st.streaming = [&] { return client.streaming(); };

@@ -50,6 +50,9 @@ class local_cluster {
   std::vector<std::vector<std::optional<std::string>>> sql(const std::string& query) const;
   /// Like sql() but returns the error text instead of throwing ("" on success).
   std::string try_sql(const std::string& query) const;
+  /// Stops the server as `pg_ctl stop -m immediate` does (SIGQUIT: no checkpoint, crash
+  /// recovery at the next start) and starts it again on the same port; false with error.
+  bool restart_immediate(std::string& error);
   /// Stops the server and removes the directory (also done by the destructor).
   void stop();
   /// Path of the server log.

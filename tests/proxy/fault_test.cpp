@@ -1,0 +1,496 @@
+// Nothing lost, proven the way it fails: the walgate executable (fsync on in its data directory)
+// killed with SIGKILL at random moments, PostgreSQL stopped -m immediate, walsenders terminated
+// inside transactions — while a writer commits inserts, updates that change keys, deletes,
+// large transactions and truncates across tables, and a client reads NDJSON and always resumes
+// from the last id it received. What it received is replayed into a model of each table and
+// compared with SELECT: nothing missing, nothing twice, nothing out of order.
+//
+// These take minutes: ctest label "fault" (WALGATE_FAULT_CYCLES scales the cycle counts).
+#include "walgate/transform/change.hpp"
+
+#include "test_cluster.hpp"
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/json.hpp>
+
+#include <doctest/doctest.h>
+#include <libpq-fe.h>
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+using namespace walgate;
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace json = boost::json;
+using tcp = asio::ip::tcp;
+
+namespace {
+
+int cycles(int n) {
+  const char* f = std::getenv("WALGATE_FAULT_CYCLES");
+  double scale = f ? std::atof(f) : 1.0;
+  return std::max(1, static_cast<int>(n * scale));
+}
+
+std::uint16_t free_port() {
+  asio::io_context io;
+  tcp::acceptor a(io, {asio::ip::make_address("127.0.0.1"), 0});
+  return a.local_endpoint().port();
+}
+
+/// The walgate executable, its stderr collected.
+struct walgate_process {
+  std::vector<std::string> args;
+  std::vector<std::string> env;
+  pid_t pid = -1;
+  int err_fd = -1;
+  std::thread reader;
+  std::mutex m;
+  std::string output;
+  std::atomic<bool> listening{false};
+
+  void start() {
+    listening = false;
+    int p[2];
+    REQUIRE(pipe(p) == 0);
+    pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      dup2(p[1], 2);
+      close(p[0]);
+      close(p[1]);
+      for (const auto& e : env) putenv(const_cast<char*>(e.c_str()));
+      std::vector<char*> argv{const_cast<char*>(WALGATE_BINARY)};
+      for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      execv(WALGATE_BINARY, argv.data());
+      _exit(127);
+    }
+    close(p[1]);
+    err_fd = p[0];
+    reader = std::thread([this, fd = err_fd] {
+      char buf[4096];
+      ssize_t n;
+      while ((n = ::read(fd, buf, sizeof buf)) > 0) {
+        std::lock_guard<std::mutex> g(m);
+        output.append(buf, static_cast<std::size_t>(n));
+        if (output.find("listening on") != std::string::npos) listening = true;
+      }
+      close(fd);
+    });
+  }
+  /// Waits for the process to end; its exit status (128 + signal when killed).
+  int wait() {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    reader.join();
+    pid = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  int kill_with(int sig) {
+    ::kill(pid, sig);
+    return wait();
+  }
+  std::string log() {
+    std::lock_guard<std::mutex> g(m);
+    return output;
+  }
+  ~walgate_process() {
+    if (pid > 0) kill_with(SIGKILL);
+  }
+};
+
+/// A libpq connection that reconnects after the server went away.
+struct sql_conn {
+  std::string conninfo;
+  PGconn* c = nullptr;
+  explicit sql_conn(std::string ci) : conninfo(std::move(ci)) {}
+  ~sql_conn() {
+    if (c) PQfinish(c);
+  }
+  /// Runs q; false when it failed (connection lost, or an error).
+  bool exec(const std::string& q, std::vector<std::vector<std::string>>* rows = nullptr) {
+    if (!c || PQstatus(c) != CONNECTION_OK) {
+      if (c) PQfinish(c);
+      c = PQconnectdb(conninfo.c_str());
+      if (PQstatus(c) != CONNECTION_OK) return false;
+    }
+    PGresult* r = PQexec(c, q.c_str());
+    bool ok = PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK;
+    if (ok && rows) {
+      rows->clear();
+      for (int i = 0; i < PQntuples(r); ++i) {
+        rows->emplace_back();
+        for (int j = 0; j < PQnfields(r); ++j) rows->back().push_back(PQgetvalue(r, i, j));
+      }
+    }
+    PQclear(r);
+    return ok;
+  }
+};
+
+using table_model = std::map<long long, std::string>;   // id -> v
+
+/// Reads NDJSON (native format) from walgate, resuming from the last id it received after every
+/// disconnect, and replays the events into a model of each table.
+struct resuming_client {
+  std::uint16_t port;
+  std::string query;
+  std::thread thread;
+  std::atomic<bool> stop{false};
+  std::mutex m;
+  std::map<std::string, table_model> tables;
+  std::string last_id = "0/0:0";
+  transform::event_id last{};
+  std::uint64_t events = 0, connections = 0, disconnects = 0, duplicates = 0;
+  std::vector<std::string> problems;   // anything a client must never see
+  std::vector<std::string> close_reasons;
+
+  resuming_client(std::uint16_t p, std::string q) : port(p), query(std::move(q)) {
+    thread = std::thread([this] { run(); });
+  }
+  ~resuming_client() { finish(); }
+  void finish() {
+    stop = true;
+    if (thread.joinable()) thread.join();
+  }
+
+  void apply(const std::string& line) {
+    auto v = json::parse(line);
+    auto& o = v.as_object();
+    if (o.contains("error")) {
+      close_reasons.push_back(line);
+      return;
+    }
+    std::string id_text(o.at("id").as_string());
+    auto id = transform::event_id::parse(id_text);
+    if (!id) {
+      problems.push_back("bad id " + id_text);
+      return;
+    }
+    if (!(last < *id)) {
+      ++duplicates;   // an id not after the one before: twice, or out of order
+      problems.push_back("event " + id_text + " after " + last.to_string());
+      return;
+    }
+    last = *id;
+    last_id = id_text;
+    ++events;
+    std::string op(o.at("op").as_string());
+    if (op == "message") return;
+    auto& t = tables[std::string(o.at("table").as_string())];
+    auto key = [](const json::value& row) { return row.as_object().at("id").to_number<long long>(); };
+    if (op == "insert") {
+      t[key(o.at("after"))] = std::string(o.at("after").at("v").as_string());
+    } else if (op == "update") {
+      if (!o.at("before").is_null()) t.erase(key(o.at("before")));
+      t[key(o.at("after"))] = std::string(o.at("after").at("v").as_string());
+    } else if (op == "delete") {
+      if (!t.erase(key(o.at("before")))) problems.push_back("delete of a row not in the model at " + id_text);
+    } else if (op == "truncate") {
+      t.clear();
+    }
+  }
+
+  void run() {
+    while (!stop) {
+      asio::io_context io;
+      tcp::socket s(io);
+      boost::system::error_code ec;
+      s.connect({asio::ip::make_address("127.0.0.1"), port}, ec);
+      if (ec) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        continue;
+      }
+      std::string from;
+      {
+        std::lock_guard<std::mutex> g(m);
+        from = last_id;
+      }
+      std::string req = "GET /v1/stream?format=native&from=" + from + query + " HTTP/1.1\r\nHost: localhost\r\n\r\n";
+      asio::write(s, asio::buffer(req), ec);
+      beast::flat_buffer buf;
+      http::response_parser<http::string_body> parser;
+      parser.body_limit(boost::none);
+      http::read_header(s, buf, parser, ec);
+      if (ec) continue;   // walgate went away before answering
+      {
+        std::lock_guard<std::mutex> g(m);
+        ++connections;
+        if (parser.get().result_int() != 200) {
+          problems.push_back("HTTP " + std::to_string(parser.get().result_int()) + " resuming from " + from);
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          continue;
+        }
+      }
+      std::size_t consumed = 0;
+      while (!stop) {
+        if (buf.size() == 0) {
+          pollfd p{s.native_handle(), POLLIN, 0};
+          if (::poll(&p, 1, 100) <= 0) continue;
+        }
+        http::read_some(s, buf, parser, ec);
+        auto& body = parser.get().body();
+        std::size_t nl;
+        {
+          std::lock_guard<std::mutex> g(m);
+          while ((nl = body.find('\n', consumed)) != std::string::npos) {
+            std::string line = body.substr(consumed, nl - consumed);
+            consumed = nl + 1;
+            if (!line.empty()) apply(line);
+          }
+        }
+        if (consumed > (1u << 20)) {
+          body.erase(0, consumed);
+          consumed = 0;
+        }
+        if (ec || parser.is_done()) break;
+      }
+      std::lock_guard<std::mutex> g(m);
+      if (!stop) ++disconnects;
+    }
+  }
+};
+
+/// Inserts, updates (some changing the key), deletes, multi-table and large transactions,
+/// truncates, until stopped; reconnects after the server went away.
+struct writer {
+  std::thread thread;
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> statements{0};
+  std::atomic<bool> big_now{false};   // run a large transaction next
+  std::atomic<std::uint64_t> bigs{0};
+  std::string prefix;
+  writer(const std::string& conninfo, std::string p, unsigned seed) : prefix(std::move(p)) {
+    thread = std::thread([this, conninfo, seed] { run(conninfo, seed); });
+  }
+  ~writer() { finish(); }
+  void finish() {
+    stop = true;
+    if (thread.joinable()) thread.join();
+  }
+  void run(const std::string& conninfo, unsigned seed) {
+    sql_conn c(conninfo);
+    std::mt19937 rng(seed);
+    long long next = 1;
+    const std::string a = prefix + "_a", b = prefix + "_b";
+    auto pick = [&](const std::string& t) {
+      return "(SELECT id FROM " + t + " ORDER BY random() LIMIT 1)";
+    };
+    while (!stop) {
+      std::string t = rng() % 2 ? a : b;
+      std::string q;
+      if (big_now.exchange(false)) {
+        q = "INSERT INTO " + t + " SELECT g, md5(g::text) FROM generate_series(" + std::to_string(next) + ", " +
+            std::to_string(next + 20'000 - 1) + ") g";
+        next += 20'000;
+        ++bigs;
+      } else {
+        switch (rng() % 10) {
+          case 0: case 1: case 2:
+            q = "INSERT INTO " + t + " VALUES (" + std::to_string(next++) + ", 'v" + std::to_string(rng() % 1000) + "')";
+            break;
+          case 3: case 4:
+            q = "UPDATE " + t + " SET v = 'u" + std::to_string(rng() % 1000) + "' WHERE id = " + pick(t);
+            break;
+          case 5:   // the key changes: the old key comes in before
+            q = "UPDATE " + t + " SET id = " + std::to_string(next++) + " WHERE id = " + pick(t);
+            break;
+          case 6:
+            q = "DELETE FROM " + t + " WHERE id = " + pick(t);
+            break;
+          case 7: case 8:   // one transaction across both tables
+            q = "BEGIN; INSERT INTO " + a + " VALUES (" + std::to_string(next) + ", 'x'); INSERT INTO " + b + " VALUES (" +
+                std::to_string(next + 1) + ", 'y'); UPDATE " + a + " SET v = 'z' WHERE id = " + pick(a) +
+                "; DELETE FROM " + b + " WHERE id = " + pick(b) + "; COMMIT";
+            next += 2;
+            break;
+          case 9:
+            q = rng() % 20 == 0 ? "TRUNCATE " + b
+                                : "INSERT INTO " + t + " SELECT g, 'm' FROM generate_series(" + std::to_string(next) +
+                                      ", " + std::to_string(next + 199) + ") g";
+            if (q.rfind("INSERT", 0) == 0) next += 200;
+            break;
+        }
+      }
+      if (!c.exec(q)) {
+        c.exec("ROLLBACK");
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        continue;
+      }
+      ++statements;
+      std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    }
+  }
+};
+
+table_model select_table(sql_conn& c, const std::string& t) {
+  std::vector<std::vector<std::string>> rows;
+  REQUIRE(c.exec("SELECT id, v FROM " + t, &rows));
+  table_model m;
+  for (const auto& r : rows) m[std::stoll(r[0])] = r[1];
+  return m;
+}
+
+struct scenario {
+  std::string prefix, slot, pub;
+  std::filesystem::path data_dir;
+  std::uint16_t port = free_port();
+  walgate_process gw;
+  explicit scenario(const std::string& p) : prefix(p), slot(p + "_slot"), pub(p + "_pub") {
+    auto& pg = test::cluster();
+    pg.sql("CREATE TABLE " + p + "_a(id int PRIMARY KEY, v text NOT NULL); CREATE TABLE " + p +
+           "_b(id int PRIMARY KEY, v text NOT NULL); CREATE PUBLICATION " + pub + " FOR TABLE " + p + "_a, " + p + "_b");
+    std::string t = (std::filesystem::temp_directory_path() / "walgate-fault-XXXXXX").string();
+    data_dir = mkdtemp(t.data());
+    gw.args = {"--pg", pg.conninfo(), "--slot", slot, "--publication", pub, "--data-dir", data_dir.string(),
+               "--listen", "127.0.0.1:" + std::to_string(port), "--status-interval", "500"};
+  }
+  ~scenario() { std::filesystem::remove_all(data_dir); }
+  void start() {
+    gw.start();
+    REQUIRE_MESSAGE(test::wait_until([&] { return gw.listening.load(); }, std::chrono::seconds(30)), gw.log());
+  }
+  /// Stops the writer, waits until the client's model equals SELECT, and checks everything.
+  void verify(writer& w, resuming_client& c) {
+    w.finish();
+    sql_conn q(test::cluster().conninfo());
+    table_model a, b;
+    bool equal = test::wait_until(
+        [&] {
+          a = select_table(q, prefix + "_a");
+          b = select_table(q, prefix + "_b");
+          std::lock_guard<std::mutex> g(c.m);
+          return c.tables[prefix + "_a"] == a && c.tables[prefix + "_b"] == b;
+        },
+        std::chrono::seconds(90));
+    c.finish();
+    MESSAGE("statements " << w.statements.load() << ", large transactions " << w.bigs.load() << ", events received " << c.events
+                          << ", connections " << c.connections << ", rows " << a.size() + b.size());
+    CHECK_MESSAGE(equal, "the client's replay differs from SELECT; walgate said:\n" << gw.log());
+    CHECK(c.duplicates == 0);
+    for (const auto& p : c.problems) FAIL_CHECK(p);
+    CHECK(c.problems.empty());
+    CHECK(c.events > 0);
+    CHECK(w.statements > 0);
+  }
+};
+
+std::mt19937& rng() {
+  static std::mt19937 r(std::random_device{}());
+  return r;
+}
+int random_ms(int lo, int hi) { return lo + static_cast<int>(rng()() % static_cast<unsigned>(hi - lo + 1)); }
+
+}  // namespace
+
+TEST_CASE("kill -9 of walgate at random moments: the resuming client's replay equals SELECT") {
+  scenario sc("fk");
+  sc.start();
+  resuming_client client(sc.port, "");
+  writer w(test::cluster().conninfo(), "fk", 1);
+  const int n = cycles(20);
+  for (int i = 0; i < n; ++i) {
+    if (i % 5 == 2) w.big_now = true;   // some kills land inside a large transaction
+    std::this_thread::sleep_for(std::chrono::milliseconds(random_ms(150, 1200)));
+    int rc = sc.gw.kill_with(SIGKILL);
+    REQUIRE(rc == 128 + SIGKILL);
+    sc.start();
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  sc.verify(w, client);
+  MESSAGE("kill -9 cycles: " << n);
+  CHECK(client.connections >= static_cast<std::uint64_t>(n));
+}
+
+TEST_CASE("PostgreSQL stopped -m immediate and restarted: the resuming client's replay equals SELECT") {
+  scenario sc("fi");
+  sc.start();
+  resuming_client client(sc.port, "");
+  writer w(test::cluster().conninfo(), "fi", 2);
+  const int n = cycles(10);
+  for (int i = 0; i < n; ++i) {
+    if (i % 3 == 1) w.big_now = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(random_ms(300, 1500)));
+    std::string error;
+    REQUIRE_MESSAGE(test::cluster().restart_immediate(error), error);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  sc.verify(w, client);
+  MESSAGE("immediate-stop cycles: " << n);
+  CHECK(sc.gw.pid > 0);   // walgate rode it out
+}
+
+TEST_CASE("walsenders terminated at random moments, inside large transactions too: live clients stay connected") {
+  scenario sc("ft");
+  sc.start();
+  resuming_client client(sc.port, "");
+  resuming_client filtered(sc.port, "&tables=public.ft_a");
+  writer w(test::cluster().conninfo(), "ft", 3);
+  sql_conn admin(test::cluster().conninfo());
+  const int n = cycles(20);
+  int inside_large = 0;
+  for (int i = 0; i < n; ++i) {
+    if (i % 3 == 0) {
+      // A large transaction commits and is being sent: terminate while walgate receives it.
+      auto before = w.bigs.load();
+      w.big_now = true;
+      test::wait_until([&] { return w.bigs.load() > before; }, std::chrono::seconds(20));
+      std::this_thread::sleep_for(std::chrono::milliseconds(random_ms(20, 200)));
+      ++inside_large;
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(random_ms(100, 800)));
+    }
+    std::vector<std::vector<std::string>> rows;
+    admin.exec("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = '" + sc.slot +
+                   "' AND active_pid IS NOT NULL",
+               &rows);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  filtered.finish();
+  sc.verify(w, client);
+  MESSAGE("walsender terminations: " << n << " (" << inside_large << " just after a large commit)");
+  CHECK(client.connections == 1);   // never disconnected by a reconnect to PostgreSQL
+  CHECK(client.disconnects == 0);
+  CHECK(filtered.connections == 1);
+  CHECK(filtered.disconnects == 0);
+  CHECK(filtered.problems.empty());
+  CHECK(client.close_reasons.empty());
+  CHECK(sc.gw.log().find("reconnecting") != std::string::npos);   // the walsenders did go
+}
+
+TEST_CASE("an exception in the stream path ends walgate with a non-zero exit and the reason") {
+  scenario sc("fx");
+  sc.gw.env = {"WALGATE_TEST_THROW_IN_STREAM=1"};
+  sc.start();
+  int rc = -1, row = 0;
+  REQUIRE(test::wait_until(
+      [&] {
+        // (until the slot exists, a change is not streamed: a row at every poll)
+        if (row < 300) test::cluster().sql("INSERT INTO fx_a VALUES (" + std::to_string(++row) + ", 'boom')");
+        int status = 0;
+        if (waitpid(sc.gw.pid, &status, WNOHANG) != sc.gw.pid) return false;
+        rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        sc.gw.pid = -1;
+        sc.gw.reader.join();
+        return true;
+      },
+      std::chrono::seconds(30)));
+  CHECK(rc == 1);
+  MESSAGE(sc.gw.log());
+  CHECK(sc.gw.log().find("the replication stream failed: test hook: an exception in the stream path") !=
+        std::string::npos);
+}

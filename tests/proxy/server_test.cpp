@@ -50,7 +50,7 @@ struct running_gateway {
   std::string end_message;          // with this failure (set before ended)
 
   running_gateway(const std::string& slot, const std::string& publication, server_options so = {},
-                  log_options lo = {}) {
+                  log_options lo = {}, const std::string& conninfo = {}) {
     std::string t = (std::filesystem::temp_directory_path() / "walgate-gw-XXXXXX").string();
     own_dir = lo.dir.empty();   // a given directory is the caller's (a restart on the same log)
     dir = own_dir ? std::filesystem::path(mkdtemp(t.data())) : lo.dir;
@@ -61,7 +61,7 @@ struct running_gateway {
     REQUIRE_MESSAGE(log, error);
     gw = std::make_unique<gateway>(io.get_executor(), *log, protocol::assembler_options{});
     replication_settings rs;
-    rs.conn = *parse_conninfo(test::cluster().conninfo()).params;
+    rs.conn = *parse_conninfo(conninfo.empty() ? test::cluster().conninfo() : conninfo).params;
     rs.slot = slot;
     rs.publications = {publication};
     rs.messages_when_supported = true;
@@ -565,6 +565,139 @@ TEST_CASE("an idle stream's acknowledged position is stored: a restart is not ta
   REQUIRE(e.size() == 1);
   CHECK(json::parse(e[0]).at("after").at("id") == 2);
   std::filesystem::remove_all(dir);
+}
+
+namespace {
+/// A man in the middle between walgate and PostgreSQL: passes everything through, except that
+/// while `damage` is on it breaks the first pgoutput Insert of each connection from the server
+/// (its column count made 65535: a message that cannot be decoded, inside an intact frame).
+struct damaging_proxy {
+  asio::io_context io;
+  tcp::acceptor acceptor{io, {asio::ip::make_address("127.0.0.1"), 0}};
+  std::uint16_t target;
+  std::atomic<bool> damage{true}, stopping{false};
+  std::atomic<int> damaged{0};
+  std::thread accept_thread;
+  std::vector<std::thread> pipes;
+  std::mutex m;
+  std::vector<std::shared_ptr<tcp::socket>> sockets;
+
+  explicit damaging_proxy(std::uint16_t to) : target(to) {
+    accept_thread = std::thread([this] {
+      while (!stopping) {
+        auto client = std::make_shared<tcp::socket>(io);
+        boost::system::error_code ec;
+        acceptor.accept(*client, ec);
+        if (ec || stopping) break;
+        auto server = std::make_shared<tcp::socket>(io);
+        server->connect({asio::ip::make_address("127.0.0.1"), target}, ec);
+        if (ec) continue;
+        std::lock_guard<std::mutex> g(m);
+        sockets.push_back(client);
+        sockets.push_back(server);
+        pipes.emplace_back([client, server] { copy(*client, *server); });
+        pipes.emplace_back([this, client, server] { copy_damaging(*server, *client); });
+      }
+    });
+  }
+  std::uint16_t listen_port = acceptor.local_endpoint().port();
+  std::uint16_t port() const { return listen_port; }
+  static void copy(tcp::socket& from, tcp::socket& to) {
+    char buf[16384];
+    boost::system::error_code ec;
+    while (true) {
+      auto n = from.read_some(asio::buffer(buf), ec);
+      if (ec || asio::write(to, asio::buffer(buf, n), ec) != n || ec) break;
+    }
+    to.shutdown(tcp::socket::shutdown_both, ec);
+    from.shutdown(tcp::socket::shutdown_both, ec);
+  }
+  // Backend messages: Byte1 type | Int32 length | payload. A CopyData 'd' whose payload is
+  // XLogData 'w' (Byte1 + 3 Int64) carrying pgoutput 'I' | Int32 relid | 'N' | Int16 columns.
+  void copy_damaging(tcp::socket& from, tcp::socket& to) {
+    std::string pending;
+    bool done = false;   // one message per connection
+    char buf[16384];
+    boost::system::error_code ec;
+    while (true) {
+      auto n = from.read_some(asio::buffer(buf), ec);
+      if (ec) break;
+      pending.append(buf, n);
+      std::size_t at = 0;
+      while (pending.size() - at >= 5) {
+        std::uint32_t len = (std::uint32_t(std::uint8_t(pending[at + 1])) << 24) | (std::uint32_t(std::uint8_t(pending[at + 2])) << 16) |
+                            (std::uint32_t(std::uint8_t(pending[at + 3])) << 8) | std::uint32_t(std::uint8_t(pending[at + 4]));
+        if (pending.size() - at < 1 + len) break;
+        char* p = pending.data() + at + 5;   // the payload
+        if (!done && damage && pending[at] == 'd' && len >= 4 + 33 && p[0] == 'w' && p[25] == 'I' && p[30] == 'N') {
+          p[31] = p[32] = static_cast<char>(0xff);
+          done = true;
+          ++damaged;
+        }
+        at += 1 + len;
+      }
+      if (asio::write(to, asio::buffer(pending.data(), at), ec) != at || ec) break;
+      pending.erase(0, at);
+    }
+    to.shutdown(tcp::socket::shutdown_both, ec);
+    from.shutdown(tcp::socket::shutdown_both, ec);
+  }
+  ~damaging_proxy() {
+    stopping = true;
+    boost::system::error_code ec;
+    acceptor.close(ec);
+    {
+      asio::io_context wake;
+      tcp::socket s(wake);
+      s.connect({asio::ip::make_address("127.0.0.1"), port()}, ec);
+    }
+    accept_thread.join();
+    {
+      std::lock_guard<std::mutex> g(m);
+      for (auto& s : sockets) s->shutdown(tcp::socket::shutdown_both, ec);
+    }
+    for (auto& t : pipes) t.join();
+  }
+};
+
+std::uint64_t metric_value(std::uint16_t port, const std::string& name) {
+  auto [st, body] = get_path(port, "/metrics");
+  auto at = body.find("\n" + name + " ");
+  if (st != 200 || at == std::string::npos) return ~0ull;
+  return std::stoull(body.substr(at + name.size() + 2));
+}
+}  // namespace
+
+TEST_CASE("a pgoutput message that cannot be decoded: nothing skipped, /readyz says why, retried with backoff, no exit") {
+  setup_tables("mitm");
+  damaging_proxy mitm(test::cluster().port());
+  running_gateway g("mitm_slot", "mitm_pub", {}, {},
+                    "host=127.0.0.1 port=" + std::to_string(mitm.port()) + " user=postgres dbname=postgres sslmode=disable");
+  stream_client c(g.port(), "/v1/stream?from=0/0:0");
+  for (int i = 1; i <= 5; ++i) test::cluster().sql("INSERT INTO mitm_items VALUES (" + std::to_string(i) + ", 'r', 1)");
+  // Every connection damaged: the stream is stuck on that message, and says so; the retries back off.
+  REQUIRE(test::wait_until([&] { return mitm.damaged >= 1; }));
+  REQUIRE(test::wait_until([&] { return get_path(g.port(), "/readyz").first == 503; }));
+  auto [st, body] = get_path(g.port(), "/readyz");
+  CHECK(st == 503);
+  CHECK(body.find("\"status\":\"stream fault\"") != std::string::npos);
+  CHECK(body.find("cannot decode the pgoutput message at") != std::string::npos);
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  const auto failures = metric_value(g.port(), "walgate_stream_decode_failures_total");
+  CHECK(failures >= 2);
+  CHECK(failures <= 8);   // 5 s with a backoff that keeps growing: never a hot loop
+  CHECK(metric_value(g.port(), "walgate_stream_fault") == 1);
+  CHECK_FALSE(g.ended);   // still serving
+  CHECK(get_path(g.port(), "/healthz").first == 200);
+  CHECK(g.log->visible_seq() == 0);   // nothing past the damaged message logged, nothing skipped
+  // The damage stops (the next connection is clean): every row arrives, once, in order.
+  mitm.damage = false;
+  auto rows = c.events(5);
+  REQUIRE(rows.size() == 5);
+  for (int i = 0; i < 5; ++i) CHECK(json::parse(rows[static_cast<std::size_t>(i)]).at("after").at("id") == i + 1);
+  CHECK(test::wait_until([&] { return get_path(g.port(), "/readyz").first == 200; }));
+  CHECK(metric_value(g.port(), "walgate_stream_fault") == 0);
+  CHECK_FALSE(g.ended);
 }
 
 TEST_CASE("a resume position older than the retained log is 410 Gone") {

@@ -526,6 +526,37 @@ TEST_CASE("an event log that cannot be written stops the stream; a restart deliv
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("only unpublished tables change, once, in bulk: the slot still moves on within seconds") {
+  setup_tables("idle");
+  test::cluster().sql("CREATE TABLE idle_unpublished(id int, pad text)");
+  running_gateway g("idle_slot", "idle_pub");
+  stream_client c(g.port(), "/v1/stream");
+  test::cluster().sql("INSERT INTO idle_items VALUES (1, 'one', 1)");
+  REQUIRE(c.events(1).size() == 1);
+  // 100,000 rows outside the publication in one statement, then nothing at all.
+  test::cluster().sql("INSERT INTO idle_unpublished SELECT g, repeat('x', 100) FROM generate_series(1, 100000) g");
+  auto after = *protocol::lsn::parse(*test::cluster().sql("SELECT pg_current_wal_lsn()")[0][0]);
+  auto slot_confirmed = [] {
+    auto rows = test::cluster().sql("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'idle_slot'");
+    return *protocol::lsn::parse(*rows[0][0]);
+  };
+  // (The status interval here is 200 ms, the ACKED store at most once a second.)
+  bool moved = test::wait_until([&] { return slot_confirmed() >= after; }, std::chrono::seconds(15));
+  CHECK_MESSAGE(moved, "confirmed_flush_lsn " << slot_confirmed().to_string() << ", WAL after the bulk insert "
+                                              << after.to_string());
+  // Again, twice in quick succession (the second keepalive comes while the first position is
+  // being stored, or within the second after: it must not be dropped for good).
+  for (int round = 0; round < 3; ++round) {
+    test::cluster().sql("INSERT INTO idle_unpublished SELECT g, 'y' FROM generate_series(1, 2000) g");
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    test::cluster().sql("INSERT INTO idle_unpublished SELECT g, 'z' FROM generate_series(1, 2000) g");
+    after = *protocol::lsn::parse(*test::cluster().sql("SELECT pg_current_wal_lsn()")[0][0]);
+    moved = test::wait_until([&] { return slot_confirmed() >= after; }, std::chrono::seconds(15));
+    CHECK_MESSAGE(moved, "round " << round << ": confirmed_flush_lsn " << slot_confirmed().to_string()
+                                  << ", WAL after the inserts " << after.to_string());
+  }
+}
+
 TEST_CASE("an idle stream's acknowledged position is stored: a restart is not taken for a slot moved on") {
   setup_tables("ack");
   test::cluster().sql("CREATE TABLE ack_unpublished(id int)");

@@ -555,8 +555,9 @@ int run_demo(settings s) {
                  "  curl      curl -N '%s/v1/stream?format=native'\n"
                  "  SSE       new EventSource('%s/v1/stream?format=debezium')   (in the page's console;\n"
                  "  WebSocket new WebSocket('ws://127.0.0.1:%u/v1/ws?format=waltail')   other origins need --allow-origin)\n"
+                 "  psql      psql '%s'   (make changes of your own)\n"
                  "  Ctrl-C stops everything and leaves nothing running.\n\n",
-                 cluster->server_major(), base.c_str(), base.c_str(), base.c_str(), port);
+                 cluster->server_major(), base.c_str(), base.c_str(), base.c_str(), port, cluster->conninfo().c_str());
     t = std::thread(trickle, cluster->conninfo(), std::ref(stop));
   });
   stop = true;

@@ -1,8 +1,13 @@
 // Headless Chromium (Debian's chromium, driven by playwright-core) against `walgate demo`: the
 // live page shows changes, and an EventSource and a WebSocket opened in the page each receive a
-// change made by SQL (the demo's trickle of INSERT/UPDATE/DELETE statements).
+// change made by SQL (the demo's trickle of INSERT/UPDATE/DELETE statements); an EventSource
+// opened with from= in its URL gets every change exactly once across a gateway killed and
+// restarted in the middle (a second walgate on the demo's database).
 //   node live_page.test.mjs PATH/TO/walgate [screenshot.png]
-import { spawn } from 'node:child_process';
+import { spawn, execFileSync } from 'node:child_process';
+import { existsSync, mkdtempSync, rmSync, readdirSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { createServer } from 'node:net';
 import { chromium } from 'playwright-core';
 
@@ -69,6 +74,76 @@ try {
     if (seen.cells[1] !== 'message' || seen.cells[2] !== 'message walgate-test' || seen.cells[3] !== 'hello')
       throw new Error(JSON.stringify(seen.cells));
     if (seen.undefinedTable) throw new Error('a table row "undefined.undefined" was made');
+  });
+  await check('an EventSource with from= in its URL: every change once across a gateway restart', async () => {
+    const m = log.match(/psql\s+psql '([^']+)'/);
+    if (!m) throw new Error('the demo printed no conninfo');
+    const conninfo = m[1];
+    const psql = ['/usr/lib/postgresql/15/bin/psql', ...readdirSync('/usr/lib/postgresql').map((v) => `/usr/lib/postgresql/${v}/bin/psql`)]
+      .find((p) => existsSync(p));
+    if (!psql) throw new Error('no psql');
+    const sql = (q) => execFileSync(psql, [conninfo, '-v', 'ON_ERROR_STOP=1', '-qAt', '-c', q], { encoding: 'utf8' });
+    const dir = mkdtempSync(join(tmpdir(), 'walgate-browser-'));
+    const port2 = await freePort();
+    let glog = '';
+    const start = async () => {
+      const g = spawn(walgate, ['--pg', conninfo, '--slot', 'browser_restart', '--publication', 'walgate_demo',
+        '--data-dir', dir, '--listen', `127.0.0.1:${port2}`], { stdio: ['ignore', 'ignore', 'pipe'] });
+      g.stderr.on('data', (d) => { glog += d; });
+      for (let i = 0; i < 300 && !glog.includes('listening on'); i++) await new Promise((r) => setTimeout(r, 100));
+      // streaming: its slot exists, so what is inserted from now on reaches it
+      for (let i = 0; i < 300; i++) {
+        if (sql("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'browser_restart' AND active").trim() === '1') break;
+        await new Promise((r) => setTimeout(r, 100));
+      }
+      return g;
+    };
+    let g = await start();
+    const p2 = await browser.newPage();
+    try {
+      await p2.goto(`http://127.0.0.1:${port2}/`);
+      const from = '0/0:0';
+      await p2.evaluate((f) => {
+        window.got = [];
+        window.es = new EventSource(`/v1/stream?format=native&tables=public.customers&from=${f}`);
+        window.es.onmessage = (m) => {
+          const e = JSON.parse(m.data);
+          if (e.op === 'insert' && e.after.name.startsWith('browser-')) window.got.push(e.after.name);
+        };
+      }, from);
+      const insert = (lo, hi) => {
+        let q = '';
+        for (let i = lo; i <= hi; i++) q += `INSERT INTO customers(name) VALUES ('browser-${i}');`;
+        sql(q);
+      };
+      const waitFor = async (n) => {
+        for (let i = 0; i < 600; i++) {
+          if ((await p2.evaluate(() => window.got.length)) >= n) return;
+          await new Promise((r) => setTimeout(r, 100));
+        }
+      };
+      insert(1, 200);
+      await waitFor(200);
+      g.kill('SIGKILL');   // the gateway dies; the EventSource reconnects (with Last-Event-ID) to the next one
+      await new Promise((r) => g.on('exit', r));
+      g = await start();
+      insert(201, 400);
+      await waitFor(400);
+      await new Promise((r) => setTimeout(r, 3000));   // anything sent twice would have come by now
+      const got = await p2.evaluate(() => { window.es.close(); return window.got; });
+      const unique = new Set(got);
+      if (got.length !== 400 || unique.size !== 400)
+        throw new Error(`${got.length} events, ${unique.size} distinct rows (expected 400 of each)\n${glog}`);
+      for (let i = 1; i <= 400; i++) if (!unique.has(`browser-${i}`)) throw new Error(`browser-${i} missing`);
+      const order = got.map((n) => Number(n.slice(8)));
+      for (let i = 1; i < order.length; i++) if (order[i] < order[i - 1]) throw new Error(`out of order at ${i}`);
+    } finally {
+      await p2.close();
+      g.kill('SIGINT');
+      await new Promise((r) => g.on('exit', r));
+      try { sql("SELECT pg_drop_replication_slot('browser_restart')"); } catch (e) { /* the demo's server goes anyway */ }
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
   if (screenshot) await page.screenshot({ path: screenshot, fullPage: true });
 } finally {

@@ -209,15 +209,6 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
                   std::vector<item>& out) {
     out.clear();
     auto& log = gw.log();
-    // Against what clients can see (the last commit): it never moves back, not even when a
-    // reconnect drops a transaction half received.
-    if (c.live && log.visible_offset() > c.offset && log.visible_offset() - c.offset > opts.client_lag_bytes) {
-      c.closing = true;
-      c.close_reason = "slow client: more than " + std::to_string(opts.client_lag_bytes) +
-                       " bytes behind the stream";
-      ++gw.metrics().clients_disconnected_slow;
-      return;
-    }
     if (c.cursor < log.first_seq()) {
       c.closing = true;
       c.close_reason = "the resume position is no longer retained; take a new snapshot";
@@ -230,6 +221,18 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
       // Never a silent wait: the client is closed with the reason and where to resume.
       c.closing = true;
       c.close_reason = read_error;
+      return;
+    }
+    // Lag is measured against what clients can see (the last commit: it never moves back, not
+    // even when a reconnect drops a transaction half received), from the end of the next event
+    // this client is to get: one large event is not lag, a client reading it at full speed is
+    // not slow.
+    if (c.live && !batch.empty() && log.visible_offset() > batch.front()->end_offset &&
+        log.visible_offset() - batch.front()->end_offset > opts.client_lag_bytes) {
+      c.closing = true;
+      c.close_reason = "slow client: more than " + std::to_string(opts.client_lag_bytes) +
+                       " bytes behind the stream";
+      ++gw.metrics().clients_disconnected_slow;
       return;
     }
     encoding enc = encoding_for(r);

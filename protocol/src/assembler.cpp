@@ -1,9 +1,11 @@
 #include "walgate/protocol/assembler.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fcntl.h>
 #include <unistd.h>
 
 namespace walgate::protocol {
@@ -91,10 +93,25 @@ class assembler::held_buffer {
   result_t spill(const std::filesystem::path& dir, std::uint64_t sequence) {
     if (file_) return {};
     path_ = dir / ("walgate-txn-" + std::to_string(::getpid()) + "-" + std::to_string(sequence) + ".spill");
-    file_ = std::fopen(path_.c_str(), "w+b");
-    if (!file_) return fail(errc::limit_exceeded, "cannot create spill file " + path_.string() + ": " + std::strerror(errno));
-    if (std::fwrite(mem_.data(), 1, mem_.size(), file_) != mem_.size())
-      return fail(errc::limit_exceeded, "cannot write spill file " + path_.string() + ": " + std::strerror(errno));
+    // Created here or not at all (never a file someone put in the way), readable by us alone.
+    int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) return fail(errc::limit_exceeded, "cannot create spill file " + path_.string() + ": " + std::strerror(errno));
+    file_ = ::fdopen(fd, "w+b");
+    if (!file_) {
+      int saved = errno;
+      ::close(fd);
+      std::error_code ec;
+      std::filesystem::remove(path_, ec);
+      return fail(errc::limit_exceeded, "cannot create spill file " + path_.string() + ": " + std::strerror(saved));
+    }
+    if (std::fwrite(mem_.data(), 1, mem_.size(), file_) != mem_.size()) {
+      auto e = fail(errc::limit_exceeded, "cannot write spill file " + path_.string() + ": " + std::strerror(errno));
+      std::fclose(file_);   // still whole in memory
+      file_ = nullptr;
+      std::error_code ec;
+      std::filesystem::remove(path_, ec);
+      return e;
+    }
     memory_ -= mem_.size();
     std::string().swap(mem_);
     return {};
@@ -204,11 +221,10 @@ result_t assembler::deliver_change(lsn wal_start, const pg::any_message& m) {
 
 result_t assembler::hold(held_buffer& buf, lsn wal_start, bytes_view data, std::optional<std::uint32_t> subxid) {
   if (auto r = buf.append(wal_start, data, subxid); !r) return r;
-  enforce_memory_limit();
-  return {};
+  return enforce_memory_limit();
 }
 
-void assembler::enforce_memory_limit() {
+result_t assembler::enforce_memory_limit() {
   while (memory_bytes_ > options_.memory_limit) {
     held_buffer* largest = nullptr;
     auto consider = [&](held_buffer* b) {
@@ -217,10 +233,13 @@ void assembler::enforce_memory_limit() {
     for (auto& [xid, b] : streams_) consider(b.get());
     for (auto& [gid, b] : prepared_) consider(b.get());
     consider(preparing_.get());
-    if (!largest || largest->in_memory() == 0) return;
-    // A failure to spill leaves the buffer in memory; the next append reports disk errors.
-    (void)largest->spill(options_.spill_dir, ++spill_sequence_);
+    if (!largest || largest->in_memory() == 0) return {};
+    // A spill that fails is an error (the bound cannot be kept), never a retry loop.
+    // (Numbered process-wide: several assemblers may share a directory.)
+    static std::atomic<std::uint64_t> sequence{0};
+    if (auto r = largest->spill(options_.spill_dir, ++sequence); !r) return r;
   }
+  return {};
 }
 
 result_t assembler::replay(held_buffer& buf, transaction_info info) {

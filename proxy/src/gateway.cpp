@@ -40,6 +40,8 @@ void gateway::on_stream_start(const stream_start_info& i) {
   // A new connection starts a new stream: whatever was half-received is sent again.
   auto opts = assembler_opts_;
   opts.context.proto_version = i.proto_version;
+  // Under parallel streaming, Stream Abort carries the abort's LSN and time (proto 4).
+  opts.context.stream_abort_info = i.streaming == protocol::streaming_mode::parallel;
   assembler_ = std::make_unique<protocol::assembler>(opts, *this);
   log_.abort();   // a transaction cut off by the reconnect comes again, whole (clients never saw it)
   between_transactions_ = true;

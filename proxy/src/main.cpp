@@ -290,14 +290,28 @@ int serve(const settings& s, const std::function<void(std::uint16_t)>& on_listen
     }
   }
 
+  // Large transactions reach the gateway while they run (streaming) and are held until their
+  // commit — in memory up to a bound, then in spill files of walgate's own data directory
+  // (created exclusively, mode 0600; dropped with their transaction, and at every start).
   protocol::assembler_options ao;
-  ao.spill_dir = std::filesystem::path(s.data_dir);
+  ao.spill_dir = std::filesystem::path(s.data_dir) / "spill";
+  {
+    std::error_code ec;
+    std::filesystem::remove_all(ao.spill_dir, ec);
+    if (!ec) std::filesystem::create_directory(ao.spill_dir, ec);
+    if (!ec) std::filesystem::permissions(ao.spill_dir, std::filesystem::perms::owner_all, ec);
+    if (ec) {
+      log_line("cannot prepare the spill directory " + ao.spill_dir.string() + ": " + ec.message());
+      return 1;
+    }
+  }
   proxy::gateway gw(io.get_executor(), *log, ao);
   proxy::replication_settings rs;
   rs.conn = *parsed.params;
   rs.slot = s.slot;
   rs.publications = s.publications;
   rs.messages_when_supported = true;
+  rs.streaming_when_supported = true;
   rs.status_interval = std::chrono::milliseconds(s.status_interval_ms);
   stream_sink sink(gw);
   proxy::replication_client client(io.get_executor(), rs, sink);

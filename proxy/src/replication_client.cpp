@@ -226,6 +226,10 @@ struct replication_client::impl : std::enable_shared_from_this<replication_clien
     o.binary = settings.binary;
     o.two_phase = settings.two_phase;
     o.streaming = settings.streaming;
+    if (settings.streaming_when_supported)
+      o.streaming = info.server_major >= 16 && o.proto_version >= 4   ? protocol::streaming_mode::parallel
+                    : info.server_major >= 14 && o.proto_version >= 2 ? protocol::streaming_mode::on
+                                                                      : protocol::streaming_mode::off;
     o.origin = settings.origin;
     // Resume from what is durable downstream; the server starts at the later of this and the
     // slot's confirmed_flush_lsn.
@@ -242,6 +246,7 @@ struct replication_client::impl : std::enable_shared_from_this<replication_clien
     }
     info.proto_version = o.proto_version;
     info.start = o.start;
+    info.streaming = o.streaming;
     is_streaming = true;
     started_stream = true;
     sink.on_stream_start(info);

@@ -50,9 +50,10 @@ struct fixture {
   std::uint64_t next_lsn = 0x100;
   std::vector<std::string> keep;   // the message bytes, alive as views require
 
-  explicit fixture(std::size_t memory_limit = 64u << 20) {
+  explicit fixture(std::size_t memory_limit = 64u << 20, std::filesystem::path spill_dir = {}) {
     opts.context = ctx;
     opts.memory_limit = memory_limit;
+    opts.spill_dir = std::move(spill_dir);
     a = std::make_unique<assembler>(opts, rec);
   }
   boost::system::result<void, assembly_error> feed(const pg::any_message& m, bool in_stream = false) {
@@ -268,4 +269,51 @@ TEST_CASE("protocol violations are errors naming the message") {
     REQUIRE_FALSE(r);
     CHECK(r.error().message.find("does not match") != std::string::npos);
   }
+}
+
+TEST_CASE("spill files: created exclusively, mode 0600, removed with their transaction; a spill that fails is an error") {
+  std::string t = (std::filesystem::temp_directory_path() / "walgate-spill-XXXXXX").string();
+  std::filesystem::path dir = mkdtemp(t.data());
+  auto files = [&] {
+    std::vector<std::filesystem::path> out;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) out.push_back(e.path());
+    return out;
+  };
+  std::vector<std::string> names;
+  std::vector<std::vector<pg::tuple_column>> rows;
+  names.reserve(100);
+  rows.reserve(100);
+  {
+    fixture f(256, dir);
+    f.ok(pg::stream_start{900, true});
+    f.ok(rel(16384, "items", 900), true);
+    for (int i = 0; i < 20; ++i) {
+      names.push_back(std::string(100, 'a' + static_cast<char>(i)));
+      rows.push_back({{pg::column_kind::text, as_bytes(names.back())}, {pg::column_kind::null, {}}});
+      f.ok(pg::insert{900, 16384, rows.back()}, true);
+    }
+    auto spilled = files();
+    REQUIRE(spilled.size() == 1);
+    CHECK((std::filesystem::status(spilled[0]).permissions() & std::filesystem::perms::all) ==
+          (std::filesystem::perms::owner_read | std::filesystem::perms::owner_write));
+    f.ok(pg::stream_stop{});
+    f.ok(pg::stream_abort{900, 900, {}, {}});
+    CHECK(files().empty());   // dropped with the transaction
+  }
+  {
+    // The spill directory is gone (or full): the bound cannot be kept, and feed says so at once.
+    fixture f(256, dir / "missing");
+    f.ok(pg::stream_start{901, true});
+    f.ok(rel(16384, "items", 901), true);
+    bool failed = false;
+    for (int i = 0; i < 20 && !failed; ++i) {
+      auto r = f.feed(pg::insert{901, 16384, rows[static_cast<std::size_t>(i)]}, true);
+      if (!r) {
+        failed = true;
+        CHECK(r.error().message.find("cannot create spill file") != std::string::npos);
+      }
+    }
+    CHECK(failed);
+  }
+  std::filesystem::remove_all(dir);
 }

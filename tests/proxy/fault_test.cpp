@@ -352,6 +352,14 @@ struct scenario {
   walgate_process gw;
   explicit scenario(const std::string& p) : prefix(p), slot(p + "_slot"), pub(p + "_pub") {
     auto& pg = test::cluster();
+    // Transactions past 64 kB of decoded changes are streamed to walgate while they run (it asks
+    // for streaming) and held in its spill files until their commit: the large ones here are.
+    static bool small_work_mem = [&] {
+      pg.sql("ALTER SYSTEM SET logical_decoding_work_mem = '64kB'");
+      pg.sql("SELECT pg_reload_conf()");
+      return true;
+    }();
+    (void)small_work_mem;
     pg.sql("CREATE TABLE " + p + "_a(id int PRIMARY KEY, v text NOT NULL); CREATE TABLE " + p +
            "_b(id int PRIMARY KEY, v text NOT NULL); CREATE PUBLICATION " + pub + " FOR TABLE " + p + "_a, " + p + "_b");
     std::string t = (std::filesystem::temp_directory_path() / "walgate-fault-XXXXXX").string();
@@ -387,6 +395,13 @@ struct scenario {
     CHECK(c.events > 0);
     CHECK(w.statements > 0);
   }
+  /// Transactions the server streamed to this slot's walgate while they ran.
+  long long streamed() {
+    std::vector<std::vector<std::string>> rows;
+    sql_conn q(test::cluster().conninfo());
+    REQUIRE(q.exec("SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = '" + slot + "'", &rows));
+    return rows.empty() ? 0 : std::stoll(rows[0][0]);
+  }
 };
 
 std::mt19937& rng() {
@@ -412,7 +427,8 @@ TEST_CASE("kill -9 of walgate at random moments: the resuming client's replay eq
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   sc.verify(w, client);
-  MESSAGE("kill -9 cycles: " << n);
+  MESSAGE("kill -9 cycles: " << n << ", transactions streamed: " << sc.streamed());
+  CHECK(sc.streamed() > 0);
   CHECK(client.connections >= static_cast<std::uint64_t>(n));
 }
 
@@ -462,7 +478,9 @@ TEST_CASE("walsenders terminated at random moments, inside large transactions to
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   filtered.finish();
   sc.verify(w, client);
-  MESSAGE("walsender terminations: " << n << " (" << inside_large << " just after a large commit)");
+  MESSAGE("walsender terminations: " << n << " (" << inside_large << " just after a large commit), transactions streamed: "
+                                      << sc.streamed());
+  CHECK(sc.streamed() > 0);
   CHECK(client.connections == 1);   // never disconnected by a reconnect to PostgreSQL
   CHECK(client.disconnects == 0);
   CHECK(filtered.connections == 1);

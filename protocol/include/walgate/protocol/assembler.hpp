@@ -103,7 +103,7 @@ class assembler {
   boost::system::result<void, assembly_error> replay(held_buffer& buf, transaction_info info);
   boost::system::result<void, assembly_error> hold(held_buffer& buf, lsn wal_start, bytes_view data,
                                                    std::optional<std::uint32_t> subxid);
-  void enforce_memory_limit();
+  boost::system::result<void, assembly_error> enforce_memory_limit();
   assembly_error handler_failed(const boost::system::error_code& ec) const;
 
   assembler_options options_;
@@ -126,7 +126,6 @@ class assembler {
   std::map<std::string, held_ptr> prepared_;
 
   std::size_t memory_bytes_ = 0;
-  std::uint64_t spill_sequence_ = 0;
 };
 
 }  // namespace walgate::protocol

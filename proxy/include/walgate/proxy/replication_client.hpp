@@ -40,6 +40,9 @@ struct replication_settings {
   bool binary = false;
   bool two_phase = false;
   protocol::streaming_mode streaming = protocol::streaming_mode::off;
+  /// Streaming of in-progress transactions where the server has it: on (proto 2) on 14 and 15,
+  /// parallel (proto 4, with Stream Abort's LSN and time) on 16+; off before. Overrides streaming.
+  bool streaming_when_supported = false;
   std::optional<std::string> origin;
   /// A status update goes out at least this often while idle; PostgreSQL's walsender drops a
   /// client silent for wal_sender_timeout (default 60 s), so this stays well inside it.
@@ -61,6 +64,7 @@ struct stream_start_info {
   std::optional<std::string> exported_snapshot;   ///< When the slot was created here.
   protocol::lsn consistent_point;    ///< When the slot was created here.
   protocol::lsn confirmed_flush;     ///< An existing slot's confirmed_flush_lsn (where the server resumes).
+  protocol::streaming_mode streaming = protocol::streaming_mode::off;   ///< As asked for in START_REPLICATION.
 };
 
 class replication_sink {

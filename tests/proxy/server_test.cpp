@@ -737,6 +737,40 @@ TEST_CASE("a pgoutput message that cannot be decoded: nothing skipped, /readyz s
   CHECK_FALSE(g.ended);
 }
 
+TEST_CASE("a new event log does not take ids from an old one: the data directory replaced, the slot made again") {
+  setup_tables("lost");
+  auto& pg = test::cluster();
+  std::string last;
+  {
+    running_gateway g("lost_slot", "lost_pub");
+    stream_client c(g.port(), "/v1/stream");
+    for (int i = 1; i <= 10; ++i) pg.sql("INSERT INTO lost_items VALUES (" + std::to_string(i) + ", 'a', 1)");
+    auto got = c.events(10);
+    REQUIRE(got.size() == 10);
+    last = id_of(got.back());
+  }
+  // The disk is lost: the old log is gone (running_gateway removed its directory); the slot is
+  // dropped, changes happen meanwhile, and walgate starts over with an empty log and a new slot.
+  pg.sql("SELECT pg_drop_replication_slot('lost_slot')");
+  for (int i = 11; i <= 20; ++i) pg.sql("INSERT INTO lost_items VALUES (" + std::to_string(i) + ", 'gap', 1)");
+  running_gateway g("lost_slot", "lost_pub");
+  for (int i = 21; i <= 30; ++i) pg.sql("INSERT INTO lost_items VALUES (" + std::to_string(i) + ", 'b', 1)");
+  REQUIRE(test::wait_until([&] { return g.log->visible_seq() == 10; }));
+  auto [st, body] = get_path(g.port(), "/v1/stream?from=" + last);
+  CHECK(st == 410);   // not the 10 later rows with the 10 in between silently missing
+  CHECK(body.find("is from before this event log began") != std::string::npos);
+  CHECK(body.find("take a new snapshot") != std::string::npos);
+  // This log's own ids and 0/0:0 still resume.
+  stream_client whole(g.port(), "/v1/stream?from=0/0:0");
+  auto rows = whole.events(10);
+  REQUIRE(rows.size() == 10);
+  CHECK(json::parse(rows[0]).at("after").at("id") == 21);
+  stream_client after_first(g.port(), "/v1/stream?from=" + id_of(rows[0]));
+  auto rest = after_first.events(9);
+  REQUIRE(rest.size() == 9);
+  CHECK(rest[0] == rows[1]);
+}
+
 TEST_CASE("a resume position older than the retained log is 410 Gone") {
   setup_tables("ret");
   log_options lo;

@@ -752,10 +752,12 @@ event_log::resume_point event_log::resume_after(const transform::event_id& id) c
   if (!from_start && origin_.valid() && id.commit_lsn < origin_) return r;
   if (visible_seq_ == 0) {
     if (from_start || origin_.valid()) r.seq = 0;
+    r.past_head = !from_start;
     return r;
   }
   if (!(id < last_visible_id_)) {   // at or past the newest event: resume at the head
     r.seq = visible_seq_;
+    r.past_head = last_visible_id_ < id;
     return r;
   }
   // The memory tail (its committed part).

@@ -80,6 +80,9 @@ struct client_state {
   std::string last_id;           // the last event id delivered: where to resume
   std::uint64_t cursor = 0;      // seq of the next event to look at
   std::uint64_t offset = 0;      // the log's end_offset at the cursor (while live): lag in bytes
+  /// Resumed from an id past the head: events up to it are skipped (sent again by the server
+  /// after a crash lost them from the log, they were seen already).
+  std::optional<transform::event_id> skip_through;
   bool live = false;
   bool closing = false;
   std::string close_reason;
@@ -239,6 +242,10 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
     for (const auto& e : batch) {
       c.cursor = e->seq + 1;
       c.offset = e->end_offset;
+      if (c.skip_through) {
+        if (!(*c.skip_through < e->id)) continue;
+        c.skip_through.reset();
+      }
       if (!matches(r, *e)) continue;
       std::string error;
       auto payload = encoded(*e, enc, error);
@@ -368,10 +375,13 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
   // The streaming loop shared by NDJSON and SSE.
   template <class Stream>
   awaitable<void> serve_http_stream(Stream& s, const http::request<http::empty_body>& req, stream_request r,
-                                    transport kind, std::uint64_t start, std::string_view cors = {}) {
+                                    transport kind, std::uint64_t start, std::optional<transform::event_id> skip,
+                                    std::string_view cors = {}) {
     client_state c(executor);
     c.kind = kind;
     c.cursor = start;
+    c.skip_through = skip;
+    if (skip) c.last_id = skip->to_string();   // where it resumes, should it end before an event
     c.force_close = [&s] { beast::get_lowest_layer(s).close(); };
     registration guard(*this, c, r);
 
@@ -472,7 +482,8 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
   };
 
   template <class Stream>
-  awaitable<void> serve_websocket(Stream s, http::request<http::empty_body> req, stream_request r, std::uint64_t start) {
+  awaitable<void> serve_websocket(Stream s, http::request<http::empty_body> req, stream_request r, std::uint64_t start,
+                                  std::optional<transform::event_id> skip) {
     auto session = std::make_shared<ws_session<Stream>>(std::move(s), executor);
     auto& ws = session->ws;
     auto& c = session->c;
@@ -496,6 +507,8 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
 
     c.kind = transport::websocket;
     c.cursor = start;
+    c.skip_through = skip;
+    if (skip) c.last_id = skip->to_string();
     c.force_close = [&ws] {
       boost::system::error_code ec;
       beast::get_lowest_layer(ws).socket().close(ec);
@@ -713,6 +726,7 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
         }
         counted admitted(streams);
         std::uint64_t start = gw.log().visible_seq();
+        std::optional<transform::event_id> skip_through;
         if (r->from) {
           auto resume = gw.log().resume_after(*r->from);
           if (!resume.error.empty()) {
@@ -724,6 +738,7 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
             co_return;
           }
           auto seq = resume.seq;
+          if (resume.past_head) skip_through = r->from;
           if (!seq) {
             // (Built before the co_await: gcc 12 destroys a conditional's temporaries twice there.)
             std::string why = "event " + r->from->to_string();
@@ -745,12 +760,13 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
                                   json_error("", "/v1/ws needs a WebSocket upgrade"), false, {}, cors);
             co_return;
           }
-          co_await serve_websocket(std::move(s), std::move(req), std::move(*r), start);
+          co_await serve_websocket(std::move(s), std::move(req), std::move(*r), start, skip_through);
           co_return;
         }
         auto accept = req[http::field::accept];
         bool sse = std::string_view(accept.data(), accept.size()).find("text/event-stream") != std::string_view::npos;
-        co_await serve_http_stream(s, req, std::move(*r), sse ? transport::sse : transport::ndjson, start, cors);
+        co_await serve_http_stream(s, req, std::move(*r), sse ? transport::sse : transport::ndjson, start, skip_through,
+                                   cors);
         co_return;
       } else {
         co_await write_simple(s, req.version(), http::status::not_found, "application/json",

@@ -125,6 +125,14 @@ TEST_CASE("clients see a transaction only at its commit; a cut-off transaction w
   for (std::uint64_t i = 0; i < 7; ++i) CHECK(all[i]->seq == i);
   CHECK(all[6]->id.to_string() == "0/200:3");
   CHECK(*log->seq_after({lsn{0x200}, 1}) == 5);
+  // An id past the newest event (a client saw what a crash then lost from the log): the head,
+  // and the reader skips events up to it when the server sends them again.
+  auto past = log->resume_after({lsn{0x300}, 4});
+  CHECK(*past.seq == 7);
+  CHECK(past.past_head);
+  auto at = log->resume_after({lsn{0x200}, 3});
+  CHECK(*at.seq == 7);
+  CHECK_FALSE(at.past_head);
 }
 
 TEST_CASE("a transaction larger than the memory tail is read whole from the file once committed") {

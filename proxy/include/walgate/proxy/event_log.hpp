@@ -156,6 +156,10 @@ class event_log {
   struct resume_point {
     std::optional<std::uint64_t> seq;
     std::string error;
+    /// id is past the newest event logged: the head, but events up to id may still come (the
+    /// log lost what a client saw before a crash, and the server sends it again, with the same
+    /// ids): a reader skips events up to id.
+    bool past_head = false;
   };
   resume_point resume_after(const transform::event_id& id) const;
   /// resume_after(id).seq.

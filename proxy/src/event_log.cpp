@@ -191,6 +191,14 @@ std::uint64_t event_log::first_seq() const {
   return first;
 }
 
+std::uint64_t event_log::transaction_end_offset(std::uint64_t seq) const {
+  if (seq >= visible_seq_) return 0;
+  auto it = std::upper_bound(recent_commits_.begin(), recent_commits_.end(), seq,
+                             [](std::uint64_t s, const auto& c) { return s < c.first; });
+  if (it == recent_commits_.begin()) return 0;
+  return std::prev(it)->second;
+}
+
 void event_log::set_sync_observer(std::function<void(int fd)> f) { sync_observer() = std::move(f); }
 
 bool event_log::set_origin(lsn l) {
@@ -451,6 +459,11 @@ bool event_log::roll_segment() {
 
 void event_log::enforce_retention() {
   while (segments_.size() > 1 && disk_bytes() > opts_.retention_bytes) {
+    // The newest segment with events stays (its last id is where the log's head is known, after
+    // a restart too), whatever the retention.
+    bool later_events = false;
+    for (std::size_t i = 1; i < segments_.size(); ++i) later_events = later_events || segments_[i].end_seq > segments_[i].first_seq;
+    if (!later_events && segments_.front().end_seq > segments_.front().first_seq) break;
     std::error_code ec;
     fs::remove(segments_.front().path, ec);
     if (segments_.front().end_seq > segments_.front().first_seq) {
@@ -570,7 +583,11 @@ void event_log::commit(lsn commit_lsn, lsn end_lsn) {
   last_commit_ = commit_lsn;
   pending_durable_ = end_lsn;
   // Visible to clients from here on, all of it at once.
-  if (next_seq_ > txn_first_seq_) last_visible_id_ = seg.last_id;
+  if (next_seq_ > txn_first_seq_) {
+    last_visible_id_ = seg.last_id;
+    recent_commits_.emplace_back(txn_first_seq_, end_offset());
+    if (recent_commits_.size() > 4096) recent_commits_.pop_front();
+  }
   visible_seq_ = next_seq_;
   visible_offset_ = end_offset();
 }
@@ -791,8 +808,14 @@ event_log::resume_point event_log::resume_after(const transform::event_id& id) c
           r.error.clear();
           return r;
         }
-      if (!r.error.empty() || batch.empty()) {
-        if (r.error.empty()) r.error = "event log " + s.path.filename().string() + " ends before its events";
+      if (!r.error.empty()) return r;
+      if (batch.empty()) {
+        // Not in the file yet: the events from here on are in the memory tail.
+        if (!tail_.empty() && seq >= tail_.front()->seq && seq < visible_seq_) {
+          r.seq = seq;
+          return r;
+        }
+        r.error = "event log " + s.path.filename().string() + " ends before its events";
         return r;
       }
       seq = batch.back()->seq + 1;

@@ -66,7 +66,7 @@ boost::system::error_code gateway::on_xlog_data(const protocol::xlog_data& x) {
     // sent so every time, the stream stays here (with a growing backoff), saying why.
     decode_failed_ = true;
     ++metrics_.decode_failures;
-    stream_fault_ = "cannot decode the pgoutput message at " + x.wal_start.to_string() + ": " + r.error().message;
+    stream_fault_ = "cannot take the pgoutput message at " + x.wal_start.to_string() + ": " + r.error().message;
     stream_fault_lsn_ = x.wal_start;
     return make_error_code(r.error().code);
   }
@@ -114,10 +114,7 @@ boost::system::error_code gateway::on_message(protocol::lsn wal_start, const pro
   // Decoding emits it when it reads its WAL record, between transactions (a transaction's
   // changes are sent together at its commit): its LSN orders it among them, and a redelivery
   // after a restart (the server resends from the acknowledged position) is recognised by it.
-  if (log_.in_transaction()) {
-    failure_ = "a non-transactional logical message at " + wal_start.to_string() + " arrived inside a transaction";
-    return make_error_code(protocol::errc::unexpected_message);
-  }
+  if (log_.in_transaction()) return make_error_code(protocol::errc::unexpected_message);   // (retried as a stream fault)
   protocol::transaction_info t;
   t.xid = m.xid.value_or(0);
   t.commit_lsn = m.message_lsn.valid() ? m.message_lsn : wal_start;

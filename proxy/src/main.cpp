@@ -316,7 +316,8 @@ int serve(const settings& s, const std::function<void(std::uint16_t)>& on_listen
   stream_sink sink(gw);
   proxy::replication_client client(io.get_executor(), rs, sink);
   client.set_retry_handler([&gw](const proxy::failure& f, std::chrono::milliseconds d) {
-    log_line((gw.stream_fault().empty() ? f.message : gw.stream_fault()) + " (reconnecting in " +
+    const bool refused = f.message.rfind("stream consumer failed", 0) == 0;   // the gateway refused what came
+    log_line((!refused || gw.stream_fault().empty() ? f.message : gw.stream_fault()) + " (reconnecting in " +
              std::to_string(d.count()) + " ms)");
   });
   proxy::server_status st;
@@ -613,6 +614,7 @@ std::string assign(const binding& b, const std::string& text) {
           if constexpr (std::is_same_v<T, std::string>) *p = text;
           else if constexpr (std::is_same_v<T, int>) {
             std::size_t used = 0;
+            if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos) return "not a number";
             int v = std::stoi(text, &used);
             if (used != text.size()) return "not a number";
             *p = v;

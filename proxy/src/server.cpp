@@ -230,8 +230,11 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
     // even when a reconnect drops a transaction half received), from the end of the next event
     // this client is to get: one large event is not lag, a client reading it at full speed is
     // not slow.
-    if (c.live && !batch.empty() && log.visible_offset() > batch.front()->end_offset &&
-        log.visible_offset() - batch.front()->end_offset > opts.client_lag_bytes) {
+    // Nor is one large transaction: what counts is committed after the one the client is in.
+    const std::uint64_t reading_to =
+        batch.empty() ? 0 : std::max(batch.front()->end_offset, log.transaction_end_offset(batch.front()->seq));
+    if (c.live && !batch.empty() && log.visible_offset() > reading_to &&
+        log.visible_offset() - reading_to > opts.client_lag_bytes) {
       c.closing = true;
       c.close_reason = "slow client: more than " + std::to_string(opts.client_lag_bytes) +
                        " bytes behind the stream";

@@ -373,3 +373,51 @@ TEST_CASE("recovery makes what it keeps durable before anything is acknowledged 
   CHECK(log->durable_lsn() == recovered);
   CHECK(log->visible_seq() == 6);
 }
+
+TEST_CASE("retention below the segment size keeps the newest segment with events: a restart still knows the head") {
+  temp_dir d;
+  std::string error;
+  auto o = options(d.path);
+  o.segment_bytes = 256;
+  o.retention_bytes = 1;   // smaller than any segment
+  o.memory_bytes = 1;
+  writer w;
+  {
+    auto log = event_log::open(o, error);
+    REQUIRE(log);
+    for (std::uint64_t i = 1; i <= 4; ++i) {
+      w.whole(*log, 0x100 * i, 5);
+      REQUIRE(log->sync());
+    }
+    auto& t = w.txn(0x500);
+    REQUIRE(log->begin(t.commit_lsn));   // rolls: only an empty segment would be left
+    w.add(*log, t, 0);
+    log->abort();
+    REQUIRE(log->sync());
+  }
+  auto log = event_log::open(o, error);
+  REQUIRE_MESSAGE(log, error);
+  CHECK(log->visible_seq() == 20);
+  auto head = log->resume_after({lsn{0x400}, 4});   // the newest event: the head, no skipping
+  CHECK(*head.seq == 20);
+  CHECK_FALSE(head.past_head);
+  CHECK_FALSE(log->seq_after({lsn{0x100}, 1}));      // dropped: 410, not a silent head
+  CHECK_FALSE(log->seq_after({}));
+}
+
+TEST_CASE("resuming from the last event in the file when the next ones are only in memory") {
+  temp_dir d;
+  std::string error;
+  auto o = options(d.path);
+  o.memory_bytes = 1;
+  auto log = event_log::open(o, error);
+  REQUIRE(log);
+  writer w;
+  w.whole(*log, 0x100, 3);
+  REQUIRE(log->sync());     // in the file; the tail keeps only the newest
+  w.whole(*log, 0x200, 3);  // committed, not yet written: held in the tail
+  REQUIRE(log->tail().front()->seq <= 3);
+  auto r = log->resume_after({lsn{0x100}, 2});
+  CHECK(r.error.empty());
+  CHECK(*r.seq == 3);
+}

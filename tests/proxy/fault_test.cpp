@@ -227,14 +227,18 @@ struct resuming_client {
       parser.body_limit(boost::none);
       http::read_header(s, buf, parser, ec);
       if (ec) continue;   // walgate went away before answering
+      bool refused = false;
       {
         std::lock_guard<std::mutex> g(m);
         ++connections;
         if (parser.get().result_int() != 200) {
           problems.push_back("HTTP " + std::to_string(parser.get().result_int()) + " resuming from " + from);
-          std::this_thread::sleep_for(std::chrono::milliseconds(200));
-          continue;
+          refused = true;
         }
+      }
+      if (refused) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        continue;
       }
       std::size_t consumed = 0;
       while (!stop) {

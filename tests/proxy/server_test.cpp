@@ -718,7 +718,7 @@ TEST_CASE("a pgoutput message that cannot be decoded: nothing skipped, /readyz s
   auto [st, body] = get_path(g.port(), "/readyz");
   CHECK(st == 503);
   CHECK(body.find("\"status\":\"stream fault\"") != std::string::npos);
-  CHECK(body.find("cannot decode the pgoutput message at") != std::string::npos);
+  CHECK(body.find("cannot take the pgoutput message at") != std::string::npos);
   std::this_thread::sleep_for(std::chrono::seconds(5));
   const auto failures = metric_value(g.port(), "walgate_stream_decode_failures_total");
   CHECK(failures >= 2);
@@ -1036,6 +1036,24 @@ TEST_CASE("a row larger than --client-lag-mb reaches every transport; the stream
   REQUIRE(c.size() == 2);
   CHECK(value_size(c[0]) == size);
   CHECK(c[1] == a[1]);
+  CHECK(get_path(g.port(), "/metrics").second.find("walgate_clients_disconnected_slow_total 0") != std::string::npos);
+}
+
+TEST_CASE("a transaction larger than --client-lag-mb: live clients read it through, and what follows") {
+  test::cluster().sql("CREATE TABLE bulk_items(id int PRIMARY KEY, v text); CREATE PUBLICATION bulk_pub FOR TABLE bulk_items");
+  server_options so;
+  so.client_lag_bytes = 1u << 20;   // 1 MiB; the transaction is about 8 MiB of log
+  running_gateway g("bulk_slot", "bulk_pub", so);
+  stream_client nd(g.port(), "/v1/stream?format=native");
+  ws_client ws(g.port(), "/v1/ws?format=native");
+  test::cluster().sql("INSERT INTO bulk_items SELECT g, repeat('b', 100) FROM generate_series(1, 30000) g");
+  test::cluster().sql("INSERT INTO bulk_items VALUES (0, 'after')");
+  auto a = nd.events(30001);
+  REQUIRE(a.size() == 30001);
+  CHECK(json::parse(a.back()).at("after").at("v") == "after");
+  auto b = ws.messages(30001);
+  REQUIRE(b.size() == 30001);
+  CHECK(b.back() == a.back());
   CHECK(get_path(g.port(), "/metrics").second.find("walgate_clients_disconnected_slow_total 0") != std::string::npos);
 }
 

@@ -134,6 +134,9 @@ class event_log {
   std::uint64_t visible_offset() const { return visible_offset_; }
   /// The oldest retained event's seq (visible_seq() when empty).
   std::uint64_t first_seq() const;
+  /// Where the committed transaction holding event seq ends (its commit frame's end offset),
+  /// for the last 4,096 transactions; 0 when unknown.
+  std::uint64_t transaction_end_offset(std::uint64_t seq) const;
 
   /// Where this log began: the slot's consistent point (or the position the server resumed an
   /// existing slot at) when the log was empty. An event id from before it belongs to another
@@ -216,6 +219,7 @@ class event_log {
   transform::event_id last_visible_id_;   // id of the last committed event
   transform::event_id dropped_last_id_;   // last id of the newest segment retention dropped
   bool dropped_ = false;                   // retention dropped something in this process
+  std::deque<std::pair<std::uint64_t, std::uint64_t>> recent_commits_;   // (first seq, end offset), seq order
   transform::event_id txn_seg_first_id_, txn_seg_last_id_;   // the last segment's ids at begin()
   std::deque<event_ptr> tail_;
   std::size_t tail_bytes_ = 0;

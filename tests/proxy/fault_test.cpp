@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <random>
@@ -159,7 +160,8 @@ struct resuming_client {
   std::vector<std::string> problems;   // anything a client must never see
   std::vector<std::string> close_reasons;
 
-  resuming_client(std::uint16_t p, std::string q) : port(p), query(std::move(q)) {
+  bool sse = false;   // Server-Sent Events instead of NDJSON
+  resuming_client(std::uint16_t p, std::string q, bool as_sse = false) : port(p), query(std::move(q)), sse(as_sse) {
     thread = std::thread([this] { run(); });
   }
   ~resuming_client() { finish(); }
@@ -220,7 +222,8 @@ struct resuming_client {
         std::lock_guard<std::mutex> g(m);
         from = last_id;
       }
-      std::string req = "GET /v1/stream?format=native&from=" + from + query + " HTTP/1.1\r\nHost: localhost\r\n\r\n";
+      std::string req = "GET /v1/stream?format=native&from=" + from + query + " HTTP/1.1\r\nHost: localhost\r\n" +
+                        (sse ? "Accept: text/event-stream\r\n" : "") + "\r\n";
       asio::write(s, asio::buffer(req), ec);
       beast::flat_buffer buf;
       http::response_parser<http::string_body> parser;
@@ -254,7 +257,11 @@ struct resuming_client {
           while ((nl = body.find('\n', consumed)) != std::string::npos) {
             std::string line = body.substr(consumed, nl - consumed);
             consumed = nl + 1;
-            if (!line.empty()) apply(line);
+            if (sse) {
+              if (line.rfind("data: ", 0) == 0) apply(line.substr(6));   // (id:, retry:, comments: not events)
+            } else if (!line.empty()) {
+              apply(line);
+            }
           }
         }
         if (consumed > (1u << 20)) {
@@ -530,4 +537,43 @@ TEST_CASE("an exception in the stream path ends walgate with a non-zero exit and
   MESSAGE(sc.gw.log());
   CHECK(sc.gw.log().find("the replication stream failed: test hook: an exception in the stream path") !=
         std::string::npos);
+}
+
+TEST_CASE("a transaction of 1,000,000 inserts: a client reading from 0/0:0 gets all of it, walgate's memory bounded") {
+  scenario sc("fm");
+  sc.start_streaming();
+  resuming_client client(sc.port, "");
+  resuming_client sse(sc.port, "", true);
+  sql_conn c(test::cluster().conninfo());
+  REQUIRE(c.exec("INSERT INTO fm_a SELECT g, repeat('m', 200) FROM generate_series(1, 1000000) g"));
+  REQUIRE(c.exec("INSERT INTO fm_b VALUES (1, 'after')"));
+  bool all = test::wait_until(
+      [&] {
+        std::lock_guard<std::mutex> g(client.m);
+        std::lock_guard<std::mutex> g2(sse.m);
+        return client.events >= 1'000'001 && sse.events >= 1'000'001;
+      },
+      std::chrono::seconds(600));
+  long long hwm_kb = -1;
+  {
+    std::ifstream st("/proc/" + std::to_string(sc.gw.pid) + "/status");
+    std::string line;
+    while (std::getline(st, line))
+      if (line.rfind("VmHWM:", 0) == 0) hwm_kb = std::stoll(line.substr(6));
+  }
+  client.finish();
+  sse.finish();
+  MESSAGE("events " << client.events << " (NDJSON), " << sse.events << " (SSE), connections " << client.connections
+                    << ", walgate peak RSS " << hwm_kb / 1024 << " MiB, transactions streamed " << sc.streamed());
+  CHECK(sse.events == 1'000'001);
+  CHECK(sse.connections == 1);
+  CHECK(sse.problems.empty());
+  CHECK(sse.tables["fm_a"] == client.tables["fm_a"]);
+  CHECK(all);
+  CHECK(client.events == 1'000'001);
+  CHECK(client.connections == 1);
+  CHECK(client.problems.empty());
+  CHECK(client.tables["fm_a"].size() == 1'000'000);
+  CHECK(hwm_kb > 0);
+  CHECK(hwm_kb <= 256 * 1024);
 }

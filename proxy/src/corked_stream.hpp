@@ -9,7 +9,9 @@
 // ping, the close frame — starts sending at once. One write to the next layer is in flight at a
 // time; what arrives meanwhile waits in the buffer and goes with the next one. Memory: the server
 // corks one bounded batch at a time and drains it before the next, so the buffer holds at most
-// one batch plus control frames.
+// one batch plus control frames. A large event is not copied here: its bytes are referenced where
+// they are (the shared encoding, or the one piece read from its spill file), and a very large one
+// goes as a message in fragments, drained one at a time, with Beast's pings between them.
 #pragma once
 
 #include <boost/asio/append.hpp>
@@ -24,6 +26,8 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace walgate::proxy {
 
@@ -57,7 +61,7 @@ class corked_stream {
           if (!ec) {
             for (auto it = boost::asio::buffer_sequence_begin(buffers); it != boost::asio::buffer_sequence_end(buffers); ++it) {
               boost::asio::const_buffer b = *it;
-              pending_.append(static_cast<const char*>(b.data()), b.size());
+              append_owned({static_cast<const char*>(b.data()), b.size()});
               n += b.size();
             }
             if (!corked_) start_send();
@@ -78,7 +82,23 @@ class corked_stream {
     if (failed_) return;
     char head[10];
     std::size_t h = websocket_text_frame_header(head, payload.size());
-    pending_.append(head, h).append(payload);
+    append_owned({head, h});
+    append_owned(payload);
+    if (!corked_) start_send();
+  }
+  /// The same, the payload's bytes sent from where they are (kept alive by keep), not copied.
+  void append_text_frame(std::shared_ptr<const void> keep, std::string_view payload) {
+    append_text_fragment(std::move(keep), payload, true, true);
+  }
+  /// One fragment of a text message sent in pieces (RFC 6455 5.4), its bytes sent from where
+  /// they are: first opens the message, last ends it. Beast's frames (pings, pongs, a close)
+  /// go between fragments, so a message that takes minutes to send does not starve them.
+  void append_text_fragment(std::shared_ptr<const void> keep, std::string_view bytes, bool first, bool last) {
+    if (failed_) return;
+    char head[10];
+    std::size_t h = websocket_text_frame_header(head, bytes.size(), first, last);
+    append_owned({head, h});
+    append_ref(std::move(keep), bytes);
     if (!corked_) start_send();
   }
 
@@ -90,35 +110,59 @@ class corked_stream {
     start_send();
     return boost::asio::async_compose<Token, void(boost::system::error_code)>(
         [this](auto& self, boost::system::error_code = {}) {
-          if (failed_ || (!sending_ && pending_.empty())) return self.complete(failed_);
+          if (failed_ || (sending_.empty() && pending_.empty())) return self.complete(failed_);
           drained_.expires_at(boost::asio::steady_timer::time_point::max());
           drained_.async_wait(std::move(self));
         },
         token, drained_);
   }
 
-  std::size_t buffered() const { return pending_.size() + (sending_ ? sending_->size() : 0); }
+  std::size_t buffered() const {
+    std::size_t n = 0;
+    for (const auto& p : pending_) n += p.size();
+    for (const auto& p : sending_) n += p.size();
+    return n;
+  }
 
  private:
+  /// Bytes to send: copied here (owned), or referenced where they are (kept alive by keep).
+  void append_ref(std::shared_ptr<const void> keep, std::string_view bytes) {
+    if (bytes.empty()) return;
+    pending_.push_back({{}, std::move(keep), bytes});
+  }
+
+  struct part {
+    std::string owned;
+    std::shared_ptr<const void> keep;
+    std::string_view ref;
+    std::size_t size() const { return keep ? ref.size() : owned.size(); }
+    boost::asio::const_buffer buffer() const { return keep ? boost::asio::buffer(ref) : boost::asio::buffer(owned); }
+  };
+
+  void append_owned(std::string_view bytes) {
+    if (pending_.empty() || pending_.back().keep) pending_.emplace_back();
+    pending_.back().owned.append(bytes);
+  }
+
   void start_send() {
-    if (sending_ || pending_.empty() || failed_) return;
-    sending_ = std::make_shared<std::string>();
-    sending_->swap(pending_);
-    auto buf = sending_;
-    boost::asio::async_write(next_, boost::asio::buffer(*buf),
-                             [this, alive = alive_, buf](boost::system::error_code ec, std::size_t) {
-                               if (!*alive) return;
-                               sending_.reset();
-                               if (ec) failed_ = ec;
-                               if (!ec && !corked_ && !pending_.empty()) start_send();
-                               if (failed_ || (!sending_ && pending_.empty())) drained_.cancel();
-                             });
+    if (!sending_.empty() || pending_.empty() || failed_) return;
+    sending_.swap(pending_);
+    buffers_.clear();
+    for (const auto& p : sending_) buffers_.push_back(p.buffer());
+    boost::asio::async_write(next_, buffers_, [this, alive = alive_](boost::system::error_code ec, std::size_t) {
+      if (!*alive) return;
+      sending_.clear();
+      if (ec) failed_ = ec;
+      if (!ec && !corked_ && !pending_.empty()) start_send();
+      if (failed_ || (sending_.empty() && pending_.empty())) drained_.cancel();
+    });
   }
 
   Next next_;
   boost::asio::steady_timer drained_;   // cancelled when the buffer empties (a condition)
-  std::string pending_;
-  std::shared_ptr<std::string> sending_;   // the bytes of the write in flight
+  std::vector<part> pending_;
+  std::vector<part> sending_;             // the parts of the write in flight
+  std::vector<boost::asio::const_buffer> buffers_;
   boost::system::error_code failed_;
   bool corked_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);

@@ -29,6 +29,7 @@ void frame(std::string& out, char type, std::string_view payload) {
 constexpr std::size_t frame_overhead = 1 + 4 + 4;
 constexpr std::string_view format_line = "walgate event log 2\n";
 constexpr std::size_t index_every = 256;
+constexpr std::size_t large_record = 1u << 20;   // written to the file directly, never copied
 
 std::string segment_name(std::uint64_t first_seq) {
   char buf[64];
@@ -514,6 +515,8 @@ void event_log::abort() {
     tail_.back()->in_tail = false;
     tail_.pop_back();
   }
+  for (auto it = shared_.begin(); it != shared_.end();) it = it->first >= txn_first_seq_ ? shared_.erase(it) : std::next(it);
+  large_in_txn_.clear();
   next_seq_ = txn_first_seq_;
 }
 
@@ -521,14 +524,29 @@ void event_log::add(const transform::change& c) {
   if (!open_ || skipping_) return;
   auto& seg = segments_.back();
   scratch_.clear();
+  // Room for the values at once: a record of a huge value is not grown by doubling (which
+  // would hold it about twice for a moment).
+  std::size_t values = 0;
+  for (const auto& col : c.before) values += col.value.size() + 5;
+  for (const auto& col : c.after) values += col.value.size() + 5;
+  if (values >= large_record) scratch_.reserve(values + 4096);
   protocol::writer(scratch_).u64(next_seq_);
   record_writer_.write(scratch_, c);
   std::size_t offset = seg.bytes + pending_.size();
   if ((next_seq_ - seg.first_seq) % index_every == 0) seg.index.emplace_back(next_seq_, offset);
-  frame(pending_, 'E', scratch_);
   auto ev = std::make_shared<logged_event>();
   ev->seq = next_seq_;
-  ev->record.assign(scratch_, 8);
+  if (scratch_.size() < large_record) {
+    frame(pending_, 'E', scratch_);
+    ev->record.assign(scratch_, 8);
+  } else {
+    // A large record (a value of many megabytes) goes to the file from where it was made, and
+    // becomes the event's record without a copy: it is held in memory once.
+    write_frame_now('E', scratch_);
+    scratch_.erase(0, 8);
+    ev->record = std::move(scratch_);
+    scratch_ = std::string();
+  }
   ev->id = transform::event_id{c.txn->commit_lsn, c.index};
   ev->kind = c.kind;
   if (c.relation) {
@@ -542,6 +560,7 @@ void event_log::add(const transform::change& c) {
   ev->in_tail = true;
   ev->accounted = ev->memory();
   tail_bytes_ += ev->accounted;
+  if (ev->accounted > opts_.memory_bytes / 2) large_in_txn_.push_back(ev->seq);
   tail_.push_back(ev);
   evict();
   // A large transaction goes to the file as it comes (without fsync: it is not durable until
@@ -554,17 +573,21 @@ void event_log::evict() {
   // Events not yet written to the file stay (until the next write or sync): a client behind the
   // tail reads the file, and must find them there.
   const std::uint64_t written = segments_.back().base + segments_.back().bytes;
+  const auto now = std::chrono::steady_clock::now();
   while (tail_.size() > 1 && tail_bytes_ > opts_.memory_bytes && tail_.front()->end_offset <= written) {
+    while (!linger_.empty() && linger_.front().first < tail_.front()->seq) linger_.pop_front();
+    if (!linger_.empty() && linger_.front().first == tail_.front()->seq && now < linger_.front().second) break;
     tail_bytes_ -= tail_.front()->accounted;
     tail_.front()->in_tail = false;
+    share(tail_.front());
     tail_.pop_front();
   }
 }
 
 void event_log::account_encoding(const logged_event& e, std::size_t bytes) {
   if (!e.in_tail) return;
-  e.accounted += logged_event::encoding_memory(bytes);
-  tail_bytes_ += logged_event::encoding_memory(bytes);
+  e.accounted += bytes;
+  tail_bytes_ += bytes;
   evict();
 }
 
@@ -590,6 +613,17 @@ void event_log::commit(lsn commit_lsn, lsn end_lsn) {
   }
   visible_seq_ = next_seq_;
   visible_offset_ = end_offset();
+  for (auto seq : large_in_txn_) linger_.emplace_back(seq, std::chrono::steady_clock::now() + std::chrono::seconds(5));
+  large_in_txn_.clear();
+}
+
+void event_log::share(const event_ptr& e) const {
+  shared_[e->seq] = e;
+  // Entries of events nobody holds any more go now and then (amortized: when the map doubled).
+  if (shared_.size() > 2 * shared_pruned_at_ + 1024) {
+    for (auto it = shared_.begin(); it != shared_.end();) it = it->second.expired() ? shared_.erase(it) : std::next(it);
+    shared_pruned_at_ = shared_.size();
+  }
 }
 
 bool event_log::append(const protocol::transaction_info& txn, const std::vector<transform::change>& changes) {
@@ -599,6 +633,31 @@ bool event_log::append(const protocol::transaction_info& txn, const std::vector<
   }
   for (const auto& c : changes) add(c);
   commit(txn.commit_lsn, txn.end_lsn);
+  return true;
+}
+
+bool event_log::write_frame_now(char type, std::string_view body) {
+  if (!write_pending()) return false;
+  char head[5];
+  head[0] = type;
+  for (int i = 0; i < 4; ++i) head[1 + i] = static_cast<char>((body.size() >> (24 - 8 * i)) & 0xff);
+  std::uint32_t crc = protocol::crc32c(body, protocol::crc32c(std::string_view(head, sizeof head)));
+  char tail[4];
+  for (int i = 0; i < 4; ++i) tail[i] = static_cast<char>((crc >> (24 - 8 * i)) & 0xff);
+  std::string_view parts[] = {{head, sizeof head}, body, {tail, sizeof tail}};
+  for (auto part : parts) {
+    std::size_t done = 0;
+    while (done < part.size()) {
+      ssize_t n = ::write(fd_, part.data() + done, part.size() - done);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        error_ = "cannot write the event log: " + std::string(std::strerror(errno));
+        return false;
+      }
+      done += static_cast<std::size_t>(n);
+      segments_.back().bytes += static_cast<std::size_t>(n);
+    }
+  }
   return true;
 }
 
@@ -621,6 +680,7 @@ bool event_log::write_pending() {
   }
   segments_.back().bytes += done;
   pending_.erase(0, done);
+  if (pending_.empty() && pending_.capacity() > 4 * large_record) pending_ = std::string();   // after one huge burst
   return ok;
 }
 
@@ -694,7 +754,16 @@ std::vector<event_ptr> event_log::read(std::uint64_t seq, std::size_t max, std::
     for (; i < tail_.size() && out.size() < max; ++i) out.push_back(tail_[i]);
     return out;
   }
-  return read_disk(seq, max, error);
+  // Out of the tail, but still held by a client sending it: shared.
+  for (auto it = shared_.find(seq); it != shared_.end() && out.size() < max; it = shared_.find(seq + out.size())) {
+    auto e = it->second.lock();
+    if (!e) break;
+    out.push_back(std::move(e));
+  }
+  if (!out.empty()) return out;
+  out = read_disk(seq, max, error);
+  for (const auto& e : out) share(e);
+  return out;
 }
 
 std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max, std::string* error) const {

@@ -58,6 +58,7 @@ struct settings {
   std::string debezium_name = "walgate";
   std::string decimal_mode = "string";
   std::string time_precision = "adaptive_time_microseconds";
+  std::string streaming = "on";   // ask PostgreSQL 14+ to stream large transactions while they run
   bool no_fsync = false;
 };
 
@@ -305,13 +306,15 @@ int serve(const settings& s, const std::function<void(std::uint16_t)>& on_listen
       return 1;
     }
   }
+  // (Large encodings too: one unlinked file per event and format, sent from in pieces.)
+  so.spill_dir = ao.spill_dir;
   proxy::gateway gw(io.get_executor(), *log, ao);
   proxy::replication_settings rs;
   rs.conn = *parsed.params;
   rs.slot = s.slot;
   rs.publications = s.publications;
   rs.messages_when_supported = true;
-  rs.streaming_when_supported = true;
+  rs.streaming_when_supported = s.streaming == "on";
   rs.status_interval = std::chrono::milliseconds(s.status_interval_ms);
   stream_sink sink(gw);
   proxy::replication_client client(io.get_executor(), rs, sink);
@@ -719,6 +722,7 @@ bool validate(const settings& s, std::string& error) {
   };
   if (!member("debezium-decimal-mode", s.decimal_mode, {"string", "double", "precise"})) return false;
   if (!member("debezium-time-precision", s.time_precision, {"adaptive_time_microseconds", "connect"})) return false;
+  if (!member("streaming", s.streaming, {"on", "off"})) return false;
   return true;
 }
 
@@ -737,7 +741,7 @@ int main(int argc, char** argv) {
       {"allow-unauthenticated", &s.allow_unauthenticated}, {"tls-cert", &s.tls_cert}, {"tls-key", &s.tls_key},
       {"client-lag-mb", &s.client_lag_mb}, {"retention-mb", &s.retention_mb}, {"tail-mb", &s.tail_mb}, {"max-clients", &s.max_clients}, {"allow-origin", &s.allow_origins}, {"allow-host", &s.allow_hosts}, {"debezium-name", &s.debezium_name},
       {"debezium-decimal-mode", &s.decimal_mode}, {"debezium-time-precision", &s.time_precision},
-      {"no-fsync", &s.no_fsync}};
+      {"streaming", &s.streaming}, {"no-fsync", &s.no_fsync}};
   // --config is needed before the flags are parsed (they override what it sets).
   for (int i = 1; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--config") config = argv[i + 1];
@@ -782,6 +786,9 @@ int main(int argc, char** argv) {
   app.add_option("--debezium-name", s.debezium_name, "Debezium source.name")->capture_default_str();
   app.add_option("--debezium-decimal-mode", s.decimal_mode, "string, double or precise")->capture_default_str();
   app.add_option("--debezium-time-precision", s.time_precision, "adaptive_time_microseconds or connect")
+      ->capture_default_str();
+  app.add_option("--streaming", s.streaming,
+                 "on: PostgreSQL 14+ sends large transactions while they run (held here until their commit); off: at commit")
       ->capture_default_str();
   app.add_flag("--no-fsync", s.no_fsync, "do not fdatasync the event log (benchmarks only: acknowledges unsynced data)");
   auto* demo = app.add_subcommand("demo", "a throwaway PostgreSQL with a trickle of changes, and the gateway");

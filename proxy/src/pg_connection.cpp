@@ -212,8 +212,12 @@ struct pg_connection::impl : std::enable_shared_from_this<pg_connection::impl> {
       end -= begin;
       begin = 0;
     }
-    std::size_t want = std::max(begin + needed_from_begin, end + min_read);
-    if (buf.size() < want) buf.resize(std::max(want, std::min(buf.size() * 2, max_message + 5 + min_read)));
+    // One large message gets room for exactly itself (a value of hundreds of megabytes is held
+    // once, not in a buffer doubled past it); small ones leave room to read many at a time.
+    const bool large = needed_from_begin >= min_read;
+    std::size_t want = large ? begin + needed_from_begin : std::max(begin + needed_from_begin, end + min_read);
+    if (buf.size() < want)
+      buf.resize(large ? want : std::max(want, std::min(buf.size() * 2, max_message + 5 + min_read)));
   }
 
   /// Reads one whole backend message; its body is a view into buf, valid until the next call.

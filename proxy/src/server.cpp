@@ -146,12 +146,11 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
   }
 
   transform::record_view record_scratch;   // one parse buffer for every record read here
-  std::string encode_scratch;
 
   // Encodes once per event and encoding; every client of that encoding shares the bytes. The
   // bytes count against the log's memory tail while the event is in it.
   /// Null when the event's record cannot be read (error says why): never skipped in silence.
-  std::shared_ptr<const std::string> encoded(const logged_event& e, encoding enc, std::string& error) {
+  payload_ptr encoded(const logged_event& e, encoding enc, std::string& error) {
     auto& slot = e.json[static_cast<std::size_t>(enc)];
     if (!slot) {
       auto r = transform::read_record(protocol::as_bytes(e.record), record_scratch);
@@ -172,16 +171,31 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
     o.compact = enc == encoding::pgoutput2json_compact;
     transform::format f = enc == encoding::pgoutput2json_compact ? transform::format::pgoutput2json
                                                                   : static_cast<transform::format>(enc);
-    encode_scratch.clear();
-    transform::encode_change(encode_scratch, c, f, o);
+    std::string bytes;
+    // A large event's encoding is about its record's size (more where values are escaped):
+    // room for that at once, rather than growth by doubling.
+    bytes.reserve(e.record.size() >= (1u << 20) ? e.record.size() + e.record.size() / 8 + 4096 : encode_reserve);
+    transform::encode_change(bytes, c, f, o);
     auto& slot = e.json[static_cast<std::size_t>(enc)];
-    slot = std::make_shared<const std::string>(encode_scratch);
-    gw.log().account_encoding(e, slot->size());
+    if (bytes.size() >= opts.spill_bytes && !opts.spill_dir.empty()) {
+      // Sent from a file in pieces; where the file cannot be made (a full disk), from memory.
+      std::string error;
+      slot = payload::spill(opts.spill_dir, bytes, error);
+      if (slot) ++spilled_payloads;
+    }
+    if (!slot) {
+      if (bytes.capacity() > 2 * bytes.size() + 4096) bytes.shrink_to_fit();
+      slot = payload::in_memory(std::move(bytes));
+    }
+    gw.log().account_encoding(e, slot->memory());
   }
+  static constexpr std::size_t encode_reserve = 512;
+  std::uint64_t spilled_payloads = 0;   // encodings sent from spill files
 
-  /// The pgoutput2json compact "s" line for e, and the signature of its table's definition
-  /// (column names, types, typmods, key flags) that says when it must be sent again.
-  std::pair<std::string, std::string> schema_line(const logged_event& e) {
+  /// The signature of e's table definition (column names, types, typmods, key flags) that
+  /// says when pgoutput2json compact's "s" must be sent again; unless sent is that signature, also the
+  /// "s" line for e (made only when it is sent: it is e's row again).
+  std::pair<std::string, std::string> schema_line(const logged_event& e, const std::string* sent) {
     std::pair<std::string, std::string> out;
     if (transform::read_record(protocol::as_bytes(e.record), record_scratch)) {
       const auto& c = record_scratch.get();
@@ -189,6 +203,7 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
         for (const auto& col : c.relation->columns)
           out.second += col.name + '\x1f' + std::to_string(col.type_oid) + '\x1f' + std::to_string(col.type_modifier) +
                         (col.key ? "k" : "") + '\x1e';
+      if (sent && *sent == out.second) return out;
       auto o = opts.encoder;
       o.compact = true;
       o.include_schema = true;
@@ -202,7 +217,7 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
   }
 
   struct item {
-    std::shared_ptr<const std::string> payload;
+    payload_ptr bytes;
     transform::event_id id;
   };
 
@@ -251,8 +266,8 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
       }
       if (!matches(r, *e)) continue;
       std::string error;
-      auto payload = encoded(*e, enc, error);
-      if (!payload) {
+      auto p = encoded(*e, enc, error);
+      if (!p) {
         // A damaged record: the batch ends before it; with nothing before it, the client is
         // closed with the reason and the id to resume from.
         c.cursor = e->seq;
@@ -262,23 +277,23 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
         }
         break;
       }
-      if (payload->empty()) continue;   // the format has no such event
+      if (p->empty()) continue;   // the format has no such event
       if (enc == encoding::pgoutput2json_compact) {
         // The schema goes with the first row of a table for this client, and again when the
         // table's definition is not the one last sent.
-        auto [line, signature] = schema_line(*e);
         auto& sent = schemas_sent[e->schema + "." + e->table];
+        auto [line, signature] = schema_line(*e, &sent);
         if (sent != signature) {
           sent = std::move(signature);
-          payload = std::make_shared<const std::string>(std::move(line));
+          p = payload::in_memory(std::move(line));
         }
       }
-      bytes += payload->size();
-      out.push_back({std::move(payload), e->id});
+      bytes += p->size();
+      out.push_back({std::move(p), e->id});
       if (r.tombstones && e->kind == transform::op::delete_) {
         if (auto v = transform::read_record(protocol::as_bytes(e->record))) {
-          out.push_back({std::make_shared<const std::string>("{\"key\":" + transform::debezium_key((*v)->get(), opts.encoder) +
-                                                             ",\"value\":null}"),
+          out.push_back({payload::in_memory("{\"key\":" + transform::debezium_key((*v)->get(), opts.encoder) +
+                                            ",\"value\":null}"),
                          e->id});
         }
       }
@@ -368,6 +383,11 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
            m.decode_failures);
     metric("walgate_stream_fault", "gauge", "1 while the stream is stuck on a message that cannot be decoded.",
            gw.stream_fault().empty() ? 0 : 1);
+    metric("walgate_payloads_spilled_total", "counter",
+           "Encodings of large events written to a spill file and sent from it in pieces.", spilled_payloads);
+    metric("walgate_spill_read_errors_total", "counter",
+           "Spill files that could not be read back (the client was disconnected in the middle of the event).",
+           spill_read_errors);
     metric("walgate_reconnects_total", "counter", "Reconnections to PostgreSQL.", status.reconnects ? status.reconnects() : 0);
     metric("walgate_log_disk_bytes", "gauge", "Bytes of event log on disk.", log.disk_bytes());
     metric("walgate_log_next_seq", "gauge", "Sequence number of the next event clients will see.", log.visible_seq());
@@ -376,6 +396,48 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
   }
 
   // The streaming loop shared by NDJSON and SSE.
+  /// Events this large are not copied into a client's batch: they are sent from the shared
+  /// encoding (in memory) or read from its spill file a piece at a time.
+  static constexpr std::size_t large_payload = 64u << 10;
+  static constexpr std::size_t piece_bytes = 256u << 10;
+
+  /// One HTTP chunk (nothing for no bytes), within the write timeout.
+  template <class Stream>
+  awaitable<boost::system::error_code> write_chunk(Stream& s, std::string_view bytes) {
+    if (bytes.empty()) co_return boost::system::error_code{};
+    beast::get_lowest_layer(s).expires_after(opts.write_timeout);
+    auto [ec, n] = co_await asio::async_write(s, http::make_chunk(asio::buffer(bytes.data(), bytes.size())), use_tuple);
+    co_return ec;
+  }
+
+  /// A large encoding as chunks: from memory at once, from a spill file a piece at a time (each
+  /// piece within the write timeout; memory for this client: one piece).
+  template <class Stream>
+  awaitable<boost::system::error_code> write_payload_chunks(Stream& s, const payload& p) {
+    if (!p.spilled()) {
+      auto ec = co_await write_chunk(s, p.bytes());
+      co_return ec;
+    }
+    std::string piece;
+    for (std::size_t off = 0; off < p.size(); off += piece_bytes) {
+      piece.resize(std::min(piece_bytes, p.size() - off));
+      std::string error;
+      if (!p.read(off, piece, error)) {
+        log_spill_error(error);
+        co_return make_error_code(boost::system::errc::io_error);
+      }
+      auto ec = co_await write_chunk(s, piece);
+      if (ec) co_return ec;
+    }
+    co_return boost::system::error_code{};
+  }
+
+  void log_spill_error(const std::string& error) {
+    ++spill_read_errors;
+    (void)error;
+  }
+  std::uint64_t spill_read_errors = 0;
+
   template <class Stream>
   awaitable<void> serve_http_stream(Stream& s, const http::request<http::empty_body>& req, stream_request r,
                                     transport kind, std::uint64_t start, std::optional<transform::event_id> skip,
@@ -437,27 +499,40 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
         if (!ec && !stopping) out = kind == transport::sse ? ": keep-alive\n\n" : "\n";   // idle keep-alive
         if (out.empty()) continue;
       }
-      for (const auto& [payload, id] : batch) {
+      // Small events are copied into one chunk; a large one goes from where it is: from
+      // memory as a chunk of its own, from its spill file in pieces.
+      std::size_t sent = 0;
+      boost::system::error_code ec;
+      for (const auto& [p, id] : batch) {
         if (kind == transport::sse) {
           out += "id: ";
           out += id.to_string();
           out += "\ndata: ";
-          out += *payload;
-          out += "\n\n";
-        } else {
-          out += *payload;
-          out += '\n';
         }
+        if (p->spilled() || p->size() >= large_payload) {
+          sent += out.size();
+          ec = co_await write_chunk(s, out);
+          if (ec) break;
+          out.clear();
+          ec = co_await write_payload_chunks(s, *p);
+          if (ec) break;
+        } else {
+          out += p->bytes();
+        }
+        sent += p->size();
+        out += kind == transport::sse ? "\n\n" : "\n";
       }
-      if (!batch.empty()) c.last_id = batch.back().id.to_string();
-      beast::get_lowest_layer(s).expires_after(opts.write_timeout);
-      auto [ec, n] = co_await asio::async_write(s, http::make_chunk(asio::buffer(out)), use_tuple);
+      if (!ec) {
+        sent += out.size();
+        ec = co_await write_chunk(s, out);
+      }
       if (ec) {
         if (ec == beast::error::timeout) ++gw.metrics().clients_disconnected_slow;
         co_return;
       }
+      if (!batch.empty()) c.last_id = batch.back().id.to_string();
       gw.metrics().events_out += batch.size();
-      gw.metrics().bytes_out += out.size();
+      gw.metrics().bytes_out += sent;
       if (out.capacity() > (64u << 10)) out = std::string();   // idle clients keep no burst-sized buffer
     }
     // A last line that says why, and where to resume.
@@ -549,28 +624,70 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
       }
       // The batch's frames are collected and sent in one write. A batch that takes longer
       // than write_timeout to go out: the client does not read; close it.
-      c.watchdog.expires_after(opts.write_timeout);
-      c.watchdog.async_wait([&c](boost::system::error_code ec) {
-        if (!ec) {
-          c.closing = true;
-          c.close_reason = "slow client: a write took too long";
-          c.force_close();
-        }
-      });
+      auto arm_watchdog = [&c, this] {
+        c.watchdog.expires_after(opts.write_timeout);
+        c.watchdog.async_wait([&c](boost::system::error_code ec) {
+          if (!ec) {
+            c.closing = true;
+            c.close_reason = "slow client: a write took too long";
+            c.force_close();
+          }
+        });
+      };
+      arm_watchdog();
       ws.next_layer().cork();
       std::size_t bytes = 0;
-      for (const auto& [payload, id] : batch) {
-        if (raw_frames) {
-          if (!ws.is_open()) {   // Beast has begun closing (a protocol error from the client)
-            failed = true;
-            break;
-          }
-          ws.next_layer().append_text_frame(*payload);
-        } else if (auto [ec, n] = co_await ws.async_write(asio::buffer(*payload), use_tuple); ec) {
+      for (const auto& [p, id] : batch) {
+        if (raw_frames && !ws.is_open()) {   // Beast has begun closing (a protocol error from the client)
           failed = true;
           break;
         }
-        bytes += payload->size();
+        if (raw_frames && p->size() < large_payload) {
+          ws.next_layer().append_text_frame(p->bytes());
+        } else if (raw_frames && !p->spilled() && p->size() < opts.spill_bytes) {
+          ws.next_layer().append_text_frame(p, p->bytes());   // sent from the shared encoding
+        } else if (!raw_frames && p->size() < large_payload) {
+          auto [ec, n] = co_await ws.async_write(asio::buffer(p->bytes().data(), p->size()), use_tuple);
+          if (ec) failed = true;
+        } else {
+          // In pieces, each sent before the next is made (read from the spill file, or, when
+          // Beast compresses, deflated): a message in fragments, pings and pongs between them.
+          auto piece = std::make_shared<std::string>();
+          for (std::size_t off = 0; off < p->size() && !failed; off += piece_bytes) {
+            if (raw_frames && !ws.is_open()) {   // Beast closed meanwhile: no data frame after its close
+              failed = true;
+              break;
+            }
+            std::size_t n = std::min(piece_bytes, p->size() - off);
+            std::string_view view;
+            if (p->spilled()) {
+              piece->resize(n);
+              std::string error;
+              if (!p->read(off, *piece, error)) {
+                log_spill_error(error);
+                failed = true;
+                break;
+              }
+              view = *piece;
+            } else {
+              view = p->bytes().substr(off, n);
+            }
+            if (raw_frames) {
+              std::shared_ptr<const void> keep = p;
+              if (p->spilled()) keep = piece;
+              ws.next_layer().append_text_fragment(std::move(keep), view, off == 0, off + n == p->size());
+            } else {
+              auto [ec, w] = co_await ws.async_write_some(off + n == p->size(), asio::buffer(view.data(), view.size()), use_tuple);
+              if (ec) failed = true;
+            }
+            auto [pec] = co_await ws.next_layer().async_drain(use_tuple);
+            if (pec) failed = true;
+            ws.next_layer().cork();
+            arm_watchdog();   // each piece within the write timeout
+          }
+        }
+        if (failed) break;
+        bytes += p->size();
       }
       auto [dec] = co_await ws.next_layer().async_drain(use_tuple);
       c.watchdog.cancel();

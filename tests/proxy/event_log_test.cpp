@@ -284,7 +284,7 @@ TEST_CASE("encodings count against the memory tail; end offsets grow with the lo
     REQUIRE(batch.size() == 1);
     const auto& e = *batch[0];
     if (!e.json[0]) {
-      e.json[0] = std::make_shared<const std::string>(4096, 'x');
+      e.json[0] = payload::in_memory(std::string(4096, 'x'));
       log->account_encoding(e, 4096);
     }
   }

@@ -13,6 +13,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/websocket.hpp>
 #include <boost/json.hpp>
 
 #include <doctest/doctest.h>
@@ -35,6 +36,7 @@ using namespace walgate;
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
+namespace websocket = beast::websocket;
 namespace json = boost::json;
 using tcp = asio::ip::tcp;
 
@@ -145,8 +147,10 @@ struct sql_conn {
 
 using table_model = std::map<long long, std::string>;   // id -> v
 
-/// Reads NDJSON (native format) from walgate, resuming from the last id it received after every
-/// disconnect, and replays the events into a model of each table.
+enum class transport { ndjson, sse, websocket };
+
+/// Reads NDJSON, SSE or WebSocket (native format) from walgate, resuming from the last id it
+/// received after every disconnect, and replays the events into a model of each table.
 struct resuming_client {
   std::uint16_t port;
   std::string query;
@@ -161,13 +165,71 @@ struct resuming_client {
   std::vector<std::string> close_reasons;
 
   bool sse = false;   // Server-Sent Events instead of NDJSON
-  resuming_client(std::uint16_t p, std::string q, bool as_sse = false) : port(p), query(std::move(q)), sse(as_sse) {
-    thread = std::thread([this] { run(); });
+  bool ws = false;
+  std::atomic<int> ws_fd{-1};   // shut down to end a blocking WebSocket read
+  resuming_client(std::uint16_t p, std::string q, transport t = transport::ndjson)
+      : port(p), query(std::move(q)), sse(t == transport::sse), ws(t == transport::websocket) {
+    thread = std::thread([this] { ws ? run_ws() : run(); });
   }
   ~resuming_client() { finish(); }
   void finish() {
     stop = true;
+    {
+      std::lock_guard<std::mutex> g(m);   // (the socket is not closed while this holds)
+      if (ws_fd >= 0) ::shutdown(ws_fd, SHUT_RDWR);
+    }
     if (thread.joinable()) thread.join();
+  }
+
+  void run_ws() {
+    while (!stop) {
+      asio::io_context io;
+      tcp::socket s(io);
+      boost::system::error_code ec;
+      s.connect({asio::ip::make_address("127.0.0.1"), port}, ec);
+      if (ec) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        continue;
+      }
+      {
+        std::lock_guard<std::mutex> g(m);
+        ws_fd = s.native_handle();
+      }
+      if (stop) break;
+      websocket::stream<tcp::socket&> w(s);
+      w.read_message_max(0);
+      std::string from;
+      {
+        std::lock_guard<std::mutex> g(m);
+        from = last_id;
+      }
+      w.handshake("localhost", "/v1/ws?format=native&from=" + from + query, ec);
+      if (ec) {
+        {
+          std::lock_guard<std::mutex> g(m);
+          ws_fd = -1;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        continue;   // walgate went away, or refused
+      }
+      {
+        std::lock_guard<std::mutex> g(m);
+        ++connections;
+      }
+      beast::flat_buffer buf;
+      while (!stop) {
+        w.read(buf, ec);
+        if (ec) break;
+        std::string message = beast::buffers_to_string(buf.data());
+        buf.consume(buf.size());
+        std::lock_guard<std::mutex> g(m);
+        apply(message);
+      }
+      std::lock_guard<std::mutex> g(m);
+      ws_fd = -1;
+      if (ec == websocket::error::closed) close_reasons.push_back(std::string(w.reason().reason.data(), w.reason().reason.size()));
+      if (!stop) ++disconnects;
+    }
   }
 
   void apply(const std::string& line) {
@@ -539,41 +601,248 @@ TEST_CASE("an exception in the stream path ends walgate with a non-zero exit and
         std::string::npos);
 }
 
-TEST_CASE("a transaction of 1,000,000 inserts: a client reading from 0/0:0 gets all of it, walgate's memory bounded") {
-  scenario sc("fm");
+namespace {
+
+long long peak_rss_kib(pid_t pid) {
+  std::ifstream st("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(st, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6));
+  return -1;
+}
+
+/// One transaction of 1,000,000 inserts read live from 0/0:0 by a client of each transport,
+/// with PostgreSQL streaming the transaction to walgate while it runs (on) or sending it at its
+/// commit (off).
+void million_row_transaction(const std::string& prefix, const std::string& streaming) {
+  scenario sc(prefix);
+  sc.gw.args.insert(sc.gw.args.end(), {"--streaming", streaming});
   sc.start_streaming();
-  resuming_client client(sc.port, "");
-  resuming_client sse(sc.port, "", true);
+  resuming_client nd(sc.port, "");
+  resuming_client sse(sc.port, "", transport::sse);
+  resuming_client ws(sc.port, "", transport::websocket);
   sql_conn c(test::cluster().conninfo());
-  REQUIRE(c.exec("INSERT INTO fm_a SELECT g, repeat('m', 200) FROM generate_series(1, 1000000) g"));
-  REQUIRE(c.exec("INSERT INTO fm_b VALUES (1, 'after')"));
+  REQUIRE(c.exec("INSERT INTO " + prefix + "_a SELECT g, repeat('m', 200) FROM generate_series(1, 1000000) g"));
+  REQUIRE(c.exec("INSERT INTO " + prefix + "_b VALUES (1, 'after')"));
+  resuming_client* clients[] = {&nd, &sse, &ws};
   bool all = test::wait_until(
       [&] {
-        std::lock_guard<std::mutex> g(client.m);
-        std::lock_guard<std::mutex> g2(sse.m);
-        return client.events >= 1'000'001 && sse.events >= 1'000'001;
+        for (auto* cl : clients) {
+          std::lock_guard<std::mutex> g(cl->m);
+          if (cl->events < 1'000'001) return false;
+        }
+        return true;
       },
       std::chrono::seconds(600));
-  long long hwm_kb = -1;
-  {
-    std::ifstream st("/proc/" + std::to_string(sc.gw.pid) + "/status");
-    std::string line;
-    while (std::getline(st, line))
-      if (line.rfind("VmHWM:", 0) == 0) hwm_kb = std::stoll(line.substr(6));
-  }
-  client.finish();
-  sse.finish();
-  MESSAGE("events " << client.events << " (NDJSON), " << sse.events << " (SSE), connections " << client.connections
-                    << ", walgate peak RSS " << hwm_kb / 1024 << " MiB, transactions streamed " << sc.streamed());
-  CHECK(sse.events == 1'000'001);
-  CHECK(sse.connections == 1);
-  CHECK(sse.problems.empty());
-  CHECK(sse.tables["fm_a"] == client.tables["fm_a"]);
+  long long hwm_kb = peak_rss_kib(sc.gw.pid);
+  for (auto* cl : clients) cl->finish();
+  MESSAGE("streaming " << streaming << ": events " << nd.events << " (NDJSON), " << sse.events << " (SSE), " << ws.events
+                       << " (WebSocket), walgate peak RSS " << hwm_kb / 1024 << " MiB, transactions streamed "
+                       << sc.streamed());
   CHECK(all);
-  CHECK(client.events == 1'000'001);
-  CHECK(client.connections == 1);
-  CHECK(client.problems.empty());
-  CHECK(client.tables["fm_a"].size() == 1'000'000);
+  for (auto* cl : clients) {
+    CHECK(cl->events == 1'000'001);
+    CHECK(cl->connections == 1);
+    CHECK(cl->problems.empty());
+    CHECK(cl->close_reasons.empty());
+    CHECK(cl->tables[prefix + "_a"].size() == 1'000'000);
+    CHECK(cl->tables[prefix + "_b"].size() == 1);
+  }
+  CHECK(sse.tables[prefix + "_a"] == nd.tables[prefix + "_a"]);
+  CHECK(ws.tables[prefix + "_a"] == nd.tables[prefix + "_a"]);
+  if (streaming == "on") CHECK(sc.streamed() > 0);
+  else CHECK(sc.streamed() == 0);
   CHECK(hwm_kb > 0);
   CHECK(hwm_kb <= 256 * 1024);
+}
+
+}  // namespace
+
+TEST_CASE("a transaction of 1,000,000 inserts, streamed while it runs: every transport gets all of it, memory bounded") {
+  million_row_transaction("fm", "on");
+}
+
+TEST_CASE("a transaction of 1,000,000 inserts, sent at its commit (--streaming off): every transport gets all of it") {
+  million_row_transaction("fo", "off");
+}
+
+namespace {
+
+/// Keeps an event of hundreds of megabytes small enough to check: every run of at least 64
+/// 'x' becomes "~RUN<n>~" as the bytes arrive.
+struct run_collapser {
+  std::string out;
+  std::size_t run = 0;
+  void end_run() {
+    if (run >= 64) out += "~RUN" + std::to_string(run) + "~";
+    else out.append(run, 'x');
+    run = 0;
+  }
+  void feed(std::string_view b) {
+    std::size_t i = 0;
+    while (i < b.size()) {
+      if (b[i] == 'x') {
+        std::size_t j = b.find_first_not_of('x', i);
+        if (j == std::string_view::npos) j = b.size();
+        run += j - i;
+        i = j;
+      } else {
+        end_run();
+        std::size_t j = b.find('x', i);
+        if (j == std::string_view::npos) j = b.size();
+        out.append(b.substr(i, j - i));
+        i = j;
+      }
+    }
+  }
+  std::string take() {
+    end_run();
+    std::string r = std::move(out);
+    out.clear();
+    return r;
+  }
+};
+
+/// Reads /v1/stream (NDJSON or SSE) or /v1/ws (plain or permessage-deflate) a piece at a time,
+/// each event collapsed by run_collapser, until it has `want` events.
+struct collapsing_reader {
+  std::uint16_t port;
+  std::string format;
+  std::string mode;   // ndjson, sse, ws, ws-deflate
+  std::size_t want;
+  std::vector<std::string> events;
+  std::string error;
+  std::thread thread;
+  collapsing_reader(std::uint16_t p, std::string f, std::string m, std::size_t w)
+      : port(p), format(std::move(f)), mode(std::move(m)), want(w) {
+    thread = std::thread([this] {
+      try {
+        run();
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    });
+  }
+  ~collapsing_reader() {
+    if (thread.joinable()) thread.join();
+  }
+  void run() {
+    asio::io_context io;
+    tcp::socket s(io);
+    s.connect({asio::ip::make_address("127.0.0.1"), port});
+    run_collapser line;
+    if (mode == "ws" || mode == "ws-deflate") {
+      websocket::stream<tcp::socket&> w(s);
+      w.read_message_max(0);
+      websocket::permessage_deflate pmd;
+      pmd.client_enable = mode == "ws-deflate";
+      w.set_option(pmd);
+      w.handshake("localhost", "/v1/ws?format=" + format + "&from=0/0:0");
+      beast::flat_buffer buf;
+      while (events.size() < want) {
+        w.read_some(buf, 1u << 20);
+        for (auto b : beast::buffers_range(buf.data())) line.feed({static_cast<const char*>(b.data()), b.size()});
+        buf.consume(buf.size());
+        if (w.is_message_done()) events.push_back(line.take());
+      }
+      return;
+    }
+    std::string req = "GET /v1/stream?format=" + format + "&from=0/0:0 HTTP/1.1\r\nHost: localhost\r\n" +
+                      (mode == "sse" ? "Accept: text/event-stream\r\n" : "") + "\r\n";
+    asio::write(s, asio::buffer(req));
+    beast::flat_buffer buf;
+    http::response_parser<http::empty_body> parser;
+    parser.body_limit(boost::none);
+    http::read_header(s, buf, parser);
+    if (parser.get().result_int() != 200) throw std::runtime_error("HTTP " + std::to_string(parser.get().result_int()));
+    // SSE: an event is its "data: " line; NDJSON: a line (blank keep-alives are none).
+    auto on_body = [&](std::uint64_t, boost::beast::string_view body, boost::system::error_code&) -> std::size_t {
+      std::string_view b(body.data(), body.size());
+      while (!b.empty() && events.size() < want) {
+        auto nl = b.find('\n');
+        line.feed(b.substr(0, nl));
+        if (nl == std::string_view::npos) break;
+        b.remove_prefix(nl + 1);
+        std::string l = line.take();
+        if (mode == "sse") {
+          if (l.rfind("data: ", 0) == 0) events.push_back(l.substr(6));
+        } else if (!l.empty()) {
+          events.push_back(std::move(l));
+        }
+      }
+      return body.size();
+    };
+    parser.on_chunk_body(on_body);
+    while (events.size() < want && !parser.is_done()) http::read_some(s, buf, parser);
+  }
+};
+
+/// A row with one value of `mib` MiB: every format on every transport receives it whole (and
+/// the small row after it), while walgate holds it about three times at most.
+void huge_value(const std::string& prefix, std::size_t mib) {
+  scenario sc(prefix);
+  sc.start_streaming();
+  const char* formats[] = {"native", "debezium", "pgoutput2json", "waltail", "wal2json"};
+  const char* modes[] = {"ndjson", "sse", "ws", "ws-deflate"};
+  std::vector<std::unique_ptr<collapsing_reader>> readers;
+  for (const char* f : formats)
+    for (const char* m : modes) readers.push_back(std::make_unique<collapsing_reader>(sc.port, f, m, 2));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));   // (connected before the row is logged: all read it live)
+  const std::size_t size = mib << 20;
+  sql_conn c(test::cluster().conninfo());
+  REQUIRE(c.exec("INSERT INTO " + prefix + "_a VALUES (1, repeat('x', " + std::to_string(size) + "))"));
+  REQUIRE(c.exec("INSERT INTO " + prefix + "_a VALUES (2, 'small')"));
+  for (auto& r : readers) r->thread.join();
+  long long hwm_kb = peak_rss_kib(sc.gw.pid);
+  const std::string token = "~RUN" + std::to_string(size) + "~";
+  for (auto& r : readers) {
+    INFO(r->format << " over " << r->mode);
+    CHECK_MESSAGE(r->error.empty(), r->error);
+    REQUIRE(r->events.size() == 2);
+    const std::string& big = r->events[0];
+    // The value whole, once, inside an event that is valid JSON.
+    auto at = big.find(token);
+    CHECK(at != std::string::npos);
+    CHECK(big.find(token, at + 1) == std::string::npos);
+    CHECK(big.find("~RUN", at == std::string::npos ? 0 : at + token.size()) == std::string::npos);
+    boost::system::error_code ec;
+    json::parse(big, ec);
+    CHECK_MESSAGE(!ec, big.substr(0, 300));
+    CHECK(r->events[1].find("small") != std::string::npos);
+    json::parse(r->events[1], ec);
+    CHECK(!ec);
+  }
+  std::string metrics;
+  {
+    asio::io_context io;
+    tcp::socket s(io);
+    s.connect({asio::ip::make_address("127.0.0.1"), sc.port});
+    http::request<http::empty_body> req{http::verb::get, "/metrics", 11};
+    req.set(http::field::host, "localhost");
+    http::write(s, req);
+    beast::flat_buffer b;
+    http::response<http::string_body> res;
+    http::read(s, b, res);
+    metrics = res.body();
+  }
+  MESSAGE(mib << " MiB value to " << readers.size() << " clients (5 formats x NDJSON, SSE, WebSocket, WebSocket with "
+              << "permessage-deflate): walgate peak RSS " << hwm_kb / 1024 << " MiB");
+  // Each format's encoding spilled once, and sent from the spill file to its four clients.
+  auto spilled = metrics.find("\nwalgate_payloads_spilled_total ");
+  CHECK_MESSAGE(metrics.find("walgate_payloads_spilled_total 5\n") != std::string::npos,
+                metrics.substr(spilled == std::string::npos ? 0 : spilled, 40));
+  CHECK(metrics.find("walgate_clients_disconnected_slow_total 0\n") != std::string::npos);
+  CHECK(hwm_kb > 0);
+  // The server's message, the record (kept in the memory tail), one encoding at a time.
+  CHECK(hwm_kb / 1024 <= static_cast<long long>(mib * 7 / 2 + 128));
+}
+
+}  // namespace
+
+TEST_CASE("a value of 100 MiB reaches every format on every transport, sent in pieces, memory bounded") {
+  huge_value("fh", 100);
+}
+
+TEST_CASE("a value of 500 MiB reaches every format on every transport, sent in pieces, memory bounded") {
+  huge_value("fg", 500);
 }

@@ -9,9 +9,9 @@
 using namespace walgate::proxy;
 
 namespace {
-std::string header(std::uint64_t n) {
+std::string header(std::uint64_t n, bool first = true, bool fin = true) {
   char out[10];
-  return std::string(out, websocket_text_frame_header(out, n));
+  return std::string(out, websocket_text_frame_header(out, n, first, fin));
 }
 }  // namespace
 
@@ -25,6 +25,10 @@ TEST_CASE("WebSocket text frame headers, exact bytes (RFC 6455 5.2: 7-bit, 16-bi
   CHECK(header(65535) == "\x81\x7e\xff\xff"s);
   CHECK(header(65536) == "\x81\x7f\x00\x00\x00\x00\x00\x01\x00\x00"s);
   CHECK(header(0x0102030405060708ULL) == "\x81\x7f\x01\x02\x03\x04\x05\x06\x07\x08"s);
+  // A message in fragments (5.4): text without FIN, continuations, the last with FIN.
+  CHECK(header(262144, true, false) == "\x01\x7f\x00\x00\x00\x00\x00\x04\x00\x00"s);
+  CHECK(header(300, false, false) == "\x00\x7e\x01\x2c"s);
+  CHECK(header(7, false, true) == "\x80\x07"s);
 }
 
 TEST_CASE("stream parameters: formats, filters, resume ids; a bad one names itself") {

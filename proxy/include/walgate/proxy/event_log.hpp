@@ -19,10 +19,12 @@
 #pragma once
 
 #include "walgate/protocol/lsn.hpp"
+#include "walgate/proxy/payload.hpp"
 #include "walgate/transform/change.hpp"
 #include "walgate/transform/record.hpp"
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <filesystem>
@@ -30,6 +32,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace walgate::proxy {
@@ -48,14 +51,13 @@ struct logged_event {
   /// end_offset() minus that of the last event it was given.
   std::uint64_t end_offset = 0;
   /// Encodings, made once on first demand and shared by every client (single-threaded).
-  mutable std::array<std::shared_ptr<const std::string>, static_cast<std::size_t>(encoding::count_)> json;
+  mutable std::array<payload_ptr, static_cast<std::size_t>(encoding::count_)> json;
   mutable bool in_tail = false;   ///< held by the log's memory tail (its encodings count there)
   mutable std::size_t accounted = 0;   ///< what the tail counts for it: memory() when last counted
-  static std::size_t encoding_memory(std::size_t bytes) { return bytes + sizeof(std::string) + 32; }
   std::size_t memory() const {
     std::size_t n = sizeof(*this) + record.size() + schema.size() + table.size();
     for (const auto& j : json)
-      if (j) n += encoding_memory(j->size());
+      if (j) n += j->memory();
     return n;
   }
 };
@@ -202,6 +204,7 @@ class event_log {
   bool scan_segment(segment& s, std::string& error, std::size_t& good_end, std::size_t& total);
   bool roll_segment();
   bool write_pending();   // write() what is pending (no fsync)
+  bool write_frame_now(char type, std::string_view body);   // what is pending, then this frame
   void enforce_retention();
   void evict();
   std::vector<event_ptr> read_disk(std::uint64_t seq, std::size_t max, std::string* error) const;
@@ -223,6 +226,16 @@ class event_log {
   transform::event_id txn_seg_first_id_, txn_seg_last_id_;   // the last segment's ids at begin()
   std::deque<event_ptr> tail_;
   std::size_t tail_bytes_ = 0;
+  /// Events out of the tail (evicted, or read from disk) that a client may still hold (sending
+  /// them): a read of one of them shares it, its encodings with it, instead of reading and
+  /// encoding it again.
+  mutable std::unordered_map<std::uint64_t, std::weak_ptr<const logged_event>> shared_;
+  mutable std::size_t shared_pruned_at_ = 0;
+  void share(const event_ptr& e) const;
+  /// Events larger than the tail itself stay in it for a few seconds after their commit even
+  /// when the tail is over its bound, so that the clients reading live take them from memory.
+  std::vector<std::uint64_t> large_in_txn_;
+  std::deque<std::pair<std::uint64_t, std::chrono::steady_clock::time_point>> linger_;
   std::function<void(const logged_event&, const transform::change&)> publish_;
   std::string error_;
   bool open_ = false, skipping_ = false;

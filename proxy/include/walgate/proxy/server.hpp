@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -45,6 +46,10 @@ struct server_options {
   /// loopback address; others get 403 (DNS rebinding). Not checked on other addresses.
   std::vector<std::string> allowed_hosts;
   transform::encoder_options encoder;              ///< Debezium name, db, decimal/time modes.
+  /// Encodings of at least spill_bytes are written once to an unlinked file in spill_dir and
+  /// sent from it in pieces (none when spill_dir is empty: they stay in memory).
+  std::filesystem::path spill_dir;
+  std::size_t spill_bytes = 4u << 20;
 };
 
 /// What /readyz and /metrics need from the replication side.
@@ -98,7 +103,9 @@ bool origin_allowed(std::string_view origin, std::string_view host, const std::v
 /// gateway's own origin — or a reverse proxy passing its public name, which `allowed` lists.
 bool loopback_host_allowed(std::string_view host, const std::vector<std::string>& allowed);
 /// Writes the header of a server's WebSocket text frame (FIN, opcode 1, unmasked, RFC 6455 5.2)
-/// for a payload of n bytes into out; returns its length (2, 4 or 10).
-std::size_t websocket_text_frame_header(char (&out)[10], std::uint64_t n);
+/// for a payload of n bytes into out; returns its length (2, 4 or 10). A message in fragments
+/// (5.4): the first frame is opcode 1 without FIN, the others continuation frames (opcode 0),
+/// the last with FIN.
+std::size_t websocket_text_frame_header(char (&out)[10], std::uint64_t n, bool first = true, bool fin = true);
 
 }  // namespace walgate::proxy

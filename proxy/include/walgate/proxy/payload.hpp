@@ -1,0 +1,48 @@
+// One encoding of an event, made once and shared by every client of that encoding. Small ones
+// are bytes in memory. Large ones (a row with a value of hundreds of megabytes) are written once
+// to an unlinked file in the spill directory and sent from there in bounded pieces: such a value
+// is then held in memory once, as its record, not once per format and again per client.
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace walgate::proxy {
+
+class payload {
+ public:
+  /// Bytes kept in memory.
+  static std::shared_ptr<const payload> in_memory(std::string bytes);
+  /// Bytes written to a new unlinked file (mode 0600) in dir; null with error when it cannot be
+  /// made or written (the caller keeps the bytes in memory instead).
+  static std::shared_ptr<const payload> spill(const std::filesystem::path& dir, std::string_view bytes, std::string& error);
+
+  payload(const payload&) = delete;
+  payload& operator=(const payload&) = delete;
+  ~payload();
+
+  std::size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  bool spilled() const { return fd_ >= 0; }
+  /// The bytes of an in-memory payload (empty for a spilled one).
+  std::string_view bytes() const { return bytes_; }
+  /// Reads out.size() bytes at offset of a spilled payload into out; false with error (the
+  /// file is read back whole or not at all: a short read is an error too).
+  bool read(std::size_t offset, std::span<char> out, std::string& error) const;
+  /// What it costs in memory.
+  std::size_t memory() const { return sizeof(*this) + 32 + bytes_.size(); }
+
+ private:
+  payload() = default;
+  std::string bytes_;
+  int fd_ = -1;
+  std::size_t size_ = 0;
+};
+
+using payload_ptr = std::shared_ptr<const payload>;
+
+}  // namespace walgate::proxy

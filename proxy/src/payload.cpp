@@ -1,0 +1,66 @@
+#include "walgate/proxy/payload.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace walgate::proxy {
+
+std::shared_ptr<const payload> payload::in_memory(std::string bytes) {
+  std::shared_ptr<payload> p(new payload);
+  p->size_ = bytes.size();
+  p->bytes_ = std::move(bytes);
+  return p;
+}
+
+std::shared_ptr<const payload> payload::spill(const std::filesystem::path& dir, std::string_view bytes,
+                                              std::string& error) {
+  // O_TMPFILE: the file has no name, so nothing is left behind by a crash (and no other process
+  // can open it by a guessed name).
+  int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    error = "cannot make a spill file in " + dir.string() + ": " + std::strerror(errno);
+    return nullptr;
+  }
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      error = "cannot write a spill file in " + dir.string() + ": " + (n < 0 ? std::strerror(errno) : "no space");
+      ::close(fd);
+      return nullptr;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  std::shared_ptr<payload> p(new payload);
+  p->fd_ = fd;
+  p->size_ = bytes.size();
+  return p;
+}
+
+payload::~payload() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+bool payload::read(std::size_t offset, std::span<char> out, std::string& error) const {
+  if (fd_ < 0 || offset > size_ || out.size() > size_ - offset) {
+    error = "a read outside the spilled payload";
+    return false;
+  }
+  std::size_t done = 0;
+  while (done < out.size()) {
+    ssize_t n = ::pread(fd_, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      error = std::string("cannot read a spill file: ") + (n < 0 ? std::strerror(errno) : "it is shorter than written");
+      return false;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+}  // namespace walgate::proxy

@@ -560,7 +560,7 @@ void event_log::add(const transform::change& c) {
   ev->in_tail = true;
   ev->accounted = ev->memory();
   tail_bytes_ += ev->accounted;
-  if (ev->accounted > opts_.memory_bytes / 2) large_in_txn_.push_back(ev->seq);
+  if (ev->accounted > opts_.memory_bytes / 2 && ev->accounted >= large_record) large_in_txn_.push_back(ev->seq);
   tail_.push_back(ev);
   evict();
   // A large transaction goes to the file as it comes (without fsync: it is not durable until
@@ -754,9 +754,15 @@ std::vector<event_ptr> event_log::read(std::uint64_t seq, std::size_t max, std::
     for (; i < tail_.size() && out.size() < max; ++i) out.push_back(tail_[i]);
     return out;
   }
-  // Out of the tail, but still held by a client sending it: shared.
-  for (auto it = shared_.find(seq); it != shared_.end() && out.size() < max; it = shared_.find(seq + out.size())) {
-    auto e = it->second.lock();
+  // Out of the tail, but still held by a client sending it: shared (and the tail after them).
+  for (std::uint64_t next = seq; out.size() < max; ++next) {
+    if (!tail_.empty() && next >= tail_.front()->seq) {
+      for (std::size_t i = static_cast<std::size_t>(next - tail_.front()->seq); i < tail_.size() && out.size() < max; ++i)
+        out.push_back(tail_[i]);
+      break;
+    }
+    auto it = shared_.find(next);
+    auto e = it == shared_.end() ? nullptr : it->second.lock();
     if (!e) break;
     out.push_back(std::move(e));
   }

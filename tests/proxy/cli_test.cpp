@@ -92,6 +92,7 @@ TEST_CASE("out-of-range settings from the environment or the config file: the sa
       {"WALGATE_RETENTION_MB=0", "retention-mb = 0", "--retention-mb"},
       {"WALGATE_TAIL_MB=1000000", "tail-mb = 1000000", "--tail-mb"},
       {"WALGATE_DEBEZIUM_DECIMAL_MODE=exact", "debezium-decimal-mode = \"exact\"", "--debezium-decimal-mode"},
+      {"WALGATE_STREAMING=maybe", "streaming = \"maybe\"", "--streaming"},
   };
   const std::string cfg = "/tmp/walgate-cli-range.toml";
   for (const auto& c : cases) {

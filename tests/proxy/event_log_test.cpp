@@ -336,15 +336,28 @@ TEST_CASE("an event is readable from the tail until it is in the file, then from
   CHECK(log->tail().size() == 5);   // not written yet: held
   auto before = log->read(0, 10);
   REQUIRE(before.size() == 5);
+  std::vector<logged_event> copies;
+  for (const auto& e : before) copies.push_back({e->seq, e->id, e->record, e->schema, e->table, e->kind, e->end_offset});
   REQUIRE(log->sync());
   CHECK(log->tail().size() == 1);
-  auto after = log->read(0, 10);    // from the file
+  // Out of the tail but still held (a client sending them): the same events, not read again.
+  auto held = log->read(0, 10);
+  REQUIRE(held.size() == 5);
+  for (std::size_t i = 0; i < 5; ++i) CHECK(held[i] == before[i]);
+  before.clear();
+  held.clear();
+  auto after = log->read(0, 10);    // held by nobody: from the file
   REQUIRE(after.size() == 5);
   for (std::size_t i = 0; i < 5; ++i) {
-    CHECK(after[i]->id == before[i]->id);
-    CHECK(after[i]->record == before[i]->record);
-    CHECK(after[i]->end_offset == before[i]->end_offset);
+    CHECK(after[i]->id == copies[i].id);
+    CHECK(after[i]->record == copies[i].record);
+    CHECK(after[i]->end_offset == copies[i].end_offset);
   }
+  // Read from the file while another reader holds the same events: one copy for both.
+  auto again = log->read(1, 2);
+  REQUIRE(again.size() == 2);
+  CHECK(again[0] == after[1]);
+  CHECK(again[1] == after[2]);
 }
 
 TEST_CASE("reading a damaged, short or missing segment says so, after the events before the fault") {
@@ -362,8 +375,12 @@ TEST_CASE("reading a damaged, short or missing segment says so, after the events
   b.append(*log, 0x200, 5, t2);
   REQUIRE(log->sync());
   std::string why;
-  auto good = log->read(0, 100, &why);
-  REQUIRE(good.size() == 10);
+  std::vector<std::uint64_t> end_offsets;
+  {
+    auto good = log->read(0, 100, &why);
+    REQUIRE(good.size() == 10);
+    for (const auto& e : good) end_offsets.push_back(e->end_offset);
+  }   // (events nobody holds are read from the file again, not shared)
   CHECK(why.empty());
   auto segment = d.path / "segment-00000000000000000000.log";
   auto flip = [&](std::uint64_t at) {
@@ -375,28 +392,26 @@ TEST_CASE("reading a damaged, short or missing segment says so, after the events
     f.put(static_cast<char>(c ^ 0x40));
   };
   // A byte of event 3's record (before its checksum): events 0..2, then the fault.
-  flip(good[3]->end_offset - 6);
-  auto part = log->read(0, 100, &why);
-  CHECK(part.size() == 3);
-  CHECK(why == "event log segment-00000000000000000000.log damaged at offset " + std::to_string(good[2]->end_offset) +
+  flip(end_offsets[3] - 6);
+  CHECK(log->read(0, 100, &why).size() == 3);
+  CHECK(why == "event log segment-00000000000000000000.log damaged at offset " + std::to_string(end_offsets[2]) +
                    " (checksum)");
   why.clear();
   CHECK(log->read(3, 100, &why).empty());
   CHECK_FALSE(why.empty());
-  flip(good[3]->end_offset - 6);   // repaired
+  flip(end_offsets[3] - 6);   // repaired
   why.clear();
   CHECK(log->read(0, 100, &why).size() == 10);
   CHECK(why.empty());
   // Shorter than what was written.
-  std::filesystem::resize_file(segment, good[6]->end_offset + 3);
+  std::filesystem::resize_file(segment, end_offsets[6] + 3);
   why.clear();
-  auto cut = log->read(0, 100, &why);
-  CHECK(cut.size() == 7);
-  CHECK(why.find("ends at offset " + std::to_string(good[6]->end_offset) + ", before its") != std::string::npos);
-  std::filesystem::resize_file(segment, good[5]->end_offset + 12);
+  CHECK(log->read(0, 100, &why).size() == 7);
+  CHECK(why.find("ends at offset " + std::to_string(end_offsets[6]) + ", before its") != std::string::npos);
+  std::filesystem::resize_file(segment, end_offsets[5] + 12);
   why.clear();
   CHECK(log->read(0, 100, &why).size() == 6);
-  CHECK(why.find("ends inside the frame at offset " + std::to_string(good[5]->end_offset)) != std::string::npos);
+  CHECK(why.find("ends inside the frame at offset " + std::to_string(end_offsets[5])) != std::string::npos);
   // Gone.
   std::filesystem::remove(segment);
   why.clear();

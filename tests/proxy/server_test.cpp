@@ -547,9 +547,25 @@ TEST_CASE("only unpublished tables change, once, in bulk: the slot still moves o
     return *protocol::lsn::parse(*rows[0][0]);
   };
   // (The status interval here is 200 ms, the ACKED store at most once a second.)
+  auto t0 = std::chrono::steady_clock::now();
   bool moved = test::wait_until([&] { return slot_confirmed() >= after; }, std::chrono::seconds(15));
+  auto took_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
   CHECK_MESSAGE(moved, "confirmed_flush_lsn " << slot_confirmed().to_string() << ", WAL after the bulk insert "
                                               << after.to_string());
+  // And the WAL the slot keeps (restart_lsn) follows: once the server has logged where decoding
+  // may restart (a checkpoint logs it; otherwise the background writer does, every 15 s), the
+  // slot no longer holds the bulk insert's WAL.
+  test::cluster().sql("CHECKPOINT");
+  auto restart_lsn = [] {
+    auto rows = test::cluster().sql("SELECT restart_lsn FROM pg_replication_slots WHERE slot_name = 'idle_slot'");
+    return *protocol::lsn::parse(*rows[0][0]);
+  };
+  auto t1 = std::chrono::steady_clock::now();
+  bool released = test::wait_until([&] { return restart_lsn() >= after; }, std::chrono::seconds(15));
+  auto release_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t1).count();
+  CHECK_MESSAGE(released, "restart_lsn " << restart_lsn().to_string() << ", WAL after the bulk insert " << after.to_string());
+  MESSAGE("PostgreSQL " << test::cluster().server_major() << ": the slot passed " << after.to_string() << " in " << took_ms
+                        << " ms; restart_lsn passed it " << release_ms << " ms after a checkpoint");
   // Again, twice in quick succession (the second keepalive comes while the first position is
   // being stored, or within the second after: it must not be dropped for good).
   for (int round = 0; round < 3; ++round) {

@@ -367,8 +367,9 @@ bool local_cluster::set_hba(const std::vector<std::string>& lines, std::string& 
   return error.empty();
 }
 
-std::vector<std::vector<std::optional<std::string>>> local_cluster::sql(const std::string& query) const {
-  PGconn* conn = PQconnectdb(conninfo().c_str());
+std::vector<std::vector<std::optional<std::string>>> local_cluster::sql(const std::string& query,
+                                                                       const std::string& database) const {
+  PGconn* conn = PQconnectdb((conninfo() + (database.empty() ? "" : " dbname=" + database)).c_str());
   if (PQstatus(conn) != CONNECTION_OK) {
     std::string e = PQerrorMessage(conn);
     PQfinish(conn);

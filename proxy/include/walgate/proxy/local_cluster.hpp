@@ -47,7 +47,7 @@ class local_cluster {
   /// Rewrites pg_hba.conf and reloads the server.
   bool set_hba(const std::vector<std::string>& lines, std::string& error);
   /// Runs SQL as the superuser through libpq; returns rows of text (NULL as nullopt).
-  std::vector<std::vector<std::optional<std::string>>> sql(const std::string& query) const;
+  std::vector<std::vector<std::optional<std::string>>> sql(const std::string& query, const std::string& database = {}) const;
   /// Like sql() but returns the error text instead of throwing ("" on success).
   std::string try_sql(const std::string& query) const;
   /// Stops the server as `pg_ctl stop -m immediate` does (SIGQUIT: no checkpoint, crash

@@ -516,7 +516,7 @@ void event_log::abort() {
     tail_.pop_back();
   }
   for (auto it = shared_.begin(); it != shared_.end();) it = it->first >= txn_first_seq_ ? shared_.erase(it) : std::next(it);
-  large_in_txn_.clear();
+  while (!linger_.empty() && linger_.back().first >= txn_first_seq_) linger_.pop_back();
   next_seq_ = txn_first_seq_;
 }
 
@@ -560,7 +560,10 @@ void event_log::add(const transform::change& c) {
   ev->in_tail = true;
   ev->accounted = ev->memory();
   tail_bytes_ += ev->accounted;
-  if (ev->accounted > opts_.memory_bytes / 2 && ev->accounted >= large_record) large_in_txn_.push_back(ev->seq);
+  // (Held from now: the next event of its own transaction must not evict it either.)
+  if (ev->accounted > opts_.memory_bytes / 2 && ev->accounted >= large_record) {
+    linger_.emplace_back(ev->seq, std::chrono::steady_clock::time_point::max());
+  }
   tail_.push_back(ev);
   evict();
   // A large transaction goes to the file as it comes (without fsync: it is not durable until
@@ -613,8 +616,9 @@ void event_log::commit(lsn commit_lsn, lsn end_lsn) {
   }
   visible_seq_ = next_seq_;
   visible_offset_ = end_offset();
-  for (auto seq : large_in_txn_) linger_.emplace_back(seq, std::chrono::steady_clock::now() + std::chrono::seconds(5));
-  large_in_txn_.clear();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (auto& [seq, deadline] : linger_)
+    if (deadline == std::chrono::steady_clock::time_point::max()) deadline = until;
 }
 
 void event_log::share(const event_ptr& e) const {
@@ -793,7 +797,10 @@ std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max, 
     }
     in.seekg(static_cast<std::streamoff>(offset));
     std::string frame_bytes;
-    while (out.size() < max) {
+    std::size_t read_bytes = 0;
+    // Bounded in bytes too (at least one event): a reader far behind over huge rows does not
+    // load hundreds of them at once.
+    while (out.size() < max && (out.empty() || read_bytes < (1u << 20))) {
       // What this process wrote ends at s.bytes (the rest of the open segment is still in
       // memory, in the tail): reading stops there, and stopping before it is a fault.
       if (offset >= s.bytes) break;
@@ -826,7 +833,16 @@ std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max, 
       std::uint64_t s_seq = p.u64();
       if (s_seq >= end) break;
       if (s_seq < seq) continue;
-      auto ev = make_event(s_seq, std::string(protocol::as_string_view(p.rest())));
+      std::shared_ptr<logged_event> ev;
+      if (len >= large_record) {   // the frame's buffer becomes the record: no second copy
+        frame_bytes.resize(5 + std::size_t{len});
+        frame_bytes.erase(0, 5 + 8);
+        ev = make_event(s_seq, std::move(frame_bytes));
+        frame_bytes = std::string();
+      } else {
+        ev = make_event(s_seq, std::string(protocol::as_string_view(p.rest())));
+      }
+      read_bytes += len;
       ev->end_offset = s.base + offset;
       out.push_back(std::move(ev));
     }

@@ -22,6 +22,7 @@
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <deque>
 #include <map>
 #include <set>
@@ -168,46 +169,58 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
     transform::change c = from;
     c.seq = e.seq;
     auto o = opts.encoder;
-    o.compact = enc == encoding::pgoutput2json_compact;
-    transform::format f = enc == encoding::pgoutput2json_compact ? transform::format::pgoutput2json
-                                                                  : static_cast<transform::format>(enc);
-    std::string bytes;
-    // A large event's encoding is about its record's size (more where values are escaped):
-    // room for that at once, rather than growth by doubling.
-    bytes.reserve(e.record.size() >= (1u << 20) ? e.record.size() + e.record.size() / 8 + 4096 : encode_reserve);
-    transform::encode_change(bytes, c, f, o);
+    const bool compact = enc == encoding::pgoutput2json_compact || enc == encoding::pgoutput2json_schema;
+    o.compact = compact;
+    o.include_schema = enc == encoding::pgoutput2json_schema;
+    transform::format f = compact ? transform::format::pgoutput2json : static_cast<transform::format>(enc);
     auto& slot = e.json[static_cast<std::size_t>(enc)];
-    if (bytes.size() >= opts.spill_bytes && !opts.spill_dir.empty()) {
-      // Sent from a file in pieces; where the file cannot be made (a full disk), from memory.
-      std::string error;
-      slot = payload::spill(opts.spill_dir, bytes, error);
-      if (slot) ++spilled_payloads;
-    }
-    if (!slot) {
-      if (bytes.capacity() > 2 * bytes.size() + 4096) bytes.shrink_to_fit();
-      slot = payload::in_memory(std::move(bytes));
+    if (e.record.size() < (1u << 20)) {
+      // Small: made in a buffer kept for the next one, and kept at its exact size.
+      encode_scratch.clear();
+      transform::encode_change(encode_scratch, c, f, o);
+      slot = payload::in_memory(encode_scratch);
+      if (encode_scratch.capacity() > (1u << 20)) encode_scratch = std::string();
+    } else {
+      // Large: about its record's size (more where values are escaped), room for that at once
+      // rather than growth by doubling; sent from a spill file in pieces (where the file cannot
+      // be made — a full disk — from memory).
+      std::string bytes;
+      bytes.reserve(e.record.size() + e.record.size() / 8 + 4096);
+      transform::encode_change(bytes, c, f, o);
+      if (bytes.size() >= opts.spill_bytes && !opts.spill_dir.empty()) {
+        std::string error;
+        slot = payload::spill(opts.spill_dir, bytes, error);
+        if (slot) ++spilled_payloads;
+        else log_once(spill_write_logged, error + ": an encoding of " + std::to_string(bytes.size()) +
+                                               " bytes is kept in memory instead");
+      }
+      if (!slot) {
+        bytes.shrink_to_fit();
+        slot = payload::in_memory(std::move(bytes));
+      }
     }
     gw.log().account_encoding(e, slot->memory());
   }
-  static constexpr std::size_t encode_reserve = 512;
+  std::string encode_scratch;
   std::uint64_t spilled_payloads = 0;   // encodings sent from spill files
+  bool spill_write_logged = false, spill_read_logged = false;
+  /// A line on stderr, the first time only (the metrics count every time).
+  static void log_once(bool& done, const std::string& line) {
+    if (done) return;
+    done = true;
+    std::fprintf(stderr, "walgate: %s\n", line.c_str());
+  }
 
   /// The signature of e's table definition (column names, types, typmods, key flags) that
-  /// says when pgoutput2json compact's "s" must be sent again; unless sent is that signature, also the
-  /// "s" line for e (made only when it is sent: it is e's row again).
-  std::pair<std::string, std::string> schema_line(const logged_event& e, const std::string* sent) {
-    std::pair<std::string, std::string> out;
+  /// says when pgoutput2json compact's "s" must be sent again.
+  std::string schema_signature(const logged_event& e) {
+    std::string out;
     if (transform::read_record(protocol::as_bytes(e.record), record_scratch)) {
       const auto& c = record_scratch.get();
       if (c.relation)
         for (const auto& col : c.relation->columns)
-          out.second += col.name + '\x1f' + std::to_string(col.type_oid) + '\x1f' + std::to_string(col.type_modifier) +
-                        (col.key ? "k" : "") + '\x1e';
-      if (sent && *sent == out.second) return out;
-      auto o = opts.encoder;
-      o.compact = true;
-      o.include_schema = true;
-      transform::encode_change(out.first, c, transform::format::pgoutput2json, o);
+          out += col.name + '\x1f' + std::to_string(col.type_oid) + '\x1f' + std::to_string(col.type_modifier) +
+                 (col.key ? "k" : "") + '\x1e';
     }
     return out;
   }
@@ -281,11 +294,21 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
       if (enc == encoding::pgoutput2json_compact) {
         // The schema goes with the first row of a table for this client, and again when the
         // table's definition is not the one last sent.
+        // (The "s" line is e's row again, with its schema: made once, shared like the others.)
         auto& sent = schemas_sent[e->schema + "." + e->table];
-        auto [line, signature] = schema_line(*e, &sent);
+        auto signature = schema_signature(*e);
         if (sent != signature) {
+          auto with_schema = encoded(*e, encoding::pgoutput2json_schema, error);
+          if (!with_schema) {
+            c.cursor = e->seq;
+            if (out.empty()) {
+              c.closing = true;
+              c.close_reason = error;
+            }
+            break;
+          }
           sent = std::move(signature);
-          p = payload::in_memory(std::move(line));
+          p = std::move(with_schema);
         }
       }
       bytes += p->size();
@@ -414,19 +437,22 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
   /// piece within the write timeout; memory for this client: one piece).
   template <class Stream>
   awaitable<boost::system::error_code> write_payload_chunks(Stream& s, const payload& p) {
-    if (!p.spilled()) {
-      auto ec = co_await write_chunk(s, p.bytes());
-      co_return ec;
-    }
     std::string piece;
     for (std::size_t off = 0; off < p.size(); off += piece_bytes) {
-      piece.resize(std::min(piece_bytes, p.size() - off));
-      std::string error;
-      if (!p.read(off, piece, error)) {
-        log_spill_error(error);
-        co_return make_error_code(boost::system::errc::io_error);
+      std::size_t n = std::min(piece_bytes, p.size() - off);
+      std::string_view view;
+      if (p.spilled()) {
+        piece.resize(n);
+        std::string error;
+        if (!p.read(off, piece, error)) {
+          log_spill_error(error);
+          co_return make_error_code(boost::system::errc::io_error);
+        }
+        view = piece;
+      } else {
+        view = p.bytes().substr(off, n);   // (in memory: from the shared bytes, no copy)
       }
-      auto ec = co_await write_chunk(s, piece);
+      auto ec = co_await write_chunk(s, view);
       if (ec) co_return ec;
     }
     co_return boost::system::error_code{};
@@ -434,7 +460,7 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
 
   void log_spill_error(const std::string& error) {
     ++spill_read_errors;
-    (void)error;
+    log_once(spill_read_logged, error + ": a client was disconnected in the middle of an event");
   }
   std::uint64_t spill_read_errors = 0;
 
@@ -510,7 +536,7 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
           out += "\ndata: ";
         }
         if (p->spilled() || p->size() >= large_payload) {
-          sent += out.size();
+          sent += out.size() + p->size();
           ec = co_await write_chunk(s, out);
           if (ec) break;
           out.clear();
@@ -519,7 +545,6 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
         } else {
           out += p->bytes();
         }
-        sent += p->size();
         out += kind == transport::sse ? "\n\n" : "\n";
       }
       if (!ec) {
@@ -642,11 +667,11 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
           failed = true;
           break;
         }
-        if (raw_frames && p->size() < large_payload) {
+        if (raw_frames && !p->spilled() && p->size() < large_payload) {
           ws.next_layer().append_text_frame(p->bytes());
         } else if (raw_frames && !p->spilled() && p->size() < opts.spill_bytes) {
           ws.next_layer().append_text_frame(p, p->bytes());   // sent from the shared encoding
-        } else if (!raw_frames && p->size() < large_payload) {
+        } else if (!raw_frames && !p->spilled() && p->size() < large_payload) {
           auto [ec, n] = co_await ws.async_write(asio::buffer(p->bytes().data(), p->size()), use_tuple);
           if (ec) failed = true;
         } else {

@@ -37,8 +37,11 @@
 
 namespace walgate::proxy {
 
-/// The encodings an event can be asked for; pgoutput2json compact without "s" is shared too.
-enum class encoding : std::uint8_t { native, debezium, pgoutput2json, waltail, wal2json, pgoutput2json_compact, count_ };
+/// The encodings an event can be asked for; pgoutput2json compact without "s" is shared too, and
+/// so is compact with "s" (sent to a client with the first row of a table, and after a change).
+enum class encoding : std::uint8_t {
+  native, debezium, pgoutput2json, waltail, wal2json, pgoutput2json_compact, pgoutput2json_schema, count_
+};
 
 struct logged_event {
   std::uint64_t seq = 0;           ///< Position in the log; Waltail's seq.
@@ -232,9 +235,9 @@ class event_log {
   mutable std::unordered_map<std::uint64_t, std::weak_ptr<const logged_event>> shared_;
   mutable std::size_t shared_pruned_at_ = 0;
   void share(const event_ptr& e) const;
-  /// Events larger than the tail itself stay in it for a few seconds after their commit even
-  /// when the tail is over its bound, so that the clients reading live take them from memory.
-  std::vector<std::uint64_t> large_in_txn_;
+  /// Events of 1 MiB and more, larger than half the tail, stay in it (and so does what follows
+  /// them) until 5 s after their commit even when the tail is over its bound, so that the
+  /// clients reading live take them from memory: (seq, until; max while uncommitted).
   std::deque<std::pair<std::uint64_t, std::chrono::steady_clock::time_point>> linger_;
   std::function<void(const logged_event&, const transform::change&)> publish_;
   std::string error_;

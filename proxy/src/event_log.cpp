@@ -582,7 +582,7 @@ void event_log::evict() {
     if (!linger_.empty() && linger_.front().first == tail_.front()->seq && now < linger_.front().second) break;
     tail_bytes_ -= tail_.front()->accounted;
     tail_.front()->in_tail = false;
-    share(tail_.front());
+    if (tail_.front().use_count() > 1) share(tail_.front());   // a client holds it right now
     tail_.pop_front();
   }
 }

@@ -205,30 +205,6 @@ TEST_CASE("float specials and numeric NaN in every format") {
   CHECK(enc(c, format::debezium).find(R"j("after":{"f":"NaN","n":"-Infinity"})j") != std::string::npos);
 }
 
-#include "walgate/transform/encoded.hpp"
-
-TEST_CASE("encode once: each wanted format encoded one time, the bytes shared") {
-  sample s;
-  auto c = s.make(op::insert);
-  format_set wanted;
-  wanted.add(format::native).add(format::waltail);
-  auto e = encode_once(c, wanted);
-  CHECK(e.id.to_string() == "0/1A2B3C8:0");
-  REQUIRE(e.in(format::native));
-  REQUIRE(e.in(format::waltail));
-  CHECK_FALSE(e.in(format::debezium));
-  std::string direct;
-  encode_change(direct, c, format::native);
-  CHECK(*e.in(format::native) == direct);
-  // Handing the event to many clients copies the pointer, never the bytes.
-  std::vector<std::shared_ptr<const std::string>> clients(100, e.in(format::native));
-  for (const auto& p : clients) CHECK(p.get() == e.in(format::native).get());
-  auto t = s.make(op::truncate);
-  auto te = encode_once(t, format_set::all());
-  CHECK_FALSE(te.in(format::waltail));   // Waltail has no truncate event
-  CHECK(te.in(format::native));
-}
-
 #include "walgate/transform/record.hpp"
 
 TEST_CASE("event records round-trip: every format encodes the same from the record") {

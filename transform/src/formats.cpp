@@ -780,20 +780,3 @@ std::string pgoutput2json_key(const change& c) {
 }
 
 }  // namespace walgate::transform
-
-#include "walgate/transform/encoded.hpp"
-
-namespace walgate::transform {
-
-encoded_event encode_once(const change& c, format_set wanted, const encoder_options& o) {
-  encoded_event e;
-  e.id = event_id{c.txn ? c.txn->commit_lsn : protocol::lsn{}, c.index};
-  for (auto f : all_formats) {
-    if (!wanted.contains(f)) continue;
-    std::string out;
-    if (encode_change(out, c, f, o)) e.json[static_cast<std::size_t>(f)] = std::make_shared<const std::string>(std::move(out));
-  }
-  return e;
-}
-
-}  // namespace walgate::transform

@@ -278,8 +278,19 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
         c.skip_through.reset();
       }
       if (!matches(r, *e)) continue;
+      // pgoutput2json compact: the schema goes with the first row of a table for this client,
+      // and again when the table's definition is not the one last sent — as the encoding of
+      // e's row with its schema, made once and shared like the others.
+      encoding want = enc;
+      std::string* sent = nullptr;
+      std::string signature;
+      if (enc == encoding::pgoutput2json_compact) {
+        sent = &schemas_sent[e->schema + "." + e->table];
+        signature = schema_signature(*e);
+        if (*sent != signature) want = encoding::pgoutput2json_schema;
+      }
       std::string error;
-      auto p = encoded(*e, enc, error);
+      auto p = encoded(*e, want, error);
       if (!p) {
         // A damaged record: the batch ends before it; with nothing before it, the client is
         // closed with the reason and the id to resume from.
@@ -291,26 +302,7 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
         break;
       }
       if (p->empty()) continue;   // the format has no such event
-      if (enc == encoding::pgoutput2json_compact) {
-        // The schema goes with the first row of a table for this client, and again when the
-        // table's definition is not the one last sent.
-        // (The "s" line is e's row again, with its schema: made once, shared like the others.)
-        auto& sent = schemas_sent[e->schema + "." + e->table];
-        auto signature = schema_signature(*e);
-        if (sent != signature) {
-          auto with_schema = encoded(*e, encoding::pgoutput2json_schema, error);
-          if (!with_schema) {
-            c.cursor = e->seq;
-            if (out.empty()) {
-              c.closing = true;
-              c.close_reason = error;
-            }
-            break;
-          }
-          sent = std::move(signature);
-          p = std::move(with_schema);
-        }
-      }
+      if (want == encoding::pgoutput2json_schema) *sent = std::move(signature);
       bytes += p->size();
       out.push_back({std::move(p), e->id});
       if (r.tombstones && e->kind == transform::op::delete_) {

@@ -1,6 +1,6 @@
 // A stream layer under Beast's WebSocket stream that collects what Beast writes — data frames,
 // pings, pongs, the close frame — and sends it in one write: a batch of events for a client is
-// one system call, not one per event. Internal to server.cpp (Beast stays out of shared headers).
+// one system call, not one per event. Internal to websocket.cpp (Beast stays out of shared headers).
 //
 //   cork()          writes from now on are only buffered (each completes at once)
 //   async_drain()   uncork, and wait until everything buffered is sent or the write failed

@@ -29,6 +29,7 @@ void frame(std::string& out, char type, std::string_view payload) {
 constexpr std::size_t frame_overhead = 1 + 4 + 4;
 constexpr std::string_view format_line = "walgate event log 2\n";
 constexpr std::size_t index_every = 256;
+constexpr std::size_t index_bytes = 64u << 10;
 constexpr std::size_t large_record = 1u << 20;   // written to the file directly, never copied
 
 std::string segment_name(std::uint64_t first_seq) {
@@ -241,6 +242,12 @@ bool event_log::sync_recovered(std::string& error) {
   return true;
 }
 
+void event_log::register_metrics(metrics_registry& r) const {
+  r.add_value("walgate_log_disk_bytes", "gauge", "Bytes of event log on disk.", [this] { return disk_bytes(); });
+  r.add_value("walgate_log_next_seq", "gauge", "Sequence number of the next event clients will see.",
+              [this] { return visible_seq(); });
+}
+
 std::size_t event_log::disk_bytes() const {
   std::size_t n = 0;
   for (const auto& s : segments_) n += s.bytes;
@@ -259,7 +266,7 @@ bool event_log::scan_segment(segment& s, std::string& error, std::size_t& good_e
   total = data.size();
   std::uint64_t seq_at_good = s.first_seq;
   std::uint64_t seq = s.first_seq;
-  std::vector<std::pair<std::uint64_t, std::size_t>> index;
+  std::vector<index_entry> index;
   transform::event_id first, last, last_good;
   bool have_first = false;
   lsn commit_at_good = last_commit_, durable_at_good = durable_lsn_;
@@ -274,8 +281,8 @@ bool event_log::scan_segment(segment& s, std::string& error, std::size_t& good_e
     if (type == 'E') {
       std::uint64_t s_seq = p.u64();
       if (!p.ok() || s_seq != seq) break;
-      if ((seq - s.first_seq) % index_every == 0) index.emplace_back(seq, offset);
       auto ev = make_event(seq, std::string(protocol::as_string_view(p.rest())));   // (ids of the first and last)
+      if (index_due(index, seq, offset)) index.push_back({seq, offset, ev->id});
       if (!have_first) {
         first = ev->id;
         have_first = true;
@@ -300,8 +307,7 @@ bool event_log::scan_segment(segment& s, std::string& error, std::size_t& good_e
   s.bytes = good_end;
   s.first_id = seq_at_good > s.first_seq ? first : transform::event_id{};
   s.last_id = last_good;
-  index.erase(std::remove_if(index.begin(), index.end(), [&](const auto& e) { return e.first >= seq_at_good; }),
-              index.end());
+  std::erase_if(index, [&](const index_entry& e) { return e.seq >= seq_at_good; });
   s.index = std::move(index);
   return true;
 }
@@ -326,16 +332,16 @@ void event_log::prefill_tail() {
       continue;
     }
     const std::size_t from = it->bytes - (budget - covered);   // the newest part that fits
-    for (const auto& [iseq, ioff] : it->index)
-      if (ioff >= from) {
-        start = iseq;
+    for (const auto& entry : it->index)
+      if (entry.offset >= from) {
+        start = entry.seq;
         break;
       }
     break;
   }
   std::uint64_t seq = start;
   while (seq < next_seq_) {
-    auto batch = read_disk(seq, 512, nullptr);
+    auto batch = read_disk(seq, 512, 1u << 20, nullptr);
     if (batch.empty()) break;
     for (auto& ev : batch) {
       ev->in_tail = true;
@@ -506,8 +512,7 @@ void event_log::abort() {
       error_ = "cannot truncate the event log: " + std::string(std::strerror(errno));
     seg.bytes = txn_file_offset_;
   }
-  seg.index.erase(std::remove_if(seg.index.begin(), seg.index.end(), [&](const auto& e) { return e.first >= txn_first_seq_; }),
-                  seg.index.end());
+  std::erase_if(seg.index, [&](const index_entry& e) { return e.seq >= txn_first_seq_; });
   seg.first_id = txn_seg_first_id_;   // the segment's ids as they were before the transaction
   seg.last_id = txn_seg_last_id_;
   while (!tail_.empty() && tail_.back()->seq >= txn_first_seq_) {
@@ -533,7 +538,6 @@ void event_log::add(const transform::change& c) {
   protocol::writer(scratch_).u64(next_seq_);
   record_writer_.write(scratch_, c);
   std::size_t offset = seg.bytes + pending_.size();
-  if ((next_seq_ - seg.first_seq) % index_every == 0) seg.index.emplace_back(next_seq_, offset);
   auto ev = std::make_shared<logged_event>();
   ev->seq = next_seq_;
   if (scratch_.size() < large_record) {
@@ -554,6 +558,7 @@ void event_log::add(const transform::change& c) {
     ev->table = c.relation->relname;
   }
   ev->end_offset = end_offset();
+  if (index_due(seg.index, next_seq_, offset)) seg.index.push_back({next_seq_, offset, ev->id});
   if (next_seq_ == seg.first_seq) seg.first_id = ev->id;   // the segment's first event
   seg.last_id = ev->id;
   ++next_seq_;
@@ -748,7 +753,12 @@ bool event_log::end_sync(const sync_job& job) {
   return true;
 }
 
-std::vector<event_ptr> event_log::read(std::uint64_t seq, std::size_t max, std::string* error) const {
+bool event_log::index_due(const std::vector<index_entry>& index, std::uint64_t seq, std::size_t offset) {
+  return index.empty() || seq - index.back().seq >= index_every || offset - index.back().offset >= index_bytes;
+}
+
+std::vector<event_ptr> event_log::read(std::uint64_t seq, std::size_t max, std::size_t max_bytes,
+                                       std::string* error) const {
   std::vector<event_ptr> out;
   // Only committed transactions are read: a transaction still arriving is not visible.
   if (seq >= visible_seq_) return out;
@@ -771,12 +781,13 @@ std::vector<event_ptr> event_log::read(std::uint64_t seq, std::size_t max, std::
     out.push_back(std::move(e));
   }
   if (!out.empty()) return out;
-  out = read_disk(seq, max, error);
+  out = read_disk(seq, max, max_bytes, error);
   for (const auto& e : out) share(e);
   return out;
 }
 
-std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max, std::string* error) const {
+std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max, std::size_t max_bytes,
+                                            std::string* error) const {
   std::vector<event_ptr> out;
   auto fail = [&](const std::string& why) {
     if (error) *error = why;
@@ -787,8 +798,9 @@ std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max, 
     std::uint64_t end = s.end_seq;
     if (seq < s.first_seq || seq >= end) continue;
     std::size_t offset = 0;
-    for (const auto& [iseq, ioff] : s.index)
-      if (iseq <= seq) offset = ioff;
+    auto at = std::upper_bound(s.index.begin(), s.index.end(), seq,
+                               [](std::uint64_t v, const index_entry& e) { return v < e.seq; });
+    if (at != s.index.begin()) offset = std::prev(at)->offset;
     const std::string name = s.path.filename().string();
     std::ifstream in(s.path, std::ios::binary);
     if (!in) {
@@ -800,7 +812,7 @@ std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max, 
     std::size_t read_bytes = 0;
     // Bounded in bytes too (at least one event): a reader far behind over huge rows does not
     // load hundreds of them at once.
-    while (out.size() < max && (out.empty() || read_bytes < (1u << 20))) {
+    while (out.size() < max && (out.empty() || read_bytes < max_bytes)) {
       // What this process wrote ends at s.bytes (the rest of the open segment is still in
       // memory, in the tail): reading stops there, and stopping before it is a fault.
       if (offset >= s.bytes) break;
@@ -851,7 +863,7 @@ std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max, 
   return out;
 }
 
-event_log::resume_point event_log::resume_after(const transform::event_id& id) const {
+resume_point event_log::resume_after(const transform::event_id& id) const {
   resume_point r;
   const bool from_start = id == transform::event_id{};   // 0/0:0: the log's start
   // An id from before where this log began belongs to another log (a lost data directory, a
@@ -891,8 +903,15 @@ event_log::resume_point event_log::resume_after(const transform::event_id& id) c
       if (s.first_seq == 0 || (dropped_ && id == dropped_last_id_)) r.seq = s.first_seq;
       return r;
     }
-    for (std::uint64_t seq = s.first_seq; seq < s.end_seq;) {
-      auto batch = read_disk(seq, 1024, &r.error);
+    // The index entry at or before id: the event after it is within the next entry (at most
+    // 256 events, 64 KiB of frames and the one frame across it): bounded work, whatever the
+    // segment's size.
+    std::uint64_t seq = s.first_seq;
+    auto at = std::upper_bound(s.index.begin(), s.index.end(), id,
+                               [](const transform::event_id& v, const index_entry& e) { return v < e.id; });
+    if (at != s.index.begin()) seq = std::prev(at)->seq;
+    while (seq < s.end_seq) {
+      auto batch = read_disk(seq, index_every + 1, index_bytes, &r.error);
       for (const auto& e : batch)
         if (id < e->id) {
           r.seq = e->seq;

@@ -21,13 +21,39 @@ gateway::gateway(asio::any_io_executor ex, event_log& log, protocol::assembler_o
 void gateway::wake_clients() {
   // Clients see a transaction at its commit: woken then, once for everything committed in one
   // read of the stream.
-  if (wake_posted_ || !wake_) return;
+  if (wake_posted_) return;
   wake_posted_ = true;
   asio::post(executor_, [this, alive = alive_] {
     if (!*alive) return;
     wake_posted_ = false;
-    if (wake_) wake_();
+    log_.announce();
   });
+}
+
+void gateway::register_metrics(metrics_registry& r) {
+  r.add_value("walgate_events_in_total", "counter", "Events logged from PostgreSQL.", [this] { return metrics_.events_in; });
+  r.add_value("walgate_transactions_in_total", "counter", "Transactions logged.", [this] { return metrics_.transactions_in; });
+  r.add_value("walgate_lag_bytes", "gauge", "Server WAL end minus the durable position.", [this] {
+    return metrics_.server_wal_end.valid() && metrics_.server_wal_end > durable_lsn()
+               ? static_cast<std::int64_t>(metrics_.server_wal_end.value - durable_lsn().value)
+               : std::int64_t{0};
+  });
+  r.add_value("walgate_last_commit_age_seconds", "gauge", "Seconds since the commit time of the last logged transaction.",
+              [this] {
+                double lag_s = 0;
+                if (metrics_.last_commit_time_us)
+                  lag_s = std::max<double>(0, (protocol::pg_now_us() - metrics_.last_commit_time_us) / 1e6);
+                return lag_s;
+              });
+  r.add_value("walgate_slot_retained_wal_bytes", "gauge", "WAL the slot retains on the server (pg_replication_slots).",
+              [this] { return metrics_.slot_retained_wal; });
+  r.add_value("walgate_stream_decode_failures_total", "counter",
+              "pgoutput messages that could not be decoded (the connection is made again; nothing is skipped).",
+              [this] { return metrics_.decode_failures; });
+  r.add_value("walgate_stream_fault", "gauge", "1 while the stream is stuck on a message that cannot be decoded.",
+              [this] { return stream_fault_.empty() ? 0 : 1; });
+  r.add_value("walgate_durable_lsn", "gauge", "Durable position (acknowledged to PostgreSQL) as a number.",
+              [this] { return durable_lsn().value; });
 }
 
 gateway::~gateway() {

@@ -327,7 +327,6 @@ int serve(const settings& s, const std::function<void(std::uint16_t)>& on_listen
   st.streaming = [&] { return client.streaming(); };
   st.reconnects = [&] { return client.reconnects(); };
   proxy::server srv(io.get_executor(), so, gw, st);
-  gw.on_new_events([&] { srv.notify(); });
   if (!srv.start(error)) {
     log_line(error);
     return 1;

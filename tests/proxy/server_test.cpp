@@ -72,7 +72,6 @@ struct running_gateway {
     st.streaming = [this] { return client->streaming(); };
     st.reconnects = [this] { return client->reconnects(); };
     srv = std::make_unique<server>(io.get_executor(), so, *gw, st);
-    gw->on_new_events([this] { srv->notify(); });
     REQUIRE_MESSAGE(srv->start(error), error);
     asio::co_spawn(io, client->run(), [this](std::exception_ptr, outcome<void> r) {
       if (!r) end_message = r.error().message;

@@ -19,6 +19,8 @@
 #pragma once
 
 #include "walgate/protocol/lsn.hpp"
+#include "walgate/proxy/log_reader.hpp"
+#include "walgate/proxy/metrics.hpp"
 #include "walgate/proxy/payload.hpp"
 #include "walgate/transform/change.hpp"
 #include "walgate/transform/record.hpp"
@@ -37,35 +39,6 @@
 
 namespace walgate::proxy {
 
-/// The encodings an event can be asked for; pgoutput2json compact without "s" is shared too, and
-/// so is compact with "s" (sent to a client with the first row of a table, and after a change).
-enum class encoding : std::uint8_t {
-  native, debezium, pgoutput2json, waltail, wal2json, pgoutput2json_compact, pgoutput2json_schema, count_
-};
-
-struct logged_event {
-  std::uint64_t seq = 0;           ///< Position in the log; Waltail's seq.
-  transform::event_id id;
-  std::string record;              ///< transform::write_record bytes.
-  std::string schema, table;       ///< For filters ("" for messages).
-  transform::op kind = transform::op::insert;
-  /// Byte position just past this event's frame in the log as this process sees it (segments
-  /// laid end to end from the oldest retained one): a client's lag in bytes is the log's
-  /// end_offset() minus that of the last event it was given.
-  std::uint64_t end_offset = 0;
-  /// Encodings, made once on first demand and shared by every client (single-threaded).
-  mutable std::array<payload_ptr, static_cast<std::size_t>(encoding::count_)> json;
-  mutable bool in_tail = false;   ///< held by the log's memory tail (its encodings count there)
-  mutable std::size_t accounted = 0;   ///< what the tail counts for it: memory() when last counted
-  std::size_t memory() const {
-    std::size_t n = sizeof(*this) + record.size() + schema.size() + table.size();
-    for (const auto& j : json)
-      if (j) n += j->memory();
-    return n;
-  }
-};
-using event_ptr = std::shared_ptr<const logged_event>;
-
 struct log_options {
   std::filesystem::path dir;
   std::size_t segment_bytes = 64u << 20;
@@ -74,7 +47,7 @@ struct log_options {
   bool fsync = true;                        ///< false only for tests and benchmarks that say so.
 };
 
-class event_log {
+class event_log final : public log_reader {
  public:
   /// Opens (creating) the log in dir, recovering what the last run made durable.
   static std::unique_ptr<event_log> open(const log_options& o, std::string& error);
@@ -134,20 +107,20 @@ class event_log {
   /// Seq of the next event appended (those of an open transaction included).
   std::uint64_t next_seq() const { return next_seq_; }
   /// One past the last event of the last committed transaction: what clients may read up to.
-  std::uint64_t visible_seq() const { return visible_seq_; }
+  std::uint64_t visible_seq() const override { return visible_seq_; }
   /// end_offset() as of the last commit: a client's lag is measured against it. Never moves back.
-  std::uint64_t visible_offset() const { return visible_offset_; }
+  std::uint64_t visible_offset() const override { return visible_offset_; }
   /// The oldest retained event's seq (visible_seq() when empty).
-  std::uint64_t first_seq() const;
+  std::uint64_t first_seq() const override;
   /// Where the committed transaction holding event seq ends (its commit frame's end offset),
   /// for the last 4,096 transactions; 0 when unknown.
-  std::uint64_t transaction_end_offset(std::uint64_t seq) const;
+  std::uint64_t transaction_end_offset(std::uint64_t seq) const override;
 
   /// Where this log began: the slot's consistent point (or the position the server resumed an
   /// existing slot at) when the log was empty. An event id from before it belongs to another
   /// log (a lost data directory, a new slot) and is not resumable here. Invalid: unknown (a log
   /// made before walgate stored it), then no bound.
-  protocol::lsn origin() const { return origin_; }
+  protocol::lsn origin() const override { return origin_; }
   /// Stores the origin (ORIGIN file, synced) when the log has none and holds no event; false
   /// with error() set when it cannot be stored.
   bool set_origin(protocol::lsn l);
@@ -157,19 +130,13 @@ class event_log {
   /// Up to max events from seq on, from memory or disk. Empty when seq is not retained. When
   /// the file cannot be read (an I/O error, a segment shorter than written, a frame whose
   /// checksum fails), the events before the fault are returned and *error says what failed.
-  std::vector<event_ptr> read(std::uint64_t seq, std::size_t max, std::string* error = nullptr) const;
-  /// Where a client that processed id resumes: the seq of the first event after it. seq is
-  /// nullopt when id is older than what is retained, or from before this log's origin (410);
-  /// error is set instead when the file could not be read to find it (damage, not age).
-  struct resume_point {
-    std::optional<std::uint64_t> seq;
-    std::string error;
-    /// id is past the newest event logged: the head, but events up to id may still come (the
-    /// log lost what a client saw before a crash, and the server sends it again, with the same
-    /// ids): a reader skips events up to id.
-    bool past_head = false;
-  };
-  resume_point resume_after(const transform::event_id& id) const;
+  std::vector<event_ptr> read(std::uint64_t seq, std::size_t max_events, std::size_t max_bytes,
+                              std::string* error = nullptr) const override;
+  /// read() with at most 1 MiB of records from disk.
+  std::vector<event_ptr> read(std::uint64_t seq, std::size_t max, std::string* error = nullptr) const {
+    return read(seq, max, 1u << 20, error);
+  }
+  resume_point resume_after(const transform::event_id& id) const override;
   /// resume_after(id).seq.
   std::optional<std::uint64_t> seq_after(const transform::event_id& id) const { return resume_after(id).seq; }
 
@@ -182,20 +149,30 @@ class event_log {
   void set_publish(std::function<void(const logged_event&, const transform::change&)> f) { publish_ = std::move(f); }
 
   std::size_t disk_bytes() const;
+  /// Registers the log's size and head for /metrics.
+  void register_metrics(metrics_registry& r) const;
   /// Byte position of the end of the log (see logged_event::end_offset).
   std::uint64_t end_offset() const { return segments_.back().base + segments_.back().bytes + pending_.size(); }
   /// Counts an encoding just cached on e against the memory tail (if e is in it), evicting the
   /// oldest events past the bound.
-  void account_encoding(const logged_event& e, std::size_t bytes);
+  void account_encoding(const logged_event& e, std::size_t bytes) override;
 
  private:
+  struct index_entry {
+    std::uint64_t seq = 0;
+    std::size_t offset = 0;   // of its frame
+    transform::event_id id;
+  };
+  static bool index_due(const std::vector<index_entry>& index, std::uint64_t seq, std::size_t offset);
   struct segment {
     std::filesystem::path path;
     std::uint64_t first_seq = 0, end_seq = 0;   // [first, end)
     std::uint64_t base = 0;                      // end_offset of the previous segment
     transform::event_id first_id, last_id;
     std::size_t bytes = 0;
-    std::vector<std::pair<std::uint64_t, std::size_t>> index;   // sparse: seq -> offset of its frame
+    /// Sparse: an entry at least every 256 events and every 64 KiB of frames, so that finding
+    /// an event (by seq or by id) reads at most that much of the file before it.
+    std::vector<index_entry> index;
   };
   event_log() = default;
   bool recover(std::string& error);
@@ -210,7 +187,7 @@ class event_log {
   bool write_frame_now(char type, std::string_view body);   // what is pending, then this frame
   void enforce_retention();
   void evict();
-  std::vector<event_ptr> read_disk(std::uint64_t seq, std::size_t max, std::string* error) const;
+  std::vector<event_ptr> read_disk(std::uint64_t seq, std::size_t max, std::size_t max_bytes, std::string* error) const;
 
   log_options opts_;
   std::vector<segment> segments_;

@@ -5,12 +5,15 @@
 //            +------------- durable position (after fdatasync) ---------+
 //
 // Everything runs on one executor (one thread): no locks. Clients are served by the HTTP
-// server (server.hpp), which reads events from the log by sequence number.
+// server (server.hpp), whose subscriptions read events from the log by sequence number and are
+// woken by the log's notification (log_reader::on_visible), which the gateway raises once for
+// everything committed in one read of the stream.
 #pragma once
 
 #include <boost/asio/thread_pool.hpp>
 
 #include "walgate/proxy/event_log.hpp"
+#include "walgate/proxy/metrics.hpp"
 #include "walgate/proxy/replication_client.hpp"
 #include "walgate/transform/formats.hpp"
 
@@ -28,9 +31,6 @@ namespace walgate::proxy {
 struct gateway_metrics {
   std::uint64_t events_in = 0;         ///< events logged
   std::uint64_t transactions_in = 0;
-  std::uint64_t events_out = 0;        ///< events written to clients (all transports)
-  std::uint64_t bytes_out = 0;
-  std::uint64_t clients_disconnected_slow = 0;
   protocol::lsn server_wal_end;        ///< from the last XLogData or keepalive
   std::int64_t last_commit_time_us = 0;   ///< PostgreSQL-epoch µs of the last logged transaction
   std::int64_t slot_retained_wal = -1;    ///< bytes, from pg_replication_slots (-1: unknown)
@@ -63,9 +63,9 @@ class gateway final : public replication_sink, public protocol::transaction_hand
 
   event_log& log() { return log_; }
   gateway_metrics& metrics() { return metrics_; }
-  /// Called (on the executor) when transactions have committed in the log (clients see them):
-  /// once for all those logged from one read of the stream, not once per transaction.
-  void on_new_events(std::function<void()> f) { wake_ = std::move(f); }
+  /// Registers the stream's figures (events in, lag, the slot, decode failures, the durable
+  /// position) for /metrics.
+  void register_metrics(metrics_registry& r);
   /// Called with each event as it is logged, with the change it was made from (valid during
   /// the call only): the server encodes events here that its clients will want.
   void on_event_logged(std::function<void(const logged_event&, const transform::change&)> f) { logged_ = std::move(f); }
@@ -107,7 +107,6 @@ class gateway final : public replication_sink, public protocol::transaction_hand
   std::chrono::steady_clock::time_point last_ack_store_{};
   std::int64_t frame_server_clock_us_ = 0;   // of the XLogData frame being fed
   gateway_metrics metrics_;
-  std::function<void()> wake_;
   std::function<void(const logged_event&, const transform::change&)> logged_;
   bool wake_posted_ = false;
   std::string failure_;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "walgate/proxy/gateway.hpp"
+#include "walgate/proxy/stream_request.hpp"
 #include "walgate/transform/formats.hpp"
 
 #include <boost/asio/any_io_executor.hpp>
@@ -76,22 +77,6 @@ class server {
   std::shared_ptr<impl> impl_;
 };
 
-/// Parsed /v1/stream and /v1/ws parameters (exposed for tests and the fuzz target).
-struct stream_request {
-  transform::format fmt = transform::format::native;
-  std::vector<std::pair<std::string, std::string>> tables;   ///< (schema, table); "*" table = any
-  unsigned ops = 0;                                          ///< bit per transform::op char; 0 = all
-  std::optional<transform::event_id> from;
-  bool tombstones = false;                                   ///< debezium: a null line after each delete
-  bool compact = false;                                      ///< pgoutput2json compact mode
-};
-struct request_error {
-  std::string parameter, message;
-};
-/// Parses the query string of a stream request ("format=native&tables=public.*&from=0/16B3748:0").
-std::optional<stream_request> parse_stream_query(std::string_view target, request_error& error);
-/// True if the event passes the request's table and op filters.
-bool matches(const stream_request& r, const logged_event& e);
 /// Whether a browser request from `origin` (its Origin header; empty: none, as curl and
 /// same-origin page loads send) may be served: no Origin, the gateway's own origin (the Origin's
 /// host[:port] equals the Host header, any case), an origin in `allowed` (exact

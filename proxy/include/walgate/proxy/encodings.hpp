@@ -1,0 +1,63 @@
+// Encodings of logged events, made once per event and encoding and shared by every reader of
+// that encoding (the bytes live with the event, logged_event::json, and count against what the
+// log keeps in memory for it). Small encodings are bytes in memory; those of spill_bytes or more
+// are written once to an unlinked file in spill_dir and sent from it in pieces (payload.hpp).
+// Encodings that some reader wants of every event are made eagerly as each event is logged,
+// from the change in hand; the rest on first demand, from the record. Single-threaded.
+#pragma once
+
+#include "walgate/proxy/log_reader.hpp"
+#include "walgate/transform/formats.hpp"
+#include "walgate/transform/record.hpp"
+
+#include <array>
+#include <filesystem>
+#include <string>
+
+namespace walgate::proxy {
+
+struct stream_request;
+
+/// The encoding a request asks for (its format, and pgoutput2json's compact mode).
+encoding encoding_for(const stream_request& r);
+
+class encoding_cache {
+ public:
+  struct options {
+    transform::encoder_options encoder;   ///< Debezium name, db, decimal/time modes.
+    std::filesystem::path spill_dir;      ///< empty: large encodings stay in memory
+    std::size_t spill_bytes = 4u << 20;
+  };
+  encoding_cache(log_reader& log, options o) : log_(log), opts_(std::move(o)) {}
+
+  /// e in enc, made now if not yet; null when e's record cannot be read (error says why).
+  payload_ptr get(const logged_event& e, encoding enc, std::string& error);
+  /// A Debezium tombstone for a deleted row ({"key":…,"value":null}); null if unreadable.
+  payload_ptr tombstone(const logged_event& e);
+  /// The signature of e's table definition (column names, types, typmods, key flags) that
+  /// says when pgoutput2json compact's "s" must be sent again.
+  std::string schema_signature(const logged_event& e);
+
+  /// A reader that wants every event in enc (no filter) comes and goes: while one does, each
+  /// event is encoded so as it is logged (on_logged).
+  void want_all(encoding enc, int delta) { eager_[static_cast<std::size_t>(enc)] += delta; }
+  /// The log's publish hook: e was just logged from c.
+  void on_logged(const logged_event& e, const transform::change& c);
+
+  const transform::encoder_options& encoder() const { return opts_.encoder; }
+  std::uint64_t spilled() const { return spilled_; }
+
+ private:
+  void encode_into(const logged_event& e, encoding enc, const transform::change& from);
+  static void log_once(bool& done, const std::string& line);
+
+  log_reader& log_;
+  options opts_;
+  std::array<int, static_cast<std::size_t>(encoding::count_)> eager_{};
+  transform::record_view record_scratch_;   // one parse buffer for every record read here
+  std::string encode_scratch_;
+  std::uint64_t spilled_ = 0;
+  bool spill_write_logged_ = false;
+};
+
+}  // namespace walgate::proxy

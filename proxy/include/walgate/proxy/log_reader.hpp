@@ -1,0 +1,108 @@
+// The read side of a log of events, as subscriptions see it: the position of an id, events
+// from a position, how far is visible, and a notification when more is. event_log (the segment
+// store in the data directory) is the first implementation; subscriptions, transports and
+// encoders know only this interface, so that another (a JetStream stream) needs no change there.
+// Single-threaded: called on the executor that appends.
+#pragma once
+
+#include "walgate/protocol/lsn.hpp"
+#include "walgate/proxy/payload.hpp"
+#include "walgate/transform/change.hpp"
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace walgate::proxy {
+
+/// The encodings an event can be asked for; pgoutput2json compact without "s" is shared too, and
+/// so is compact with "s" (sent to a client with the first row of a table, and after a change).
+enum class encoding : std::uint8_t {
+  native, debezium, pgoutput2json, waltail, wal2json, pgoutput2json_compact, pgoutput2json_schema, count_
+};
+
+struct logged_event {
+  std::uint64_t seq = 0;           ///< Position in the log; Waltail's seq.
+  transform::event_id id;
+  std::string record;              ///< transform::write_record bytes.
+  std::string schema, table;       ///< For filters ("" for messages).
+  transform::op kind = transform::op::insert;
+  /// Byte position just past this event's frame in the log as this process sees it (segments
+  /// laid end to end from the oldest retained one): a client's lag in bytes is the log's
+  /// end_offset() minus that of the last event it was given.
+  std::uint64_t end_offset = 0;
+  /// Encodings, made once on first demand and shared by every client (single-threaded).
+  mutable std::array<payload_ptr, static_cast<std::size_t>(encoding::count_)> json;
+  mutable bool in_tail = false;   ///< held by the log's memory tail (its encodings count there)
+  mutable std::size_t accounted = 0;   ///< what the tail counts for it: memory() when last counted
+  std::size_t memory() const {
+    std::size_t n = sizeof(*this) + record.size() + schema.size() + table.size();
+    for (const auto& j : json)
+      if (j) n += j->memory();
+    return n;
+  }
+};
+using event_ptr = std::shared_ptr<const logged_event>;
+
+/// Where a client that processed an id resumes: the seq of the first event after it. seq is
+/// nullopt when id is older than what is retained, or from before this log's origin (410);
+/// error is set instead when the log could not be read to find it (damage, not age).
+struct resume_point {
+  std::optional<std::uint64_t> seq;
+  std::string error;
+  /// id is past the newest event logged: the head, but events up to id may still come (the
+  /// log lost what a client saw before a crash, and the server sends it again, with the same
+  /// ids): a reader skips events up to id.
+  bool past_head = false;
+};
+
+class log_reader {
+ public:
+  virtual ~log_reader() = default;
+
+  /// One past the last event of the last committed transaction: what readers may read up to.
+  virtual std::uint64_t visible_seq() const = 0;
+  /// Byte position of the log's end as of the last commit (see logged_event::end_offset): a
+  /// reader's lag is measured against it. Never moves back.
+  virtual std::uint64_t visible_offset() const = 0;
+  /// The oldest retained event's seq (visible_seq() when empty).
+  virtual std::uint64_t first_seq() const = 0;
+  /// Where the committed transaction holding event seq ends (its end offset); 0 when unknown.
+  virtual std::uint64_t transaction_end_offset(std::uint64_t seq) const = 0;
+  /// Where this log began (an id from before it belongs to another log); invalid: unknown.
+  virtual protocol::lsn origin() const = 0;
+  /// Events from seq on, committed only: at most max_events, and no more records than about
+  /// max_bytes (at least one event). Empty when seq is not retained or nothing is visible
+  /// there. When the log cannot be read, the events before the fault are returned and *error
+  /// says what failed.
+  virtual std::vector<event_ptr> read(std::uint64_t seq, std::size_t max_events, std::size_t max_bytes,
+                                      std::string* error = nullptr) const = 0;
+  /// Where a reader that processed id resumes.
+  virtual resume_point resume_after(const transform::event_id& id) const = 0;
+  /// Counts an encoding just cached on e against what the log keeps in memory for it.
+  virtual void account_encoding(const logged_event& e, std::size_t bytes) = 0;
+
+  /// Tail notifications: f is called (on the log's executor) each time events became visible
+  /// (once for a burst of transactions, not once per event). The returned handle removes it.
+  std::size_t on_visible(std::function<void()> f) {
+    listeners_.emplace_back(++last_listener_, std::move(f));
+    return last_listener_;
+  }
+  void remove_listener(std::size_t handle) {
+    std::erase_if(listeners_, [&](const auto& l) { return l.first == handle; });
+  }
+  /// Calls the listeners (the appending side, after events became visible).
+  void announce() const {
+    for (const auto& [h, f] : listeners_) f();
+  }
+
+ private:
+  std::vector<std::pair<std::size_t, std::function<void()>>> listeners_;
+  std::size_t last_listener_ = 0;
+};
+
+}  // namespace walgate::proxy

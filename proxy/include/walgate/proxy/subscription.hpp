@@ -1,0 +1,85 @@
+// One client's subscription to the log, with no transport in it: its cursor, its filters, its
+// encoding and pgoutput2json compact's schema-sent state, its lag and its bounded batch, and the
+// reason it ends. A transport (ndjson.cpp, sse.cpp, websocket.cpp) asks it for the next batch,
+// frames and sends the batch, tells it what was delivered, and waits for the log's notification
+// when a batch comes back empty. Unit-tested without sockets (tests/proxy/subscription_test.cpp).
+#pragma once
+
+#include "walgate/proxy/encodings.hpp"
+#include "walgate/proxy/log_reader.hpp"
+#include "walgate/proxy/stream_request.hpp"
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace walgate::proxy {
+
+class subscription {
+ public:
+  struct limits {
+    std::size_t batch_bytes = 256 * 1024;   ///< a batch ends once its encodings reach this
+    std::size_t batch_events = 512;         ///< and at this many events
+    std::size_t lag_bytes = 64u << 20;      ///< a live client further behind is closed (slow)
+  };
+  /// Why a subscription ended.
+  enum class end { none, client_gone, slow, not_retained, damaged, shutdown };
+  struct item {
+    payload_ptr bytes;
+    transform::event_id id;
+  };
+
+  /// Starts at seq start; with skip_through set (an id past the head), events up to it are
+  /// skipped (sent again by the server after a crash lost them from the log: seen already).
+  subscription(const log_reader& log, encoding_cache& encodings, stream_request request, std::uint64_t start,
+               std::optional<transform::event_id> skip_through, limits l);
+  ~subscription();
+  subscription(const subscription&) = delete;
+  subscription& operator=(const subscription&) = delete;
+
+  /// The next batch of encoded events into out (cleared first). Empty and not ended: nothing
+  /// new yet (wait for the log's notification). Empty and ended: the subscription is over
+  /// (too slow, its position no longer retained, a damaged record).
+  void next_batch(std::vector<item>& out);
+  /// The transport sent the batch whose last item is last: it is where a resume starts.
+  void delivered(const item& last) { resume_id_ = last.id.to_string(); }
+
+  /// Ends it (the transport: the client went away, a write timed out, the server stops).
+  void close(end why, std::string reason);
+  bool ended() const { return end_ != end::none; }
+  end why() const { return end_; }
+  const std::string& reason() const { return reason_; }
+  /// The id of the last event delivered (or the id it resumed from); empty when none: where
+  /// the client resumes.
+  const std::string& resume_id() const { return resume_id_; }
+
+  const stream_request& request() const { return request_; }
+  encoding wanted() const { return enc_; }
+  /// No table or op filter: it takes every event in its encoding.
+  bool unfiltered() const { return unfiltered_; }
+  /// Caught up with what was visible at least once (lag counts from then on).
+  bool live() const { return live_; }
+  std::uint64_t cursor() const { return cursor_; }
+  std::uint64_t lag_events() const;
+  std::uint64_t lag_bytes() const;
+
+ private:
+  const log_reader& log_;
+  encoding_cache& encodings_;
+  stream_request request_;
+  limits limits_;
+  encoding enc_;
+  bool unfiltered_;
+  std::uint64_t cursor_;         // seq of the next event to look at
+  std::uint64_t offset_ = 0;     // the log's end offset at the cursor (while live): lag in bytes
+  std::optional<transform::event_id> skip_through_;
+  bool live_ = false;
+  end end_ = end::none;
+  std::string reason_;
+  std::string resume_id_;
+  std::map<std::string, std::string> schemas_sent_;   // pgoutput2json compact: table -> signature sent
+};
+
+}  // namespace walgate::proxy

@@ -1,0 +1,236 @@
+// One HTTP connection: reads requests (with the header, URL and time limits), applies the
+// Host (DNS rebinding) and Origin (CORS) policy, answers /healthz, /readyz, /metrics, the live
+// page and errors, and hands a stream request — parsed, admitted under --max-clients and
+// positioned in the log — to its transport.
+#include "serving.hpp"
+
+#include "walgate/transform/json.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+#include <boost/beast/websocket/rfc6455.hpp>
+
+namespace walgate::proxy {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+using asio::awaitable;
+
+extern const char* live_page_html;   // live_page.cpp
+
+namespace {
+
+constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
+
+template <class Stream>
+awaitable<void> write_simple(server_core& core, Stream& s, unsigned version, http::status st, std::string_view type,
+                             std::string body, bool keep_alive, std::string_view retry_after = {},
+                             std::string_view cors = {}) {
+  http::response<http::string_body> res{st, version};
+  res.set(http::field::server, "walgate");
+  if (!retry_after.empty()) res.set(http::field::retry_after, retry_after);
+  set_cors(res, cors);
+  res.set(http::field::content_type, type);
+  res.set(http::field::cache_control, "no-store");
+  res.keep_alive(keep_alive);
+  res.body() = std::move(body);
+  res.prepare_payload();
+  beast::get_lowest_layer(s).expires_after(core.opts.write_timeout);
+  co_await http::async_write(s, res, use_tuple);
+}
+
+/// The answer to a request that is not served: its status and JSON body.
+struct refusal {
+  http::status status;
+  std::string body;
+  std::string_view retry_after;
+};
+
+/// Where a stream request starts in the log, or why it cannot (400, 410, 500, 503).
+std::optional<refusal> position(server_core& core, const http::request<http::empty_body>& req, std::string_view target,
+                                stream_start& out) {
+  request_error err;
+  auto r = parse_stream_query(target, err);
+  if (!r) return refusal{http::status::bad_request, json_error(err.parameter, err.message), {}};
+  // Only a reconnecting EventSource sends Last-Event-ID, and it is always later than the from=
+  // its page put in the URL (which the browser sends again unchanged): it wins.
+  auto last_event_id = req["Last-Event-ID"];
+  if (!last_event_id.empty()) {
+    auto id = transform::event_id::parse(std::string_view(last_event_id.data(), last_event_id.size()));
+    if (!id) return refusal{http::status::bad_request, json_error("Last-Event-ID", "malformed event id"), {}};
+    r->from = id;
+  }
+  if (core.streams >= core.opts.max_clients) {
+    ++core.rejected_clients;
+    return refusal{http::status::service_unavailable,
+                   json_error("", "too many clients (limit " + std::to_string(core.opts.max_clients) + "); try again later"),
+                   "5"};
+  }
+  const log_reader& log = core.gw.log();
+  out.seq = log.visible_seq();
+  if (r->from) {
+    auto resume = log.resume_after(*r->from);
+    if (!resume.error.empty()) {
+      // Damage, not age: the log could not be read to find the position.
+      return refusal{http::status::internal_server_error,
+                     json_error("from", "cannot find event " + r->from->to_string() + " in the event log: " + resume.error),
+                     {}};
+    }
+    if (resume.past_head) out.skip_through = r->from;
+    if (!resume.seq) {
+      std::string why = "event " + r->from->to_string();
+      if (log.origin().valid() && r->from->commit_lsn < log.origin())
+        why += " is from before this event log began (at " + log.origin().to_string() + ")";
+      else
+        why += " is older than the retained log";
+      why += "; take a new snapshot";
+      return refusal{http::status::gone, json_error("from", why), {}};
+    }
+    out.seq = *resume.seq;
+  }
+  out.request = std::move(*r);
+  return std::nullopt;
+}
+
+}  // namespace
+
+template <class Stream>
+awaitable<void> serve_http(server_core& core, Stream s) {
+  const auto& opts = core.opts;
+  beast::flat_buffer buffer;
+  while (!core.stopping) {
+    http::request_parser<http::empty_body> parser;
+    parser.header_limit(static_cast<std::uint32_t>(opts.header_limit + opts.url_limit));
+    parser.body_limit(0);
+    beast::get_lowest_layer(s).expires_after(opts.header_timeout);
+    auto [ec, n] = co_await http::async_read(s, buffer, parser, use_tuple);
+    if (ec == http::error::header_limit) {
+      co_await write_simple(core, s, 11, http::status::request_header_fields_too_large, "application/json",
+                            json_error("", "request header fields too large"), false);
+      co_return;
+    }
+    if (ec == http::error::body_limit) {
+      co_await write_simple(core, s, 11, http::status::payload_too_large, "application/json",
+                            json_error("", "request bodies are not accepted"), false);
+      co_return;
+    }
+    if (ec) co_return;   // closed, timed out (trickled headers) or malformed
+    auto req = parser.release();
+    std::size_t header_bytes = 0;
+    for (const auto& f : req) header_bytes += f.name_string().size() + f.value().size() + 4;
+    if (req.target().size() > opts.url_limit) {
+      co_await write_simple(core, s, req.version(), http::status::uri_too_long, "application/json",
+                            json_error("", "request URL too long"), false);
+      co_return;
+    }
+    if (header_bytes > opts.header_limit) {
+      co_await write_simple(core, s, req.version(), http::status::request_header_fields_too_large, "application/json",
+                            json_error("", "request header fields too large"), false);
+      co_return;
+    }
+    std::string_view target(req.target().data(), req.target().size());
+    std::string_view path = target.substr(0, target.find('?'));
+    bool keep = req.keep_alive();
+    auto host_field = req[http::field::host];
+    std::string_view host(host_field.data(), host_field.size());
+    if (core.loopback_listener && !loopback_host_allowed(host, opts.allowed_hosts)) {
+      ++core.rejected_origins;
+      std::string name(host.substr(0, std::min<std::size_t>(host.size(), 200)));
+      co_await write_simple(core, s, req.version(), http::status::forbidden, "application/json",
+                            json_error("", "Host " + name +
+                                               " is not served on a loopback address (a DNS-rebinding page poses as "
+                                               "the gateway so): a reverse proxy that sends it needs --allow-host"),
+                            false);
+      co_return;
+    }
+    // Cross-origin browser requests: only from the origins allowed (CORS headers on their
+    // responses), never a page of any site reading the stream through its visitor's browser.
+    auto origin_field = req[http::field::origin];
+    std::string_view origin(origin_field.data(), origin_field.size());
+    if (!origin_allowed(origin, host, opts.allowed_origins)) {
+      ++core.rejected_origins;
+      co_await write_simple(core, s, req.version(), http::status::forbidden, "application/json",
+                            json_error("", "origin " + std::string(origin.substr(0, 200)) +
+                                               " is not allowed: start walgate with --allow-origin " +
+                                               std::string(origin.substr(0, 200))),
+                            false);
+      co_return;
+    }
+    std::string_view cors = origin;   // set only when the request is allowed and has one
+    if (req.method() == http::verb::options && !origin.empty()) {   // a CORS preflight
+      http::response<http::empty_body> res{http::status::no_content, req.version()};
+      res.set(http::field::server, "walgate");
+      set_cors(res, cors);
+      res.set(http::field::access_control_allow_methods, "GET");
+      res.set(http::field::access_control_allow_headers, "Accept, Last-Event-ID, Cache-Control");
+      res.set(http::field::access_control_max_age, "600");
+      res.keep_alive(keep);
+      beast::get_lowest_layer(s).expires_after(opts.write_timeout);
+      co_await http::async_write(s, res, use_tuple);
+      if (!keep) co_return;
+      continue;
+    }
+    if (req.method() != http::verb::get && req.method() != http::verb::head) {
+      co_await write_simple(core, s, req.version(), http::status::method_not_allowed, "application/json",
+                            json_error("", "only GET is supported"), false, {}, cors);
+      co_return;
+    }
+    if (path == "/healthz") {
+      co_await write_simple(core, s, req.version(), http::status::ok, "application/json", "{\"status\":\"ok\"}\n", keep,
+                            {}, cors);
+    } else if (path == "/readyz") {
+      const std::string& fault = core.gw.stream_fault();
+      bool ready = core.status.streaming && core.status.streaming() && fault.empty();
+      std::string body = ready ? "{\"status\":\"streaming\"}\n" : "{\"status\":\"not streaming\"}\n";
+      if (!fault.empty()) {   // serving what is logged; the stream itself is stuck, and why
+        body = "{\"status\":\"stream fault\",\"reason\":";
+        transform::append_json_string(body, fault);
+        body += "}\n";
+      }
+      co_await write_simple(core, s, req.version(), ready ? http::status::ok : http::status::service_unavailable,
+                            "application/json", std::move(body), keep, {}, cors);
+    } else if (path == "/metrics") {
+      co_await write_simple(core, s, req.version(), http::status::ok, "text/plain; version=0.0.4", core.metrics.render(),
+                            keep, {}, cors);
+    } else if (path == "/") {
+      co_await write_simple(core, s, req.version(), http::status::ok, "text/html; charset=utf-8", live_page_html, keep,
+                            {}, cors);
+    } else if (path == "/v1/stream" || path == "/v1/ws") {
+      stream_start start;
+      if (auto no = position(core, req, target, start)) {
+        co_await write_simple(core, s, req.version(), no->status, "application/json", std::move(no->body), false,
+                              no->retry_after, cors);
+        co_return;
+      }
+      counted admitted(core.streams);
+      if (path == "/v1/ws") {
+        if (!beast::websocket::is_upgrade(req)) {
+          co_await write_simple(core, s, req.version(), http::status::upgrade_required, "application/json",
+                                json_error("", "/v1/ws needs a WebSocket upgrade"), false, {}, cors);
+          co_return;
+        }
+        co_await serve_websocket(core, std::move(s), std::move(req), std::move(start));
+        co_return;
+      }
+      auto accept = req[http::field::accept];
+      if (std::string_view(accept.data(), accept.size()).find("text/event-stream") != std::string_view::npos)
+        co_await serve_sse(core, s, req.version(), std::move(start), cors);
+      else
+        co_await serve_ndjson(core, s, req.version(), std::move(start), cors);
+      co_return;
+    } else {
+      co_await write_simple(core, s, req.version(), http::status::not_found, "application/json",
+                            json_error("", "no such endpoint"), keep, {}, cors);
+    }
+    if (!keep) co_return;
+  }
+}
+
+template awaitable<void> serve_http<beast::tcp_stream>(server_core&, beast::tcp_stream);
+template awaitable<void> serve_http<beast::ssl_stream<beast::tcp_stream>>(server_core&,
+                                                                          beast::ssl_stream<beast::tcp_stream>);
+
+}  // namespace walgate::proxy

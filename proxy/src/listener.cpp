@@ -1,0 +1,139 @@
+// The server: binds the listening socket, accepts connections within the connection limits
+// (pausing when they, or the process's file descriptors, run out), does the TLS handshake, and
+// gives each connection to an http_session (http_session.cpp).
+#include "serving.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/ssl.hpp>
+
+#include <cerrno>
+
+namespace walgate::proxy {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+using tcp = asio::ip::tcp;
+using asio::awaitable;
+
+namespace {
+constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
+}
+
+struct server::impl : std::enable_shared_from_this<server::impl> {
+  impl(asio::any_io_executor ex, server_options o, gateway& g, server_status s)
+      : core(ex, std::move(o), g, std::move(s)), acceptor(ex) {}
+
+  server_core core;
+  tcp::acceptor acceptor;
+
+  awaitable<void> session(tcp::socket socket) {
+    auto self = shared_from_this();
+    counted open(core.connections);
+    // Events are written as they come, in small batches: no Nagle delay behind an
+    // unacknowledged segment (it meets the client's delayed ACK: 40 ms stalls).
+    boost::system::error_code nec;
+    socket.set_option(tcp::no_delay(true), nec);
+    beast::tcp_stream stream(std::move(socket));
+    if (core.tls) {
+      beast::ssl_stream<beast::tcp_stream> ss(std::move(stream), *core.tls);
+      beast::get_lowest_layer(ss).expires_after(core.opts.header_timeout);
+      auto [ec] = co_await ss.async_handshake(asio::ssl::stream_base::server, use_tuple);
+      if (ec) co_return;
+      co_await serve_http(core, std::move(ss));
+    } else {
+      co_await serve_http(core, std::move(stream));
+    }
+  }
+
+  awaitable<void> accept_loop() {
+    auto self = shared_from_this();
+    asio::steady_timer pause(core.executor);
+    auto wait = [&](std::chrono::milliseconds d) -> awaitable<void> {
+      ++core.accept_pauses;
+      pause.expires_after(d);
+      co_await pause.async_wait(use_tuple);
+    };
+    while (!core.stopping) {
+      // At the connection limit, new connections wait in the listen backlog until one closes.
+      if (core.connections >= core.opts.max_clients + core.opts.max_other_connections) {
+        co_await wait(std::chrono::milliseconds(50));
+        continue;
+      }
+      auto [ec, socket] = co_await acceptor.async_accept(use_tuple);
+      if (ec) {
+        if (core.stopping) break;
+        // Out of file descriptors or memory: the connection stays queued and accept would fail
+        // again at once; wait instead of spinning.
+        if (ec == asio::error::no_descriptors || ec == asio::error::no_buffer_space || ec == asio::error::no_memory ||
+            ec.value() == ENFILE)
+          co_await wait(std::chrono::milliseconds(100));
+        continue;
+      }
+      asio::co_spawn(core.executor, session(std::move(socket)), asio::detached);
+    }
+  }
+};
+
+server::server(asio::any_io_executor ex, server_options opts, gateway& gw, server_status status)
+    : impl_(std::make_shared<impl>(ex, std::move(opts), gw, std::move(status))) {}
+
+server::~server() { stop(); }
+
+bool server::start(std::string& error) {
+  auto& core = impl_->core;
+  auto& acceptor = impl_->acceptor;
+  boost::system::error_code ec;
+  auto addr = asio::ip::make_address(core.opts.host, ec);
+  if (ec) {
+    error = "--listen: invalid address '" + core.opts.host + "'";
+    return false;
+  }
+  if (!core.opts.tls_cert.empty()) {
+    core.tls = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
+    core.tls->use_certificate_chain_file(core.opts.tls_cert, ec);
+    if (!ec) core.tls->use_private_key_file(core.opts.tls_key, asio::ssl::context::pem, ec);
+    if (ec) {
+      error = "--tls-cert/--tls-key: " + ec.message();
+      return false;
+    }
+  }
+  core.loopback_listener = addr.is_loopback();
+  tcp::endpoint ep(addr, core.opts.port);
+  acceptor.open(ep.protocol(), ec);
+  if (!ec) acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor.bind(ep, ec);
+  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    error = "cannot listen on " + core.opts.host + ":" + std::to_string(core.opts.port) + ": " + ec.message();
+    return false;
+  }
+  asio::co_spawn(core.executor, impl_->accept_loop(), asio::detached);
+  return true;
+}
+
+std::uint16_t server::port() const {
+  boost::system::error_code ec;
+  return impl_->acceptor.local_endpoint(ec).port();
+}
+
+void server::stop() {
+  auto& core = impl_->core;
+  if (core.stopping) return;
+  core.stopping = true;
+  boost::system::error_code ec;
+  impl_->acceptor.close(ec);
+  core.notify();
+  core.detach();
+}
+
+void server::notify() { impl_->core.notify(); }
+std::size_t server::clients() const { return impl_->core.clients.size(); }
+
+}  // namespace walgate::proxy

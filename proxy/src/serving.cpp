@@ -1,0 +1,140 @@
+#include "serving.hpp"
+
+#include "walgate/transform/json.hpp"
+
+#include <cstdio>
+
+namespace walgate::proxy {
+
+const char* transport_name(transport t) {
+  return t == transport::ndjson ? "ndjson" : t == transport::sse ? "sse" : "websocket";
+}
+
+std::string json_error(std::string_view parameter, std::string_view message) {
+  std::string out = "{\"error\":";
+  transform::append_json_string(out, message);
+  if (!parameter.empty()) {
+    out += ",\"parameter\":";
+    transform::append_json_string(out, parameter);
+  }
+  out += "}\n";
+  return out;
+}
+
+std::string end_line(std::string_view reason, std::string_view resume_id) {
+  std::string last = "{\"error\":";
+  transform::append_json_string(last, reason);
+  last += ",\"resume_from\":";
+  if (resume_id.empty()) last += "null";
+  else transform::append_json_string(last, resume_id);
+  last += "}";
+  return last;
+}
+
+client::client(server_core& c, transport k, stream_start start)
+    : core(c),
+      kind(k),
+      sub(c.gw.log(), c.encodings, std::move(start.request), start.seq, start.skip_through, c.limits()),
+      wake(c.executor),
+      watchdog(c.executor) {
+  core.clients.insert(this);
+  ++core.by_transport[static_cast<std::size_t>(kind)];
+}
+
+client::~client() {
+  core.clients.erase(this);
+  --core.by_transport[static_cast<std::size_t>(kind)];
+}
+
+void client::delivered(const subscription::item& last, std::size_t events, std::size_t bytes) {
+  sub.delivered(last);
+  core.events_out += events;
+  core.bytes_out += bytes;
+}
+
+void client::finished() {
+  if (sub.why() == subscription::end::slow) ++core.disconnected_slow;
+}
+
+server_core::server_core(boost::asio::any_io_executor ex, server_options o, gateway& g, server_status s)
+    : executor(ex),
+      opts(std::move(o)),
+      gw(g),
+      status(std::move(s)),
+      encodings(g.log(), encoding_cache::options{opts.encoder, opts.spill_dir, opts.spill_bytes}) {
+  // Each part registers its own figures: the gateway its stream's, the log its own, the
+  // server its clients'.
+  gw.register_metrics(metrics);
+  gw.log().register_metrics(metrics);
+  metrics.add_value("walgate_events_out_total", "counter", "Events written to clients.", [this] { return events_out; });
+  metrics.add_value("walgate_bytes_out_total", "counter", "Bytes of events written to clients.", [this] { return bytes_out; });
+  metrics.add("walgate_clients", "gauge", "Connected stream clients by transport.", [this](auto& out) {
+    for (auto t : {transport::ndjson, transport::sse, transport::websocket})
+      out.push_back({std::string("{transport=\"") + transport_name(t) + "\"}",
+                     std::to_string(by_transport[static_cast<std::size_t>(t)])});
+  });
+  metrics.add("walgate_client_lag_events", "gauge", "Events between a client's position and the head.", [this](auto& out) {
+    std::size_t i = 0;
+    for (auto* c : clients)
+      out.push_back({"{client=\"" + std::to_string(i++) + "\",transport=\"" + transport_name(c->kind) + "\"}",
+                     std::to_string(c->sub.lag_events())});
+  });
+  metrics.add("walgate_client_lag_bytes", "gauge", "Bytes of event log between a client's position and the head.",
+              [this](auto& out) {
+                std::size_t i = 0;
+                for (auto* c : clients)
+                  out.push_back({"{client=\"" + std::to_string(i++) + "\",transport=\"" + transport_name(c->kind) + "\"}",
+                                 std::to_string(c->sub.lag_bytes())});
+              });
+  metrics.add_value("walgate_clients_disconnected_slow_total", "counter", "Clients disconnected for being too slow.",
+                    [this] { return disconnected_slow; });
+  metrics.add_value("walgate_clients_rejected_total", "counter", "Stream requests answered 503: over --max-clients.",
+                    [this] { return rejected_clients; });
+  metrics.add_value("walgate_origins_rejected_total", "counter",
+                    "Browser requests refused (403): an origin not allowed, or a Host a loopback listener does not serve.",
+                    [this] { return rejected_origins; });
+  metrics.add_value("walgate_connections", "gauge", "Open HTTP connections (stream clients included).",
+                    [this] { return connections; });
+  metrics.add_value("walgate_accept_pauses_total", "counter",
+                    "Times accepting paused (connection limit reached, or out of file descriptors).",
+                    [this] { return accept_pauses; });
+  metrics.add_value("walgate_payloads_spilled_total", "counter",
+                    "Encodings of large events written to a spill file and sent from it in pieces.",
+                    [this] { return encodings.spilled(); });
+  metrics.add_value("walgate_spill_read_errors_total", "counter",
+                    "Spill files that could not be read back (the client was disconnected in the middle of the event).",
+                    [this] { return spill_read_errors; });
+  metrics.add_value("walgate_reconnects_total", "counter", "Reconnections to PostgreSQL.",
+                    [this] { return status.reconnects ? status.reconnects() : 0; });
+  listener_ = gw.log().on_visible([this] { notify(); });
+  gw.on_event_logged([this](const logged_event& e, const transform::change& c) { encodings.on_logged(e, c); });
+}
+
+server_core::~server_core() { detach(); }
+
+void server_core::detach() {
+  if (!attached_) return;
+  attached_ = false;
+  gw.log().remove_listener(listener_);
+  gw.on_event_logged({});
+}
+
+subscription::limits server_core::limits() const {
+  subscription::limits l;
+  l.batch_bytes = opts.batch_bytes;
+  l.lag_bytes = opts.client_lag_bytes;
+  return l;
+}
+
+void server_core::notify() {
+  for (auto* c : clients) c->wake.cancel();
+}
+
+void server_core::spill_read_failed(const std::string& error) {
+  ++spill_read_errors;
+  if (spill_read_logged) return;
+  spill_read_logged = true;
+  std::fprintf(stderr, "walgate: %s: a client was disconnected in the middle of an event\n", error.c_str());
+}
+
+}  // namespace walgate::proxy

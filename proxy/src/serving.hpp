@@ -1,0 +1,152 @@
+// What the parts of the HTTP server share (internal to proxy/src; Beast stays out of public
+// headers):
+//
+//   listener.cpp      the server class: binds, accepts (with its connection limits), TLS
+//   http_session.cpp  one connection: reads requests, limits, Host/Origin policy, routing,
+//                     4xx/5xx answers, /healthz /readyz /metrics and the page; hands stream
+//                     requests to a transport
+//   ndjson.cpp        NDJSON over chunked HTTP   } both on chunked_stream.hpp's loop
+//   sse.cpp           Server-Sent Events         }
+//   websocket.cpp     WebSocket (raw frames, or Beast's permessage-deflate)
+//
+// A transport only frames what the client's subscription (subscription.hpp) gives it, and
+// handles its own keep-alives and close semantics.
+#pragma once
+
+#include "walgate/proxy/encodings.hpp"
+#include "walgate/proxy/metrics.hpp"
+#include "walgate/proxy/server.hpp"
+#include "walgate/proxy/subscription.hpp"
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/ssl/context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/beast/http/empty_body.hpp>
+#include <boost/beast/http/message.hpp>
+
+#include <array>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+
+namespace walgate::proxy {
+
+enum class transport { ndjson, sse, websocket };
+const char* transport_name(transport t);
+
+struct server_core;
+
+/// Where a stream request starts: its parameters, the first seq, and (resuming from an id past
+/// the head) the id up to which events are skipped.
+struct stream_start {
+  stream_request request;
+  std::uint64_t seq = 0;
+  std::optional<transform::event_id> skip_through;
+};
+
+/// A connected stream client, registered with the server while it lives: its subscription and
+/// the timers its transport waits on.
+struct client {
+  client(server_core& core, transport kind, stream_start start);
+  ~client();
+  client(const client&) = delete;
+  client& operator=(const client&) = delete;
+
+  server_core& core;
+  transport kind;
+  subscription sub;
+  boost::asio::steady_timer wake;       // cancelled when events arrive
+  boost::asio::steady_timer watchdog;   // write timeout
+  std::function<void()> force_close;    // closes the socket
+  /// Counts delivered events and bytes, and makes the last one the resume point.
+  void delivered(const subscription::item& last, std::size_t events, std::size_t bytes);
+  /// The transport is done with it: counts a slow client.
+  void finished();
+};
+
+struct server_core {
+  server_core(boost::asio::any_io_executor ex, server_options o, gateway& g, server_status s);
+  ~server_core();
+
+  boost::asio::any_io_executor executor;
+  server_options opts;
+  gateway& gw;
+  server_status status;
+  encoding_cache encodings;
+  metrics_registry metrics;
+  std::unique_ptr<boost::asio::ssl::context> tls;
+
+  std::set<client*> clients;
+  std::array<std::size_t, 3> by_transport{};
+  bool stopping = false;
+  bool loopback_listener = false;       // Host is checked (DNS rebinding)
+  std::size_t connections = 0;          // open TCP connections
+  std::size_t streams = 0;              // stream requests admitted (clients, or upgrading to one)
+  std::uint64_t rejected_clients = 0;   // 503: over max_clients
+  std::uint64_t rejected_origins = 0;   // 403: an origin not allowed, or a Host a loopback listener refuses
+  std::uint64_t accept_pauses = 0;      // accepting paused: connections or file descriptors exhausted
+  std::uint64_t events_out = 0, bytes_out = 0;
+  std::uint64_t disconnected_slow = 0;
+  std::uint64_t spill_read_errors = 0;
+  bool spill_read_logged = false;
+
+  subscription::limits limits() const;
+  /// Wakes every client waiting for events.
+  void notify();
+  /// A spill file could not be read back (the client is disconnected mid-event).
+  void spill_read_failed(const std::string& error);
+  /// No more notifications or eager encodings from the gateway (the server stops).
+  void detach();
+
+ private:
+  std::size_t listener_ = 0;
+  bool attached_ = true;
+};
+
+/// Held while a connection is open / a stream request is admitted.
+struct counted {
+  std::size_t& n;
+  explicit counted(std::size_t& c) : n(c) { ++n; }
+  ~counted() { --n; }
+  counted(const counted&) = delete;
+  counted& operator=(const counted&) = delete;
+};
+
+/// The body of a JSON error answer or line: {"error":…,"parameter":…}.
+std::string json_error(std::string_view parameter, std::string_view message);
+/// The last line of a stream that ends: {"error":reason,"resume_from":id or null}.
+std::string end_line(std::string_view reason, std::string_view resume_id);
+
+/// Events this large are not copied into a client's batch: they are sent from the shared
+/// encoding (in memory) or read from its spill file a piece at a time.
+constexpr std::size_t large_payload = 64u << 10;
+constexpr std::size_t piece_bytes = 256u << 10;
+
+namespace http = boost::beast::http;
+
+// One connection (http_session.cpp), and the transports; each is instantiated for
+// beast::tcp_stream and beast::ssl_stream<beast::tcp_stream>.
+template <class Stream>
+boost::asio::awaitable<void> serve_http(server_core& core, Stream s);
+template <class Stream>
+boost::asio::awaitable<void> serve_ndjson(server_core& core, Stream& s, unsigned version, stream_start start,
+                                          std::string_view cors);
+template <class Stream>
+boost::asio::awaitable<void> serve_sse(server_core& core, Stream& s, unsigned version, stream_start start,
+                                       std::string_view cors);
+template <class Stream>
+boost::asio::awaitable<void> serve_websocket(server_core& core, Stream s, http::request<http::empty_body> req,
+                                             stream_start start);
+
+/// An allowed cross-origin request's response may be read by its page.
+template <class Response>
+void set_cors(Response& res, std::string_view origin) {
+  if (origin.empty()) return;
+  res.set(http::field::access_control_allow_origin, origin);
+  res.set(http::field::vary, "Origin");
+}
+
+}  // namespace walgate::proxy

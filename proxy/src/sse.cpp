@@ -1,0 +1,36 @@
+// Server-Sent Events (GET /v1/stream with Accept: text/event-stream): a retry: line first, then
+// one event per change with its id (what a reconnecting EventSource sends as Last-Event-ID), a
+// comment as the idle keep-alive, and an "error" event that says why the stream ends and where
+// to resume.
+#include "chunked_stream.hpp"
+
+#include <boost/beast/ssl.hpp>
+
+namespace walgate::proxy {
+
+namespace {
+struct sse_framing {
+  static constexpr transport kind = transport::sse;
+  static constexpr const char* content_type = "text/event-stream";
+  static constexpr const char* keepalive = ": keep-alive\n\n";
+  static constexpr const char* after = "\n\n";
+  std::chrono::milliseconds retry;
+  std::string preamble() const { return "retry: " + std::to_string(retry.count()) + "\n\n"; }
+  void before(std::string& out, const transform::event_id& id) const {
+    out += "id: ";
+    out += id.to_string();
+    out += "\ndata: ";
+  }
+  std::string end(std::string line) const { return "event: error\ndata: " + line + "\n\n"; }
+};
+}  // namespace
+
+template <class Stream>
+boost::asio::awaitable<void> serve_sse(server_core& core, Stream& s, unsigned version, stream_start start,
+                                       std::string_view cors) {
+  co_await chunked::serve(core, s, version, std::move(start), cors, sse_framing{core.opts.sse_retry});
+}
+
+WALGATE_INSTANTIATE_HTTP_TRANSPORT(serve_sse)
+
+}  // namespace walgate::proxy

@@ -1,0 +1,106 @@
+#include "walgate/proxy/subscription.hpp"
+
+namespace walgate::proxy {
+
+subscription::subscription(const log_reader& log, encoding_cache& encodings, stream_request request,
+                           std::uint64_t start, std::optional<transform::event_id> skip_through, limits l)
+    : log_(log),
+      encodings_(encodings),
+      request_(std::move(request)),
+      limits_(l),
+      enc_(encoding_for(request_)),
+      unfiltered_(request_.tables.empty() && request_.ops == 0),
+      cursor_(start),
+      skip_through_(skip_through) {
+  if (skip_through_) resume_id_ = skip_through_->to_string();   // where it resumes, should it end before an event
+  if (unfiltered_) encodings_.want_all(enc_, +1);
+}
+
+subscription::~subscription() {
+  if (unfiltered_) encodings_.want_all(enc_, -1);
+}
+
+void subscription::close(end why, std::string reason) {
+  if (end_ != end::none) return;   // the first reason stands
+  end_ = why;
+  reason_ = std::move(reason);
+}
+
+std::uint64_t subscription::lag_events() const { return log_.visible_seq() > cursor_ ? log_.visible_seq() - cursor_ : 0; }
+
+std::uint64_t subscription::lag_bytes() const {
+  return offset_ && log_.visible_offset() > offset_ ? log_.visible_offset() - offset_ : 0;
+}
+
+void subscription::next_batch(std::vector<item>& out) {
+  out.clear();
+  if (ended()) return;
+  if (cursor_ < log_.first_seq()) {
+    close(end::not_retained, "the resume position is no longer retained; take a new snapshot");
+    return;
+  }
+  std::size_t bytes = 0;
+  std::string read_error;
+  // Records read are bounded like the batch (their encodings are about their size): what a
+  // batch reads from disk is about what it sends.
+  auto batch = log_.read(cursor_, limits_.batch_events, limits_.batch_bytes, &read_error);
+  if (batch.empty() && !read_error.empty()) {
+    // Never a silent wait: the client is closed with the reason and where to resume.
+    close(end::damaged, read_error);
+    return;
+  }
+  // Lag is measured against what clients can see (the last commit: it never moves back, not
+  // even when a reconnect drops a transaction half received), from the end of the next event
+  // this client is to get: one large event is not lag, a client reading it at full speed is
+  // not slow. Nor is one large transaction: what counts is committed after the one the client
+  // is in.
+  const std::uint64_t reading_to =
+      batch.empty() ? 0 : std::max(batch.front()->end_offset, log_.transaction_end_offset(batch.front()->seq));
+  if (live_ && !batch.empty() && log_.visible_offset() > reading_to &&
+      log_.visible_offset() - reading_to > limits_.lag_bytes) {
+    close(end::slow, "slow client: more than " + std::to_string(limits_.lag_bytes) + " bytes behind the stream");
+    return;
+  }
+  for (const auto& e : batch) {
+    cursor_ = e->seq + 1;
+    offset_ = e->end_offset;
+    if (skip_through_) {
+      if (!(*skip_through_ < e->id)) continue;
+      skip_through_.reset();
+    }
+    if (!matches(request_, *e)) continue;
+    // pgoutput2json compact: the schema goes with the first row of a table for this client,
+    // and again when the table's definition is not the one last sent — as the encoding of e's
+    // row with its schema, made once and shared like the others.
+    encoding want = enc_;
+    std::string* sent = nullptr;
+    std::string signature;
+    if (enc_ == encoding::pgoutput2json_compact) {
+      sent = &schemas_sent_[e->schema + "." + e->table];
+      signature = encodings_.schema_signature(*e);
+      if (*sent != signature) want = encoding::pgoutput2json_schema;
+    }
+    std::string error;
+    auto p = encodings_.get(*e, want, error);
+    if (!p) {
+      // A damaged record: the batch ends before it; with nothing before it, the client is
+      // closed with the reason and the id to resume from.
+      cursor_ = e->seq;
+      if (out.empty()) close(end::damaged, error);
+      break;
+    }
+    if (p->empty()) continue;   // the format has no such event
+    if (want == encoding::pgoutput2json_schema) *sent = std::move(signature);
+    bytes += p->size();
+    out.push_back({std::move(p), e->id});
+    if (request_.tombstones && e->kind == transform::op::delete_)
+      if (auto t = encodings_.tombstone(*e)) out.push_back({std::move(t), e->id});
+    if (bytes >= limits_.batch_bytes) break;
+  }
+  if (cursor_ >= log_.visible_seq()) {
+    live_ = true;
+    offset_ = log_.visible_offset();
+  }
+}
+
+}  // namespace walgate::proxy

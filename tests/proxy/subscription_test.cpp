@@ -1,0 +1,365 @@
+// The subscription without sockets: a real event log in a temporary directory, read the way a
+// transport reads it (next_batch, delivered), with every close reason and limit.
+#include "walgate/proxy/event_log.hpp"
+#include "walgate/proxy/subscription.hpp"
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+
+using namespace walgate;
+using namespace walgate::proxy;
+namespace pg = walgate::protocol::pgoutput;
+using protocol::lsn;
+
+namespace {
+
+struct temp_dir {
+  std::filesystem::path path;
+  temp_dir() {
+    std::string t = (std::filesystem::temp_directory_path() / "walgate-sub-XXXXXX").string();
+    path = mkdtemp(t.data());
+  }
+  ~temp_dir() { std::filesystem::remove_all(path); }
+};
+
+/// Transactions of rows into two tables (public.a, other.b), inserts or deletes.
+struct writer {
+  pg::cached_relation a, b;
+  std::deque<std::string> values;
+  std::deque<std::vector<pg::tuple_column>> rows;
+  std::deque<protocol::transaction_info> txns;
+  std::uint64_t next_lsn = 0x1000;
+  writer() {
+    a.oid = 1;
+    a.nspname = "public";
+    a.relname = "a";
+    a.columns = {{"id", 23, -1, true}};
+    b = a;
+    b.oid = 2;
+    b.nspname = "other";
+    b.relname = "b";
+  }
+  /// One transaction of n changes to rel (op kind), each value `width` bytes long.
+  void txn(event_log& log, pg::cached_relation& rel, int n, transform::op kind = transform::op::insert,
+           std::size_t width = 4) {
+    auto& t = txns.emplace_back();
+    t.commit_lsn = lsn{next_lsn};
+    t.end_lsn = lsn{next_lsn + 8};
+    next_lsn += 0x100;
+    std::vector<transform::change> changes;
+    for (int i = 0; i < n; ++i) {
+      std::string v = std::to_string(t.commit_lsn.value + i);
+      v.resize(std::max(width, v.size()), '0');
+      values.push_back(v);
+      rows.push_back({{pg::column_kind::text, protocol::as_bytes(values.back())}});
+      transform::change c;
+      c.txn = &t;
+      c.kind = kind;
+      c.index = static_cast<std::uint32_t>(i);
+      c.change_lsn = lsn{t.commit_lsn.value - 1};
+      c.relation = &rel;
+      if (kind == transform::op::delete_) {
+        c.before_kind = 'K';
+        c.before = rows.back();
+      } else {
+        c.after = rows.back();
+      }
+      changes.push_back(c);
+    }
+    REQUIRE(log.append(t, changes));
+    REQUIRE(log.sync());
+  }
+};
+
+struct fixture {
+  temp_dir dir;
+  std::unique_ptr<event_log> log;
+  std::unique_ptr<encoding_cache> enc;
+  writer w;
+  explicit fixture(log_options o = {}) {
+    o.dir = dir.path;
+    o.fsync = false;
+    std::string error;
+    log = event_log::open(o, error);
+    REQUIRE_MESSAGE(log, error);
+    enc = std::make_unique<encoding_cache>(*log, encoding_cache::options{});
+    log->set_publish([this](const logged_event& e, const transform::change& c) { enc->on_logged(e, c); });
+  }
+  stream_request request(std::string_view query) {
+    request_error err;
+    auto r = parse_stream_query(query, err);
+    REQUIRE_MESSAGE(r, err.message);
+    return *r;
+  }
+};
+
+/// Everything the subscription has now, batch by batch: (ids, bytes) per batch.
+std::vector<std::vector<subscription::item>> drain(subscription& s) {
+  std::vector<std::vector<subscription::item>> out;
+  std::vector<subscription::item> batch;
+  while (true) {
+    s.next_batch(batch);
+    if (batch.empty()) break;
+    s.delivered(batch.back());
+    out.push_back(batch);
+  }
+  return out;
+}
+
+std::vector<std::string> ids(const std::vector<std::vector<subscription::item>>& batches) {
+  std::vector<std::string> out;
+  for (const auto& b : batches)
+    for (const auto& i : b) out.push_back(i.id.to_string());
+  return out;
+}
+
+std::string text(const subscription::item& i) { return std::string(i.bytes->bytes()); }
+
+}  // namespace
+
+TEST_CASE("subscription: table and op filters, resume id, eager encodings for unfiltered readers") {
+  fixture f;
+  subscription all(*f.log, *f.enc, f.request("/v1/stream"), 0, std::nullopt, {});
+  subscription only_b(*f.log, *f.enc, f.request("/v1/stream?tables=other.*&format=wal2json"), 0, std::nullopt, {});
+  subscription deletes(*f.log, *f.enc, f.request("/v1/stream?ops=delete"), 0, std::nullopt, {});
+  CHECK(all.unfiltered());
+  CHECK_FALSE(only_b.unfiltered());
+  f.w.txn(*f.log, f.w.a, 2);
+  f.w.txn(*f.log, f.w.b, 1);
+  f.w.txn(*f.log, f.w.a, 1, transform::op::delete_);
+  // The unfiltered native reader's encoding was made as each event was logged; wal2json only
+  // when asked for.
+  CHECK(f.log->tail().front()->json[static_cast<std::size_t>(encoding::native)]);
+  CHECK_FALSE(f.log->tail().front()->json[static_cast<std::size_t>(encoding::wal2json)]);
+
+  CHECK(ids(drain(all)) == std::vector<std::string>{"0/1000:0", "0/1000:1", "0/1100:0", "0/1200:0"});
+  CHECK(all.resume_id() == "0/1200:0");
+  CHECK(all.live());
+  auto b = drain(only_b);
+  REQUIRE(ids(b) == std::vector<std::string>{"0/1100:0"});
+  CHECK(text(b[0][0]).find("\"table\":\"b\"") != std::string::npos);   // wal2json, as asked
+  CHECK(ids(drain(deletes)) == std::vector<std::string>{"0/1200:0"});
+  // Nothing new: an empty batch, and still open.
+  std::vector<subscription::item> batch;
+  all.next_batch(batch);
+  CHECK(batch.empty());
+  CHECK_FALSE(all.ended());
+  CHECK(all.lag_events() == 0);
+  f.w.txn(*f.log, f.w.b, 3);
+  CHECK(all.lag_events() == 3);
+  CHECK(all.lag_bytes() > 0);
+  CHECK(ids(drain(all)).size() == 3);
+  CHECK(all.lag_bytes() == 0);
+}
+
+TEST_CASE("subscription: a batch ends at its byte budget or its event count, from memory and from disk") {
+  log_options o;
+  o.memory_bytes = 64 * 1024;   // most of the log is read back from disk
+  fixture f(o);
+  for (int i = 0; i < 40; ++i) f.w.txn(*f.log, f.w.a, 50, transform::op::insert, 100);   // 2,000 events
+  subscription::limits l;
+  l.batch_bytes = 16 * 1024;
+  l.batch_events = 100;
+  subscription s(*f.log, *f.enc, f.request("/v1/stream"), 0, std::nullopt, l);
+  auto batches = drain(s);
+  std::size_t events = 0;
+  for (const auto& b : batches) {
+    std::size_t bytes = 0;
+    for (const auto& i : b) bytes += i.bytes->size();
+    CHECK(b.size() <= l.batch_events);
+    // At most one event past the budget (the one that reached it).
+    CHECK(bytes - b.back().bytes->size() < l.batch_bytes);
+    events += b.size();
+  }
+  CHECK(events == 2000);
+  CHECK(batches.size() >= 2000 * 200 / l.batch_bytes);   // the budget, not the count, ended most
+  // Every event once, in order.
+  auto all = ids(batches);
+  CHECK(std::adjacent_find(all.begin(), all.end(), [](const auto& x, const auto& y) {
+          return !(*transform::event_id::parse(x) < *transform::event_id::parse(y));
+        }) == all.end());
+  // Counted by events too.
+  subscription::limits few;
+  few.batch_events = 7;
+  subscription t(*f.log, *f.enc, f.request("/v1/stream"), 0, std::nullopt, few);
+  std::vector<subscription::item> batch;
+  t.next_batch(batch);
+  CHECK(batch.size() == 7);
+}
+
+TEST_CASE("subscription: resume positions from every id, and an id past the head skips what it saw") {
+  log_options o;
+  o.memory_bytes = 32 * 1024;
+  fixture f(o);
+  // Small and large events, so that the index has entries by count and by bytes.
+  for (int i = 0; i < 30; ++i) f.w.txn(*f.log, f.w.a, 40, transform::op::insert, i % 3 == 0 ? 9000 : 10);
+  std::vector<std::string> every;
+  {
+    subscription s(*f.log, *f.enc, f.request("/v1/stream"), 0, std::nullopt, {});
+    every = ids(drain(s));
+  }
+  REQUIRE(every.size() == 1200);
+  for (std::size_t k = 0; k < every.size(); k += 7) {
+    auto at = f.log->resume_after(*transform::event_id::parse(every[k]));
+    REQUIRE(at.error.empty());
+    REQUIRE(at.seq);
+    CHECK(*at.seq == k + 1);
+    subscription s(*f.log, *f.enc, f.request("/v1/stream"), *at.seq, std::nullopt, {});
+    std::vector<subscription::item> batch;
+    s.next_batch(batch);
+    if (k + 1 < every.size()) {
+      REQUIRE(!batch.empty());
+      CHECK(batch.front().id.to_string() == every[k + 1]);
+    } else {
+      CHECK(batch.empty());
+    }
+  }
+  // An id between two of them (a transaction's index past its last event) resumes at the next.
+  auto between = f.log->resume_after(transform::event_id{lsn{0x1000}, 99});
+  REQUIRE(between.seq);
+  CHECK(*between.seq == 40);
+
+  // Past the head: the log lost events a client saw (a crash before they were durable); the
+  // server sends them again with the same ids, and this client skips them.
+  auto past = transform::event_id{lsn{f.w.next_lsn}, 1};
+  auto head = f.log->resume_after(past);
+  REQUIRE(head.seq);
+  CHECK(head.past_head);
+  subscription s(*f.log, *f.enc, f.request("/v1/stream"), *head.seq, past, {});
+  CHECK(s.resume_id() == past.to_string());
+  f.w.txn(*f.log, f.w.a, 3);   // 0:…:0, 1 were seen; 2 is new
+  auto got = ids(drain(s));
+  CHECK(got == std::vector<std::string>{transform::event_id{past.commit_lsn, 2}.to_string()});
+}
+
+TEST_CASE("subscription: close reasons — too slow, no longer retained, a damaged log, closed by the transport") {
+  SUBCASE("slow: a live reader further behind than its lag bound") {
+    fixture f;
+    subscription::limits l;
+    l.lag_bytes = 4096;
+    subscription s(*f.log, *f.enc, f.request("/v1/stream"), 0, std::nullopt, l);
+    f.w.txn(*f.log, f.w.a, 1);
+    drain(s);
+    REQUIRE(s.live());
+    for (int i = 0; i < 20; ++i) f.w.txn(*f.log, f.w.a, 10, transform::op::insert, 50);
+    std::vector<subscription::item> batch;
+    s.next_batch(batch);
+    CHECK(batch.empty());
+    CHECK(s.why() == subscription::end::slow);
+    CHECK(s.reason().find("slow client") == 0);
+    CHECK(s.resume_id() == "0/1000:0");
+  }
+  SUBCASE("one large transaction is not lag") {
+    fixture f;
+    subscription::limits l;
+    l.lag_bytes = 4096;
+    l.batch_events = 10;
+    subscription s(*f.log, *f.enc, f.request("/v1/stream"), 0, std::nullopt, l);
+    f.w.txn(*f.log, f.w.a, 1);
+    drain(s);
+    f.w.txn(*f.log, f.w.a, 500, transform::op::insert, 50);
+    CHECK(ids(drain(s)).size() == 500);
+    CHECK_FALSE(s.ended());
+  }
+  SUBCASE("no longer retained: retention dropped the position") {
+    log_options o;
+    o.segment_bytes = 16 * 1024;
+    o.retention_bytes = 32 * 1024;
+    o.memory_bytes = 8 * 1024;
+    fixture f(o);
+    subscription s(*f.log, *f.enc, f.request("/v1/stream"), 0, std::nullopt, {});
+    for (int i = 0; i < 40; ++i) f.w.txn(*f.log, f.w.a, 20, transform::op::insert, 100);
+    REQUIRE(f.log->first_seq() > 0);
+    std::vector<subscription::item> batch;
+    s.next_batch(batch);
+    CHECK(batch.empty());
+    CHECK(s.why() == subscription::end::not_retained);
+    CHECK(s.reason() == "the resume position is no longer retained; take a new snapshot");
+  }
+  SUBCASE("damaged: a record read back from disk fails its checksum") {
+    log_options o;
+    o.memory_bytes = 4 * 1024;
+    fixture f(o);
+    for (int i = 0; i < 20; ++i) f.w.txn(*f.log, f.w.a, 10, transform::op::insert, 100);
+    // A byte of the first frame's payload changed behind the log's back.
+    std::filesystem::path seg;
+    for (const auto& e : std::filesystem::directory_iterator(f.dir.path))
+      if (e.path().filename().string().rfind("segment-", 0) == 0) seg = e.path();
+    REQUIRE(!seg.empty());
+    {
+      std::fstream file(seg, std::ios::in | std::ios::out | std::ios::binary);
+      file.seekp(20);
+      file.put('\x7f');
+    }
+    subscription s(*f.log, *f.enc, f.request("/v1/stream"), 0, std::nullopt, {});
+    std::vector<subscription::item> batch;
+    s.next_batch(batch);
+    CHECK(batch.empty());
+    CHECK(s.why() == subscription::end::damaged);
+    CHECK(s.reason().find("checksum") != std::string::npos);
+  }
+  SUBCASE("closed by its transport: the first reason stands, and nothing more is read") {
+    fixture f;
+    subscription s(*f.log, *f.enc, f.request("/v1/stream"), 0, std::nullopt, {});
+    f.w.txn(*f.log, f.w.a, 2);
+    s.close(subscription::end::client_gone, "the client closed the connection");
+    s.close(subscription::end::shutdown, "server shutting down");
+    std::vector<subscription::item> batch;
+    s.next_batch(batch);
+    CHECK(batch.empty());
+    CHECK(s.why() == subscription::end::client_gone);
+    CHECK(s.reason() == "the client closed the connection");
+    CHECK(s.resume_id().empty());
+  }
+}
+
+TEST_CASE("subscription: pgoutput2json compact sends a table's schema first and again when it changes; tombstones") {
+  fixture f;
+  subscription s(*f.log, *f.enc, f.request("/v1/stream?format=pgoutput2json&compact=true"), 0, std::nullopt, {});
+  subscription other(*f.log, *f.enc, f.request("/v1/stream?format=pgoutput2json-compact"), 0, std::nullopt, {});
+  f.w.txn(*f.log, f.w.a, 2);
+  f.w.txn(*f.log, f.w.b, 1);
+  auto first = drain(s);
+  auto all = std::vector<subscription::item>();
+  for (auto& b : first) all.insert(all.end(), b.begin(), b.end());
+  REQUIRE(all.size() == 3);
+  CHECK(text(all[0]).find("\"s\":[") != std::string::npos);   // first row of public.a
+  CHECK(text(all[1]).find("\"s\":[") == std::string::npos);
+  CHECK(text(all[2]).find("\"s\":[") != std::string::npos);   // first row of other.b
+  // The same bytes for every reader that needs them: shared, not made per client.
+  auto o = drain(other);
+  REQUIRE(!o.empty());
+  CHECK(o[0][0].bytes == all[0].bytes);
+  // public.a gets a column: its schema goes again, once.
+  f.w.a.columns.push_back({"note", 25, -1, false});
+  f.w.txn(*f.log, f.w.a, 2);
+  auto next = drain(s);
+  REQUIRE(next.size() == 1);
+  REQUIRE(next[0].size() == 2);
+  CHECK(text(next[0][0]).find("\"note\"") != std::string::npos);
+  CHECK(text(next[0][1]).find("\"s\":[") == std::string::npos);
+
+  // Debezium tombstones: a null-valued record with the key after each delete.
+  subscription d(*f.log, *f.enc, f.request("/v1/stream?format=debezium&tombstones=true&ops=delete"), 0, std::nullopt, {});
+  f.w.txn(*f.log, f.w.b, 1, transform::op::delete_);
+  auto del = drain(d);
+  REQUIRE(del.size() == 1);
+  REQUIRE(del[0].size() == 2);
+  CHECK(del[0][0].id == del[0][1].id);
+  CHECK(text(del[0][1]).find("\"value\":null}") != std::string::npos);
+  CHECK(text(del[0][1]).rfind("{\"key\":{\"id\":", 0) == 0);
+}
+
+TEST_CASE("log_reader: tail notifications reach listeners until removed") {
+  fixture f;
+  int a = 0, b = 0;
+  auto ha = f.log->on_visible([&] { ++a; });
+  f.log->on_visible([&] { ++b; });
+  f.log->announce();
+  f.log->remove_listener(ha);
+  f.log->announce();
+  CHECK(a == 1);
+  CHECK(b == 2);
+}

@@ -27,8 +27,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   auto r = walgate::proxy::parse_stream_query(target, err);
   if (!r && err.parameter.empty()) std::abort();   // every refusal names what was wrong
   if (r)
-    for (const auto& [schema, table] : r->tables)
-      if (schema.empty() || table.empty()) std::abort();
+    for (const auto& t : r->tables) {
+      if (t.schema.empty() || t.schema.size() > 63 || t.table.size() > 63 || t.table.empty() != t.any) std::abort();
+      // Written back in SQL's quoted form, a name parses to itself.
+      std::string why;
+      auto again = walgate::proxy::parse_table_list(walgate::proxy::sql_table_name(t), true, false, why);
+      if (!again || again->size() != 1 || !((*again)[0] == t)) std::abort();
+    }
   // The Origin and Host checks on whatever the head carried (or on the raw bytes): an origin that
   // passes without "*" allowed is none or the Host's own.
   std::string origin, host;

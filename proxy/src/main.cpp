@@ -103,19 +103,10 @@ asio::awaitable<proxy::outcome<void>> ensure_publication(proxy::conn_params conn
     sql += " FOR ALL TABLES";
   } else {
     sql += " FOR TABLE ";
-    std::size_t start = 0;
-    bool first = true;
-    while (start <= what.size()) {
-      auto comma = what.find(',', start);
-      std::string t = what.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-      auto dot = t.find('.');
-      if (!first) sql += ", ";
-      first = false;
-      sql += dot == std::string::npos ? protocol::quote_identifier(t)
-                                      : protocol::quote_identifier(t.substr(0, dot)) + "." + protocol::quote_identifier(t.substr(dot + 1));
-      if (comma == std::string::npos) break;
-      start = comma + 1;
-    }
+    std::string error;
+    auto list = proxy::parse_table_list(what, false, true, error);   // (validated at start-up too)
+    if (!list) co_return proxy::failure{{}, "--create-publication: " + error, {}, false};
+    for (std::size_t i = 0; i < list->size(); ++i) sql += (i ? ", " : "") + proxy::sql_table_name((*list)[i]);
   }
   auto created = co_await c.query(sql);
   if (!created) co_return created.error();
@@ -722,6 +713,13 @@ bool validate(const settings& s, std::string& error) {
   if (!member("debezium-decimal-mode", s.decimal_mode, {"string", "double", "precise"})) return false;
   if (!member("debezium-time-precision", s.time_precision, {"adaptive_time_microseconds", "connect"})) return false;
   if (!member("streaming", s.streaming, {"on", "off"})) return false;
+  if (!s.create_publication.empty() && s.create_publication != "ALL TABLES" && s.create_publication != "all") {
+    std::string why;
+    if (!proxy::parse_table_list(s.create_publication, false, true, why)) {
+      error = "--create-publication (or WALGATE_CREATE_PUBLICATION, or create-publication in the config file): " + why;
+      return false;
+    }
+  }
   return true;
 }
 

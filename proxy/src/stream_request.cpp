@@ -1,5 +1,7 @@
 #include "walgate/proxy/server.hpp"
 
+#include "walgate/protocol/commands.hpp"
+
 #include <boost/url/parse.hpp>
 
 #include <cctype>
@@ -19,6 +21,35 @@ bool valid_ident(std::string_view s) {
           static_cast<unsigned char>(c) >= 0x80))
       return false;
   return true;
+}
+
+/// One name at the start of s, plain or quoted: its stored form into out, s advanced past it.
+bool take_name(std::string_view& s, std::string& out) {
+  out.clear();
+  if (!s.empty() && s.front() == '"') {
+    std::size_t i = 1;
+    while (true) {
+      if (i >= s.size()) return false;   // no closing quote
+      if (s[i] == '"') {
+        if (i + 1 < s.size() && s[i + 1] == '"') {
+          out += '"';
+          i += 2;
+          continue;
+        }
+        ++i;
+        break;
+      }
+      if (s[i] == '\0') return false;
+      out += s[i++];
+    }
+    s.remove_prefix(i);
+    return !out.empty() && out.size() <= 63;
+  }
+  std::size_t n = 0;
+  while (n < s.size() && s[n] != '.' && s[n] != ',') ++n;
+  out = std::string(s.substr(0, n));
+  s.remove_prefix(n);
+  return out == "*" || valid_ident(out);
 }
 
 std::vector<std::string_view> split(std::string_view s, char sep) {
@@ -42,6 +73,68 @@ bool bool_param(std::string_view v, bool& out) {
 
 }  // namespace
 
+std::optional<std::vector<table_pattern>> parse_table_list(std::string_view list, bool allow_any, bool schema_optional,
+                                                           std::string& error) {
+  std::vector<table_pattern> out;
+  std::string_view rest = list;
+  while (true) {
+    std::string_view item_start = rest;
+    auto item_text = [&] {
+      auto comma = item_start.find(',');
+      return std::string(item_start.substr(0, std::min<std::size_t>(comma, 200)));
+    };
+    auto malformed = [&] {
+      error = "malformed table name '" + item_text() + "': use " +
+              (allow_any ? "schema.table or schema.*" : schema_optional ? "table or schema.table" : "schema.table") +
+              " (names may be quoted: \"My Schema\".\"Order Items\", \"a\"\"b\" for a\"b)";
+    };
+    table_pattern t;
+    std::string first, second;
+    bool quoted_first = !rest.empty() && rest.front() == '"';
+    if (!take_name(rest, first) || (first == "*" && !quoted_first)) {
+      malformed();
+      return std::nullopt;
+    }
+    if (!rest.empty() && rest.front() == '.') {
+      rest.remove_prefix(1);
+      bool quoted = !rest.empty() && rest.front() == '"';
+      if (!take_name(rest, second)) {
+        malformed();
+        return std::nullopt;
+      }
+      t.schema = std::move(first);
+      if (second == "*" && !quoted) {
+        if (!allow_any) {
+          error = "'" + item_text() + "': a table list here names tables, not schema.*";
+          return std::nullopt;
+        }
+        t.any = true;
+      } else {
+        t.table = std::move(second);
+      }
+    } else if (schema_optional) {
+      t.table = std::move(first);
+    } else {
+      malformed();
+      return std::nullopt;
+    }
+    if (!rest.empty() && rest.front() != ',') {
+      malformed();
+      return std::nullopt;
+    }
+    out.push_back(std::move(t));
+    if (rest.empty()) break;
+    rest.remove_prefix(1);   // the comma
+  }
+  return out;
+}
+
+std::string sql_table_name(const table_pattern& t) {
+  std::string out;
+  if (!t.schema.empty()) out = protocol::quote_identifier(t.schema) + ".";
+  return out + (t.any ? std::string("*") : protocol::quote_identifier(t.table));
+}
+
 std::optional<stream_request> parse_stream_query(std::string_view target, request_error& error) {
   stream_request r;
   auto u = boost::urls::parse_origin_form(target);
@@ -62,15 +155,13 @@ std::optional<stream_request> parse_stream_query(std::string_view target, reques
         return std::nullopt;
       }
     } else if (key == "tables") {
-      for (auto t : split(value, ',')) {
-        auto dot = t.find('.');
-        if (dot == std::string_view::npos || !valid_ident(t.substr(0, dot)) ||
-            !(t.substr(dot + 1) == "*" || valid_ident(t.substr(dot + 1)))) {
-          error = {"tables", "malformed table pattern '" + std::string(t) + "': use schema.table or schema.*"};
-          return std::nullopt;
-        }
-        r.tables.emplace_back(std::string(t.substr(0, dot)), std::string(t.substr(dot + 1)));
+      std::string why;
+      auto list = parse_table_list(value, true, false, why);
+      if (!list) {
+        error = {"tables", why};
+        return std::nullopt;
       }
+      r.tables.insert(r.tables.end(), list->begin(), list->end());
     } else if (key == "ops") {
       for (auto o : split(value, ',')) {
         char bit = o == "insert" ? 'c' : o == "update" ? 'u' : o == "delete" ? 'd' : o == "truncate" ? 't' : o == "message" ? 'm' : 0;
@@ -117,8 +208,8 @@ bool matches(const stream_request& r, const logged_event& e) {
   if (r.ops && !(r.ops & (1u << (static_cast<char>(e.kind) - 'a')))) return false;
   if (r.tables.empty()) return true;
   if (e.table.empty()) return false;   // messages have no table
-  for (const auto& [schema, table] : r.tables)
-    if (schema == e.schema && (table == "*" || table == e.table)) return true;
+  for (const auto& t : r.tables)
+    if (t.schema == e.schema && (t.any || t.table == e.table)) return true;
   return false;
 }
 

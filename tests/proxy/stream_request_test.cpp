@@ -37,8 +37,8 @@ TEST_CASE("stream parameters: formats, filters, resume ids; a bad one names itse
   REQUIRE(r);
   CHECK(r->fmt == walgate::transform::format::wal2json);
   REQUIRE(r->tables.size() == 2);
-  CHECK(r->tables[0] == std::pair<std::string, std::string>{"public", "*"});
-  CHECK(r->tables[1] == std::pair<std::string, std::string>{"app", "orders"});
+  CHECK(r->tables[0] == table_pattern{"public", "", true});
+  CHECK(r->tables[1] == table_pattern{"app", "orders", false});
   REQUIRE(r->from);
   CHECK(r->from->to_string() == "0/16B3748:3");
   logged_event e;
@@ -59,6 +59,44 @@ TEST_CASE("stream parameters: formats, filters, resume ids; a bad one names itse
     CHECK_FALSE(parse_stream_query(target, err));
     CHECK(err.parameter == parameter);
   }
+}
+
+TEST_CASE("table names: plain or in SQL's quoted form, in tables= and --create-publication") {
+  std::string why;
+  auto l = parse_table_list(R"("My Schema"."Order Items",public.*,"a""b"."*",s."x,y.z",Sch.Tab)", true, false, why);
+  REQUIRE_MESSAGE(l, why);
+  REQUIRE(l->size() == 5);
+  CHECK((*l)[0] == table_pattern{"My Schema", "Order Items", false});
+  CHECK((*l)[1] == table_pattern{"public", "", true});
+  CHECK((*l)[2] == table_pattern{"a\"b", "*", false});   // a table named *, not a wildcard
+  CHECK((*l)[3] == table_pattern{"s", "x,y.z", false});
+  CHECK((*l)[4] == table_pattern{"Sch", "Tab", false});   // as stored: no case folding
+  CHECK(sql_table_name((*l)[0]) == R"("My Schema"."Order Items")");
+  CHECK(sql_table_name((*l)[2]) == R"("a""b"."*")");
+  // Each written back quoted parses to itself.
+  for (const auto& t : *l) {
+    auto again = parse_table_list(sql_table_name(t), true, false, why);
+    REQUIRE(again);
+    CHECK((*again)[0] == t);
+  }
+  // --create-publication: a bare table name is allowed, schema.* is not.
+  auto p = parse_table_list(R"(orders,"App"."Line Items")", false, true, why);
+  REQUIRE(p);
+  CHECK((*p)[0] == table_pattern{"", "orders", false});
+  CHECK_FALSE(parse_table_list("public.*", false, true, why));
+  for (const char* bad : {"", "a", "a.", ".b", "a.b.c", "a b.c", "\"a.b", "\"\".b", "a.\"b\"c", "a.b,", ",a.b",
+                          "*.b", "a.b;c"}) {
+    INFO(bad);
+    CHECK_FALSE(parse_table_list(bad, true, false, why));
+    CHECK_FALSE(why.empty());
+  }
+  CHECK_FALSE(parse_table_list(std::string(64, 'x') + ".t", true, false, why));
+  CHECK(parse_table_list(std::string(63, 'x') + ".t", true, false, why));
+  // In a URL, percent-encoded.
+  request_error err;
+  auto r = parse_stream_query("/v1/stream?tables=%22My%20Schema%22.%22Order%20Items%22", err);
+  REQUIRE(r);
+  CHECK(r->tables == std::vector<table_pattern>{{"My Schema", "Order Items", false}});
 }
 
 TEST_CASE("origins: none, the gateway's own, the allowed ones, or any with *") {

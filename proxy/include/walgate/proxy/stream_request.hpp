@@ -13,10 +13,27 @@
 
 namespace walgate::proxy {
 
+/// A table, or every table of a schema (any), as named in tables= or --create-publication.
+struct table_pattern {
+  std::string schema;   ///< empty only where a name may omit it (--create-publication)
+  std::string table;    ///< the name as stored (unquoted); empty when any
+  bool any = false;     ///< schema.*
+  bool operator==(const table_pattern&) const = default;
+};
+/// Parses a comma list of table names, each schema.table or schema.* (with schema_optional,
+/// a bare table too). Each name is plain — letters, digits, _ $ - and non-ASCII, matched as
+/// stored (no case folding) — or in SQL's quoted form, which may hold anything but NUL:
+/// "My Schema"."Order Items", "a""b" for a"b, "*" for a table named *. At most 63 bytes each, as
+/// PostgreSQL's names. nullopt with error naming the item that is wrong.
+std::optional<std::vector<table_pattern>> parse_table_list(std::string_view list, bool allow_any, bool schema_optional,
+                                                           std::string& error);
+/// The name as SQL writes it, each part quoted (its quotes doubled): case and every character kept.
+std::string sql_table_name(const table_pattern& t);
+
 /// Parsed /v1/stream and /v1/ws parameters (exposed for tests and the fuzz target).
 struct stream_request {
   transform::format fmt = transform::format::native;
-  std::vector<std::pair<std::string, std::string>> tables;   ///< (schema, table); "*" table = any
+  std::vector<table_pattern> tables;
   unsigned ops = 0;                                          ///< bit per transform::op char; 0 = all
   std::optional<transform::event_id> from;
   bool tombstones = false;                                   ///< debezium: a null line after each delete

@@ -46,7 +46,7 @@ bool take_name(std::string_view& s, std::string& out) {
     return !out.empty() && out.size() <= 63;
   }
   std::size_t n = 0;
-  while (n < s.size() && s[n] != '.' && s[n] != ',') ++n;
+  while (n < s.size() && s[n] != '.' && s[n] != ',' && s[n] != ' ') ++n;
   out = std::string(s.substr(0, n));
   s.remove_prefix(n);
   return out == "*" || valid_ident(out);
@@ -77,7 +77,11 @@ std::optional<std::vector<table_pattern>> parse_table_list(std::string_view list
                                                            std::string& error) {
   std::vector<table_pattern> out;
   std::string_view rest = list;
+  auto skip_spaces = [&rest] {
+    while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+  };
   while (true) {
+    skip_spaces();
     std::string_view item_start = rest;
     auto item_text = [&] {
       auto comma = item_start.find(',');
@@ -95,8 +99,10 @@ std::optional<std::vector<table_pattern>> parse_table_list(std::string_view list
       malformed();
       return std::nullopt;
     }
+    skip_spaces();
     if (!rest.empty() && rest.front() == '.') {
       rest.remove_prefix(1);
+      skip_spaces();
       bool quoted = !rest.empty() && rest.front() == '"';
       if (!take_name(rest, second)) {
         malformed();
@@ -118,6 +124,7 @@ std::optional<std::vector<table_pattern>> parse_table_list(std::string_view list
       malformed();
       return std::nullopt;
     }
+    skip_spaces();
     if (!rest.empty() && rest.front() != ',') {
       malformed();
       return std::nullopt;

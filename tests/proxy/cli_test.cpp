@@ -117,3 +117,47 @@ TEST_CASE("out-of-range settings from the environment or the config file: the sa
   CHECK(junk.output.find("WALGATE_STATUS_INTERVAL: not a number") != std::string::npos);
   std::remove(cfg.c_str());
 }
+
+TEST_CASE("--print-config: file, environment and flags combined and checked, as TOML that reads back the same") {
+  const std::string cfg = "/tmp/walgate-cli-print.toml", again = "/tmp/walgate-cli-print-again.toml";
+  std::ofstream(cfg, std::ios::trunc) << "retention-mb = 77\npublication = [\"a\", \"b\"]\nslot = \"from_file\"\n"
+                                         "create-publication = 'public.t, \"My S\".\"T 2\"'\n";
+  auto r = run("--config " + cfg + " --slot from_flag --pg 'postgresql://u:sekret@db.example/app' --print-config",
+               "WALGATE_TAIL_MB=5 WALGATE_STREAMING=off");
+  CHECK(r.status == 0);
+  INFO(r.output);
+  CHECK(r.output.find("retention-mb = 77\n") != std::string::npos);   // the file
+  CHECK(r.output.find("tail-mb = 5\n") != std::string::npos);         // the environment
+  CHECK(r.output.find("streaming = 'off'") != std::string::npos);
+  CHECK(r.output.find("slot = 'from_flag'") != std::string::npos);    // the flag wins
+  CHECK(r.output.find("publication = [ 'a', 'b' ]") != std::string::npos);
+  CHECK(r.output.find("client-lag-mb = 64\n") != std::string::npos);  // defaults are printed too
+  // The password is masked; the rest of the connection string is kept.
+  CHECK(r.output.find("sekret") == std::string::npos);
+  CHECK(r.output.find("password='********'") != std::string::npos);
+  CHECK(r.output.find("host='db.example'") != std::string::npos);
+  // What it prints is a config file that gives the same configuration.
+  std::ofstream(again, std::ios::trunc) << r.output;
+  auto back = run("--config " + again + " --print-config");
+  CHECK(back.status == 0);
+  CHECK(back.output == r.output);
+  // It checks what it prints: a wrong value is the same one-line error, exit 2.
+  auto bad = run("--config " + cfg + " --print-config", "WALGATE_TAIL_MB=0");
+  CHECK(bad.status == 2);
+  CHECK(bad.output.find("--tail-mb (or WALGATE_TAIL_MB, or tail-mb in the config file): 0 is not in [1, 65536]") !=
+        std::string::npos);
+  std::remove(cfg.c_str());
+  std::remove(again.c_str());
+}
+
+TEST_CASE("walgate stream takes the same settings, from the same sources") {
+  auto none = run("stream");
+  CHECK(none.status == 2);
+  CHECK(none.output.find("--pg is required") != std::string::npos);
+  auto env = run("stream --publication p", "WALGATE_PG='host=/nonexistent port=1' WALGATE_SLOT=BAD");
+  CHECK(env.status == 2);
+  CHECK(env.output.find("--slot: invalid slot name 'BAD'") != std::string::npos);
+  auto flag = run("stream --publication p --status-interval 5", "WALGATE_PG='host=/nonexistent port=1'");
+  CHECK(flag.status == 2);
+  CHECK(flag.output.find("--status-interval (or WALGATE_STATUS_INTERVAL") != std::string::npos);
+}

@@ -80,11 +80,11 @@ TEST_CASE("table names: plain or in SQL's quoted form, in tables= and --create-p
     CHECK((*again)[0] == t);
   }
   // --create-publication: a bare table name is allowed, schema.* is not.
-  auto p = parse_table_list(R"(orders,"App"."Line Items")", false, true, why);
+  auto p = parse_table_list(R"(orders, "App" . "Line Items" )", false, true, why);
   REQUIRE(p);
   CHECK((*p)[0] == table_pattern{"", "orders", false});
   CHECK_FALSE(parse_table_list("public.*", false, true, why));
-  for (const char* bad : {"", "a", "a.", ".b", "a.b.c", "a b.c", "\"a.b", "\"\".b", "a.\"b\"c", "a.b,", ",a.b",
+  for (const char* bad : {"", "a", "a.", ".b", "a.b.c", "a b.c", "\"a.b", "\"\".b", "a.\"b\"c", "a.b,", ",a.b", "a.b c", "a b", "a.b, ,c.d",
                           "*.b", "a.b;c"}) {
     INFO(bad);
     CHECK_FALSE(parse_table_list(bad, true, false, why));

@@ -24,7 +24,8 @@ struct table_pattern {
 /// a bare table too). Each name is plain — letters, digits, _ $ - and non-ASCII, matched as
 /// stored (no case folding) — or in SQL's quoted form, which may hold anything but NUL:
 /// "My Schema"."Order Items", "a""b" for a"b, "*" for a table named *. At most 63 bytes each, as
-/// PostgreSQL's names. nullopt with error naming the item that is wrong.
+/// PostgreSQL's names; spaces around names, dots and commas are ignored, as in SQL. nullopt with
+/// error naming the item that is wrong.
 std::optional<std::vector<table_pattern>> parse_table_list(std::string_view list, bool allow_any, bool schema_optional,
                                                            std::string& error);
 /// The name as SQL writes it, each part quoted (its quotes doubled): case and every character kept.

@@ -1,0 +1,21 @@
+// The walgate executable's commands (main.cpp dispatches to them).
+#pragma once
+
+#include "config.hpp"
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace walgate::cli {
+
+/// "walgate: <s>" on stderr.
+void log_line(const std::string& s);
+/// The gateway (serve.cpp), until SIGINT/SIGTERM or a failure; on_listening gets the port.
+int serve(const config& c, const std::function<void(std::uint16_t)>& on_listening = {});
+/// A throwaway PostgreSQL with a trickle of changes, and the gateway on it (demo.cpp).
+int run_demo(config c);
+/// Prints each decoded message of the stream (stream_command.cpp).
+int run_stream(const config& c);
+
+}  // namespace walgate::cli

@@ -1,0 +1,61 @@
+// The walgate executable's configuration: one typed struct, filled from the TOML file (--config
+// or WALGATE_CONFIG), then WALGATE_<NAME> variables, then flags — every value through the same
+// parse and checks whatever set it, so a wrong value is the same one-line error from any
+// source — and printed back by --print-config (secrets masked).
+#pragma once
+
+#include "walgate/transform/formats.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace walgate::cli {
+
+struct config {
+  std::string pg;                       ///< libpq conninfo or URI
+  std::string slot = "walgate";
+  std::vector<std::string> publications;
+  std::string create_publication;       ///< "ALL TABLES" or a table list (stream_request.hpp's names)
+  std::string listen = "127.0.0.1:8080";
+  std::string listen_host = "127.0.0.1";   ///< from listen
+  std::uint16_t listen_port = 8080;        ///< from listen
+  std::string data_dir = "walgate-data";
+  bool allow_unauthenticated = false;
+  std::string tls_cert, tls_key;
+  int status_interval_ms = 10'000;
+  std::size_t client_lag_mb = 64;
+  std::size_t retention_mb = 1024;
+  std::size_t tail_mb = 16;
+  std::size_t max_clients = 0;          ///< 0: 10,000, or fewer if the open-file limit cannot hold them
+  std::vector<std::string> allow_origins;
+  std::vector<std::string> allow_hosts;
+  std::string debezium_name = "walgate";
+  transform::encoder_options::decimal_mode decimal = transform::encoder_options::decimal_mode::string;
+  transform::encoder_options::time_precision time = transform::encoder_options::time_precision::adaptive_time_microseconds;
+  bool streaming = true;                ///< ask PostgreSQL 14+ to stream large transactions while they run
+  bool no_fsync = false;
+  std::string capture;                  ///< walgate stream --capture
+};
+
+enum class command { serve, demo, stream, print_config, exit_now };
+
+struct load_result {
+  command cmd = command::serve;
+  int exit_code = 0;      ///< for exit_now (--help, --version, a parse error: already printed)
+  std::string error;      ///< one line; exit 2
+};
+
+/// Reads the file, the environment and argv into c, with every check. An empty error and
+/// cmd != exit_now: run cmd.
+load_result load(config& c, int argc, char** argv);
+/// The checks across settings for a command (what is required, what goes together); the
+/// error names the settings.
+std::string check(const config& c, command cmd);
+/// The configuration as a TOML file that load() reads back to the same configuration, every
+/// setting in it; the password in pg is masked.
+std::string print(const config& c);
+/// WALGATE_<NAME> for a setting's name ("client-lag-mb" -> WALGATE_CLIENT_LAG_MB).
+std::string env_name(std::string_view name);
+
+}  // namespace walgate::cli

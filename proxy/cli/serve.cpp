@@ -1,0 +1,304 @@
+// walgate [serve]: the gateway — the replication stream into the event log, the log to clients.
+#include "commands.hpp"
+
+#include "walgate/protocol/commands.hpp"
+#include "walgate/proxy/event_log.hpp"
+#include "walgate/proxy/gateway.hpp"
+#include "walgate/proxy/pg_connection.hpp"
+#include "walgate/proxy/replication_client.hpp"
+#include "walgate/proxy/server.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <stdexcept>
+
+namespace walgate::cli {
+
+namespace asio = boost::asio;
+
+void log_line(const std::string& s) {
+  std::fprintf(stderr, "walgate: %s\n", s.c_str());
+  std::fflush(stderr);
+}
+
+namespace {
+
+bool is_loopback(const std::string& host) {
+  boost::system::error_code ec;
+  auto a = asio::ip::make_address(host, ec);
+  return !ec && a.is_loopback();
+}
+
+asio::awaitable<proxy::outcome<void>> ensure_publication(proxy::conn_params conn, std::string name, std::string what) {
+  proxy::pg_connection c(co_await asio::this_coro::executor);
+  if (auto r = co_await c.connect(conn, false); !r) co_return r.error();
+  auto exists = co_await c.query("SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = " + protocol::quote_literal(name));
+  if (!exists) co_return exists.error();
+  if (!exists->rows.empty()) co_return proxy::outcome<void>{};
+  std::string sql = "CREATE PUBLICATION " + protocol::quote_identifier(name);
+  if (what == "ALL TABLES" || what == "all") {
+    sql += " FOR ALL TABLES";
+  } else {
+    sql += " FOR TABLE ";
+    std::string error;
+    auto list = proxy::parse_table_list(what, false, true, error);   // (validated at start-up too)
+    if (!list) co_return proxy::failure{{}, "--create-publication: " + error, {}, false};
+    for (std::size_t i = 0; i < list->size(); ++i) sql += (i ? ", " : "") + proxy::sql_table_name((*list)[i]);
+  }
+  auto created = co_await c.query(sql);
+  if (!created) co_return created.error();
+  co_return proxy::outcome<void>{};
+}
+
+// Reads the slot's retained WAL every 10 s for /metrics (a plain SQL connection). It starts a
+// second after the gateway, so the server starts the walsender's backend first, undisturbed.
+asio::awaitable<void> watch_slot(proxy::conn_params conn, std::string slot, proxy::gateway_metrics& m, std::atomic<bool>& stop) {
+  asio::steady_timer t(co_await asio::this_coro::executor);
+  t.expires_after(std::chrono::seconds(1));
+  co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+  while (!stop) {
+    proxy::pg_connection c(co_await asio::this_coro::executor);
+    if (auto r = co_await c.connect(conn, false); r) {
+      while (!stop) {
+        auto q = co_await c.query("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint FROM "
+                                  "pg_catalog.pg_replication_slots WHERE slot_name = " + protocol::quote_literal(slot));
+        if (!q) break;
+        m.slot_retained_wal = q->rows.empty() || !q->rows[0][0] ? -1 : std::stoll(*q->rows[0][0]);
+        t.expires_after(std::chrono::seconds(10));
+        co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+      }
+    }
+    t.expires_after(std::chrono::seconds(10));
+    co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+  }
+}
+
+/// Sets the client limit so that every client, and the connections and files walgate needs
+/// beside them, fit the open-file limit (raised to its hard limit first). An explicit
+/// --max-clients that cannot fit is an error; the default shrinks to fit, and says so.
+bool client_limit(std::size_t requested, proxy::server_options& so, std::string& error) {
+  constexpr std::size_t own_files = 128;   // event log segments, PostgreSQL connections, spill files, libraries
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rlimit raised = rl;
+    raised.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) rl = raised;
+  }
+  const std::size_t files = rl.rlim_cur == RLIM_INFINITY ? SIZE_MAX : static_cast<std::size_t>(rl.rlim_cur);
+  const std::size_t others = so.max_other_connections + own_files;
+  const std::size_t fit = files > others ? files - others : 0;
+  if (requested != 0) {
+    if (requested > fit) {
+      error = "--max-clients " + std::to_string(requested) + ": needs " + std::to_string(requested + others) +
+              " open files but the limit (ulimit -n) is " + std::to_string(files) + "; raise it or lower --max-clients";
+      return false;
+    }
+    so.max_clients = requested;
+    return true;
+  }
+  so.max_clients = std::min<std::size_t>(10'000, fit);
+  if (so.max_clients < 10'000)
+    log_line("at most " + std::to_string(so.max_clients) + " clients: the open-file limit (ulimit -n) is " +
+             std::to_string(files) + " (raise it, or set --max-clients, to silence this)");
+  if (so.max_clients == 0) {
+    error = "the open-file limit (ulimit -n) is " + std::to_string(files) + ": walgate needs at least " +
+            std::to_string(others + 1);
+    return false;
+  }
+  return true;
+}
+
+/// The gateway as the replication client's sink, with a test hook: WALGATE_TEST_THROW_IN_STREAM
+/// set makes the first XLogData frame throw, as a bug in the stream path would (the tests check
+/// that walgate then exits non-zero, saying why).
+class stream_sink final : public proxy::replication_sink {
+ public:
+  explicit stream_sink(proxy::gateway& g) : gw_(g), throw_(std::getenv("WALGATE_TEST_THROW_IN_STREAM") != nullptr) {}
+  void on_stream_start(const proxy::stream_start_info& i) override { gw_.on_stream_start(i); }
+  boost::system::error_code on_xlog_data(const protocol::xlog_data& x) override {
+    if (throw_) throw std::runtime_error("test hook: an exception in the stream path at " + x.wal_start.to_string());
+    return gw_.on_xlog_data(x);
+  }
+  bool retry_after_failure() const override { return gw_.retry_after_failure(); }
+  void on_keepalive(const protocol::primary_keepalive& k) override { gw_.on_keepalive(k); }
+  protocol::lsn durable_lsn() const override { return gw_.durable_lsn(); }
+
+ private:
+  proxy::gateway& gw_;
+  bool throw_;
+};
+
+}  // namespace
+
+/// Runs the gateway until SIGINT/SIGTERM or a failure reconnecting cannot fix.
+int serve(const config& s, const std::function<void(std::uint16_t)>& on_listening) {
+  auto parsed = proxy::parse_conninfo(s.pg);
+  if (!parsed.params) {   // (checked as the setting was read; the environment's PG* may differ now)
+    log_line("--pg: " + parsed.error);
+    return 2;
+  }
+  std::string error;
+  if (!is_loopback(s.listen_host))
+    log_line("WARNING: serving unauthenticated on " + s.listen + ": anyone who can reach it reads every change");
+  proxy::server_options so;
+  if (!client_limit(s.max_clients, so, error)) {
+    log_line(error);
+    return 2;
+  }
+  so.allowed_origins = s.allow_origins;
+  so.allowed_hosts = s.allow_hosts;
+  so.host = s.listen_host;
+  so.port = s.listen_port;
+  so.tls_cert = s.tls_cert;
+  so.tls_key = s.tls_key;
+  so.client_lag_bytes = s.client_lag_mb << 20;
+  so.encoder.server_name = s.debezium_name;
+  so.encoder.database = parsed.params->dbname;
+  so.encoder.decimal = s.decimal;
+  so.encoder.time = s.time;
+
+  proxy::log_options lo;
+  lo.dir = s.data_dir;
+  lo.retention_bytes = s.retention_mb << 20;
+  lo.memory_bytes = s.tail_mb << 20;
+  lo.fsync = !s.no_fsync;
+  auto log = proxy::event_log::open(lo, error);
+  if (!log) {
+    log_line(error);
+    return 1;
+  }
+  asio::io_context io;
+  if (!s.create_publication.empty()) {
+    std::optional<proxy::outcome<void>> r;
+    asio::co_spawn(io, ensure_publication(*parsed.params, s.publications.front(), s.create_publication),
+                   [&](std::exception_ptr, proxy::outcome<void> v) { r = std::move(v); });
+    io.run();
+    io.restart();
+    if (!r || !*r) {
+      log_line("--create-publication: " + (r ? r->error().message : std::string("failed")));
+      return 1;
+    }
+  }
+
+  // Large transactions reach the gateway while they run (streaming) and are held until their
+  // commit — in memory up to a bound, then in spill files of walgate's own data directory
+  // (created exclusively, mode 0600; dropped with their transaction, and at every start).
+  protocol::assembler_options ao;
+  ao.spill_dir = std::filesystem::path(s.data_dir) / "spill";
+  {
+    std::error_code ec;
+    std::filesystem::remove_all(ao.spill_dir, ec);
+    if (!ec) std::filesystem::create_directory(ao.spill_dir, ec);
+    if (!ec) std::filesystem::permissions(ao.spill_dir, std::filesystem::perms::owner_all, ec);
+    if (ec) {
+      log_line("cannot prepare the spill directory " + ao.spill_dir.string() + ": " + ec.message());
+      return 1;
+    }
+  }
+  // (Large encodings too: one unlinked file per event and format, sent from in pieces.)
+  so.spill_dir = ao.spill_dir;
+  proxy::gateway gw(io.get_executor(), *log, ao);
+  proxy::replication_settings rs;
+  rs.conn = *parsed.params;
+  rs.slot = s.slot;
+  rs.publications = s.publications;
+  rs.messages_when_supported = true;
+  rs.streaming_when_supported = s.streaming;
+  rs.status_interval = std::chrono::milliseconds(s.status_interval_ms);
+  stream_sink sink(gw);
+  proxy::replication_client client(io.get_executor(), rs, sink);
+  client.set_retry_handler([&gw](const proxy::failure& f, std::chrono::milliseconds d) {
+    const bool refused = f.message.rfind("stream consumer failed", 0) == 0;   // the gateway refused what came
+    log_line((!refused || gw.stream_fault().empty() ? f.message : gw.stream_fault()) + " (reconnecting in " +
+             std::to_string(d.count()) + " ms)");
+  });
+  proxy::server_status st;
+  st.streaming = [&] { return client.streaming(); };
+  st.reconnects = [&] { return client.reconnects(); };
+  proxy::server srv(io.get_executor(), so, gw, st);
+  if (!srv.start(error)) {
+    log_line(error);
+    return 1;
+  }
+  log_line("listening on " + s.listen_host + ":" + std::to_string(srv.port()) + (so.tls_cert.empty() ? "" : " (TLS)") +
+           "; event log in " + s.data_dir + " (next event " + std::to_string(log->next_seq()) + ")");
+  if (on_listening) on_listening(srv.port());
+
+  std::atomic<bool> stop{false};
+  asio::co_spawn(io, watch_slot(*parsed.params, s.slot, gw.metrics(), stop), asio::detached);
+  int rc = 0;
+  asio::signal_set signals(io, SIGINT, SIGTERM);
+  auto shutdown = [&] {
+    stop = true;
+    srv.stop();       // clients: going away, with their resume ids
+    gw.flush();       // everything logged is durable...
+    client.stop();    // ...and the final status update says so
+    signals.cancel();
+  };
+  signals.async_wait([&](boost::system::error_code ec, int) {
+    if (!ec) {
+      log_line("stopping");
+      shutdown();
+    }
+  });
+  bool failure_logged = false;
+  // The event log failed (disk full, I/O error): stop rather than go on without storing. Nothing
+  // past the durable position was acknowledged; a restart resumes from it.
+  gw.on_failure([&] {
+    if (failure_logged) return;
+    failure_logged = true;
+    log_line(gw.failure() + "; stopping (durable up to " + gw.durable_lsn().to_string() +
+             ": a restart resumes from there)");
+    rc = 1;
+    if (!stop) shutdown();
+  });
+  asio::co_spawn(io, client.run(), [&](std::exception_ptr e, proxy::outcome<void> r) {
+    // Every way out that is not a requested shutdown is a failure a supervisor must see.
+    if (e) {
+      std::string what = "unknown exception";
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& x) {
+        what = x.what();
+      } catch (...) {
+      }
+      log_line("the replication stream failed: " + what + "; stopping (durable up to " + gw.durable_lsn().to_string() +
+               ": a restart resumes from there)");
+      failure_logged = true;
+      rc = 1;
+    } else if (!r) {
+      log_line(r.error().message);
+      if (!gw.failure().empty() && !failure_logged) log_line(gw.failure());
+      failure_logged = true;
+      rc = 1;
+    } else if (!stop) {
+      log_line("the replication stream ended without a shutdown being asked for; stopping");
+      rc = 1;
+    }
+    if (!stop) shutdown();
+    // Let the last writes go out, then end the loop.
+    auto t = std::make_shared<asio::steady_timer>(io, std::chrono::seconds(2));
+    t->async_wait([&io, t](boost::system::error_code) { io.stop(); });
+  });
+  io.run();
+  gw.flush();
+  auto p = client.positions();
+  log_line("stopped; durable " + gw.durable_lsn().to_string() + ", acknowledged " + p.acknowledged.to_string());
+  return rc;
+}
+
+
+}  // namespace walgate::cli

@@ -7,6 +7,7 @@
 #include "serving.hpp"
 
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
@@ -104,6 +105,10 @@ awaitable<void> serve(server_core& core, Stream& s, unsigned version, stream_sta
     sub.next_batch(batch);
     if (sub.ended()) break;
     out.clear();
+    if (batch.empty() && sub.pending()) {   // passed over events its filters do not take: go on after the others
+      co_await asio::post(core.executor, asio::use_awaitable);
+      continue;
+    }
     if (batch.empty()) {
       c.wake.expires_after(core.opts.keepalive);
       auto [ec] = co_await c.wake.async_wait(use_tuple);

@@ -129,6 +129,7 @@ std::shared_ptr<logged_event> make_event(std::uint64_t seq, std::string record) 
 std::unique_ptr<event_log> event_log::open(const log_options& o, std::string& error) {
   std::unique_ptr<event_log> log(new event_log());
   log->opts_ = o;
+  log->tail_ = memory_tail(o.memory_bytes);
   std::error_code ec;
   fs::create_directories(o.dir, ec);
   if (ec) {
@@ -189,7 +190,7 @@ std::uint64_t event_log::first_seq() const {
   // Segments follow each other without a gap (an empty one starts where the next does); the
   // tail may still hold events of a segment retention dropped.
   std::uint64_t first = segments_.empty() ? visible_seq_ : std::min(segments_.front().first_seq, visible_seq_);
-  if (!tail_.empty() && tail_.front()->seq < first) first = tail_.front()->seq;
+  if (!tail_.empty() && tail_.events().front()->seq < first) first = tail_.events().front()->seq;
   return first;
 }
 
@@ -343,19 +344,10 @@ void event_log::prefill_tail() {
   while (seq < next_seq_) {
     auto batch = read_disk(seq, 512, 1u << 20, nullptr);
     if (batch.empty()) break;
-    for (auto& ev : batch) {
-      ev->in_tail = true;
-      ev->accounted = ev->memory();
-      tail_bytes_ += ev->accounted;
-      tail_.push_back(std::move(ev));
-    }
-    seq = tail_.back()->seq + 1;
+    for (auto& ev : batch) tail_.push(ev, false);
+    seq = tail_.events().back()->seq + 1;
   }
-  if (seq != next_seq_) {   // the tail must reach the head; a fault here shows on reading
-    for (auto& ev : tail_) ev->in_tail = false;
-    tail_.clear();
-    tail_bytes_ = 0;
-  }
+  if (seq != next_seq_) tail_.clear();   // the tail must reach the head; a fault here shows on reading
   evict();
 }
 
@@ -515,13 +507,7 @@ void event_log::abort() {
   std::erase_if(seg.index, [&](const index_entry& e) { return e.seq >= txn_first_seq_; });
   seg.first_id = txn_seg_first_id_;   // the segment's ids as they were before the transaction
   seg.last_id = txn_seg_last_id_;
-  while (!tail_.empty() && tail_.back()->seq >= txn_first_seq_) {
-    tail_bytes_ -= tail_.back()->accounted;
-    tail_.back()->in_tail = false;
-    tail_.pop_back();
-  }
-  for (auto it = shared_.begin(); it != shared_.end();) it = it->first >= txn_first_seq_ ? shared_.erase(it) : std::next(it);
-  while (!linger_.empty() && linger_.back().first >= txn_first_seq_) linger_.pop_back();
+  tail_.drop_from(txn_first_seq_);
   next_seq_ = txn_first_seq_;
 }
 
@@ -562,14 +548,7 @@ void event_log::add(const transform::change& c) {
   if (next_seq_ == seg.first_seq) seg.first_id = ev->id;   // the segment's first event
   seg.last_id = ev->id;
   ++next_seq_;
-  ev->in_tail = true;
-  ev->accounted = ev->memory();
-  tail_bytes_ += ev->accounted;
-  // (Held from now: the next event of its own transaction must not evict it either.)
-  if (ev->accounted > opts_.memory_bytes / 2 && ev->accounted >= large_record) {
-    linger_.emplace_back(ev->seq, std::chrono::steady_clock::time_point::max());
-  }
-  tail_.push_back(ev);
+  tail_.push(ev);
   evict();
   // A large transaction goes to the file as it comes (without fsync: it is not durable until
   // its end frame is, and recovery cuts unterminated transactions).
@@ -580,23 +559,11 @@ void event_log::add(const transform::change& c) {
 void event_log::evict() {
   // Events not yet written to the file stay (until the next write or sync): a client behind the
   // tail reads the file, and must find them there.
-  const std::uint64_t written = segments_.back().base + segments_.back().bytes;
-  const auto now = std::chrono::steady_clock::now();
-  while (tail_.size() > 1 && tail_bytes_ > opts_.memory_bytes && tail_.front()->end_offset <= written) {
-    while (!linger_.empty() && linger_.front().first < tail_.front()->seq) linger_.pop_front();
-    if (!linger_.empty() && linger_.front().first == tail_.front()->seq && now < linger_.front().second) break;
-    tail_bytes_ -= tail_.front()->accounted;
-    tail_.front()->in_tail = false;
-    if (tail_.front().use_count() > 1) share(tail_.front());   // a client holds it right now
-    tail_.pop_front();
-  }
+  tail_.evict(segments_.back().base + segments_.back().bytes);
 }
 
 void event_log::account_encoding(const logged_event& e, std::size_t bytes) {
-  if (!e.in_tail) return;
-  e.accounted += bytes;
-  tail_bytes_ += bytes;
-  evict();
+  if (tail_.account(e, bytes)) evict();
 }
 
 void event_log::commit(lsn commit_lsn, lsn end_lsn) {
@@ -621,18 +588,7 @@ void event_log::commit(lsn commit_lsn, lsn end_lsn) {
   }
   visible_seq_ = next_seq_;
   visible_offset_ = end_offset();
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  for (auto& [seq, deadline] : linger_)
-    if (deadline == std::chrono::steady_clock::time_point::max()) deadline = until;
-}
-
-void event_log::share(const event_ptr& e) const {
-  shared_[e->seq] = e;
-  // Entries of events nobody holds any more go now and then (amortized: when the map doubled).
-  if (shared_.size() > 2 * shared_pruned_at_ + 1024) {
-    for (auto it = shared_.begin(); it != shared_.end();) it = it->second.expired() ? shared_.erase(it) : std::next(it);
-    shared_pruned_at_ = shared_.size();
-  }
+  tail_.committed();
 }
 
 bool event_log::append(const protocol::transaction_info& txn, const std::vector<transform::change>& changes) {
@@ -763,26 +719,10 @@ std::vector<event_ptr> event_log::read(std::uint64_t seq, std::size_t max, std::
   // Only committed transactions are read: a transaction still arriving is not visible.
   if (seq >= visible_seq_) return out;
   max = static_cast<std::size_t>(std::min<std::uint64_t>(max, visible_seq_ - seq));
-  if (!tail_.empty() && seq >= tail_.front()->seq) {
-    std::size_t i = static_cast<std::size_t>(seq - tail_.front()->seq);
-    for (; i < tail_.size() && out.size() < max; ++i) out.push_back(tail_[i]);
-    return out;
-  }
-  // Out of the tail, but still held by a client sending it: shared (and the tail after them).
-  for (std::uint64_t next = seq; out.size() < max; ++next) {
-    if (!tail_.empty() && next >= tail_.front()->seq) {
-      for (std::size_t i = static_cast<std::size_t>(next - tail_.front()->seq); i < tail_.size() && out.size() < max; ++i)
-        out.push_back(tail_[i]);
-      break;
-    }
-    auto it = shared_.find(next);
-    auto e = it == shared_.end() ? nullptr : it->second.lock();
-    if (!e) break;
-    out.push_back(std::move(e));
-  }
+  out = tail_.read(seq, max);
   if (!out.empty()) return out;
   out = read_disk(seq, max, max_bytes, error);
-  for (const auto& e : out) share(e);
+  for (const auto& e : out) tail_.share(e);
   return out;
 }
 
@@ -881,9 +821,10 @@ resume_point event_log::resume_after(const transform::event_id& id) const {
     return r;
   }
   // The memory tail (its committed part).
-  if (!tail_.empty() && tail_.front()->seq < visible_seq_ && !(id < tail_.front()->id)) {
-    auto end = tail_.begin() + static_cast<std::ptrdiff_t>(std::min<std::uint64_t>(visible_seq_ - tail_.front()->seq, tail_.size()));
-    auto it = std::upper_bound(tail_.begin(), end, id, [](const transform::event_id& v, const event_ptr& e) { return v < e->id; });
+  const auto& tail = tail_.events();
+  if (!tail.empty() && tail.front()->seq < visible_seq_ && !(id < tail.front()->id)) {
+    auto end = tail.begin() + static_cast<std::ptrdiff_t>(std::min<std::uint64_t>(visible_seq_ - tail.front()->seq, tail.size()));
+    auto it = std::upper_bound(tail.begin(), end, id, [](const transform::event_id& v, const event_ptr& e) { return v < e->id; });
     r.seq = it == end ? visible_seq_ : (*it)->seq;
     return r;
   }
@@ -921,7 +862,7 @@ resume_point event_log::resume_after(const transform::event_id& id) const {
       if (!r.error.empty()) return r;
       if (batch.empty()) {
         // Not in the file yet: the events from here on are in the memory tail.
-        if (!tail_.empty() && seq >= tail_.front()->seq && seq < visible_seq_) {
+        if (!tail.empty() && seq >= tail.front()->seq && seq < visible_seq_) {
           r.seq = seq;
           return r;
         }

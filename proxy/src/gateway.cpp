@@ -9,8 +9,8 @@ namespace asio = boost::asio;
 
 gateway::gateway(asio::any_io_executor ex, event_log& log, protocol::assembler_options assembler_opts,
                  std::chrono::milliseconds sync_interval)
-    : executor_(ex), log_(log), assembler_opts_(std::move(assembler_opts)), sync_interval_(sync_interval),
-      sync_timer_(ex), sync_thread_(std::make_unique<asio::thread_pool>(1)) {
+    : executor_(ex), log_(log), assembler_opts_(std::move(assembler_opts)), sync_(ex, log, sync_interval) {
+  sync_.on_failure([this] { log_failed(); });
   assembler_ = std::make_unique<protocol::assembler>(assembler_opts_, *this);
   keepalive_durable_ = log_.acked_lsn();   // acknowledged before the restart
   log_.set_publish([this](const logged_event& e, const transform::change& c) {
@@ -58,7 +58,6 @@ void gateway::register_metrics(metrics_registry& r) {
 
 gateway::~gateway() {
   *alive_ = false;
-  sync_thread_->join();   // a running fdatasync finishes; its completion finds the gateway gone
   log_.set_publish({});
 }
 
@@ -131,7 +130,7 @@ boost::system::error_code gateway::on_commit(const protocol::transaction_info& t
   log_.commit(t.commit_lsn, t.end_lsn);
   ++metrics_.transactions_in;
   metrics_.last_commit_time_us = t.commit_time;
-  schedule_sync();
+  sync_.schedule();
   wake_clients();
   return {};
 }
@@ -157,39 +156,9 @@ boost::system::error_code gateway::on_message(protocol::lsn wal_start, const pro
     });
   }
   log_.commit(t.commit_lsn, t.end_lsn);
-  schedule_sync();
+  sync_.schedule();
   wake_clients();
   return {};
-}
-
-void gateway::schedule_sync() {
-  if (sync_scheduled_ || sync_running_) return;   // a running sync schedules the next when it ends
-  sync_scheduled_ = true;
-  // Group commit: everything committed within sync_interval shares one fdatasync, which runs on
-  // its own thread: clients are served meanwhile, and what commits meanwhile goes with the next.
-  sync_timer_.expires_after(sync_interval_);
-  sync_timer_.async_wait([this, alive = alive_](boost::system::error_code ec) {
-    if (ec || !*alive) return;
-    sync_scheduled_ = false;
-    auto job = log_.begin_sync();
-    if (job.fd == -1) {
-      log_failed();
-      return;
-    }
-    sync_running_ = true;
-    asio::post(*sync_thread_, [this, alive, job]() mutable {
-      event_log::run_sync_job(job);
-      asio::post(executor_, [this, alive, job] {
-        if (!*alive) return;
-        sync_running_ = false;
-        if (!log_.end_sync(job) || log_failed()) {
-          log_failed();
-          return;
-        }
-        if (log_.dirty()) schedule_sync();
-      });
-    });
-  });
 }
 
 void gateway::flush() {
@@ -211,26 +180,13 @@ void gateway::fail(std::string why) {
 }
 
 void gateway::store_ack(protocol::lsn l) {
-  // Stored before it is acknowledged, so that after a restart a slot acknowledged further than
-  // this log knows is recognised as moved on by someone else. At most one store a second: an
-  // idle stream's keepalives need not be acknowledged at once.
-  auto now = std::chrono::steady_clock::now();
-  if (ack_storing_ || now - last_ack_store_ < std::chrono::seconds(1)) return;
-  ack_storing_ = true;
-  last_ack_store_ = now;
-  asio::post(*sync_thread_, [this, alive = alive_, l, dir = log_.options().dir, fsync = log_.options().fsync] {
-    std::string error;
-    bool ok = event_log::store_acked(dir, l, fsync, error);
-    asio::post(executor_, [this, alive, l, ok, error] {
-      if (!*alive) return;
-      ack_storing_ = false;
-      if (!ok) {
-        ack_failed_ = true;
-        fail(error);
-        return;
-      }
-      if (l > keepalive_durable_) keepalive_durable_ = l;
-    });
+  sync_.store_ack(l, [this, l](bool ok, const std::string& error) {
+    if (!ok) {
+      ack_failed_ = true;
+      fail(error);
+      return;
+    }
+    if (l > keepalive_durable_) keepalive_durable_ = l;
   });
 }
 

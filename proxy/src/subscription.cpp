@@ -34,7 +34,15 @@ std::uint64_t subscription::lag_bytes() const {
 
 void subscription::next_batch(std::vector<item>& out) {
   out.clear();
+  // A filter may pass over many events without a match: more reads, up to a bound on the work
+  // one call does (the event loop serves everyone).
   if (ended()) return;
+  int reads = 0;
+  do read_some(out);
+  while (out.empty() && !ended() && cursor_ < log_.visible_seq() && ++reads < 8);
+}
+
+void subscription::read_some(std::vector<item>& out) {
   if (cursor_ < log_.first_seq()) {
     close(end::not_retained, "the resume position is no longer retained; take a new snapshot");
     return;

@@ -8,6 +8,7 @@
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -103,6 +104,10 @@ awaitable<void> serve_websocket(server_core& core, Stream s, http::request<http:
   while (!core.stopping && !sub.ended()) {
     sub.next_batch(batch);
     if (sub.ended()) break;
+    if (batch.empty() && sub.pending()) {   // passed over events its filters do not take: go on after the others
+      co_await asio::post(core.executor, asio::use_awaitable);
+      continue;
+    }
     if (batch.empty()) {
       c.wake.expires_after(opts.keepalive);
       co_await c.wake.async_wait(use_tuple);

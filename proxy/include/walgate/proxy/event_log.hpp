@@ -20,6 +20,7 @@
 
 #include "walgate/protocol/lsn.hpp"
 #include "walgate/proxy/log_reader.hpp"
+#include "walgate/proxy/memory_tail.hpp"
 #include "walgate/proxy/metrics.hpp"
 #include "walgate/proxy/payload.hpp"
 #include "walgate/transform/change.hpp"
@@ -126,7 +127,7 @@ class event_log final : public log_reader {
   bool set_origin(protocol::lsn l);
 
   /// Events published to live clients: the in-memory tail, seq order.
-  const std::deque<event_ptr>& tail() const { return tail_; }
+  const std::deque<event_ptr>& tail() const { return tail_.events(); }
   /// Up to max events from seq on, from memory or disk. Empty when seq is not retained. When
   /// the file cannot be read (an I/O error, a segment shorter than written, a frame whose
   /// checksum fails), the events before the fault are returned and *error says what failed.
@@ -204,18 +205,7 @@ class event_log final : public log_reader {
   bool dropped_ = false;                   // retention dropped something in this process
   std::deque<std::pair<std::uint64_t, std::uint64_t>> recent_commits_;   // (first seq, end offset), seq order
   transform::event_id txn_seg_first_id_, txn_seg_last_id_;   // the last segment's ids at begin()
-  std::deque<event_ptr> tail_;
-  std::size_t tail_bytes_ = 0;
-  /// Events out of the tail (evicted, or read from disk) that a client may still hold (sending
-  /// them): a read of one of them shares it, its encodings with it, instead of reading and
-  /// encoding it again.
-  mutable std::unordered_map<std::uint64_t, std::weak_ptr<const logged_event>> shared_;
-  mutable std::size_t shared_pruned_at_ = 0;
-  void share(const event_ptr& e) const;
-  /// Events of 1 MiB and more, larger than half the tail, stay in it (and so does what follows
-  /// them) until 5 s after their commit even when the tail is over its bound, so that the
-  /// clients reading live take them from memory: (seq, until; max while uncommitted).
-  std::deque<std::pair<std::uint64_t, std::chrono::steady_clock::time_point>> linger_;
+  memory_tail tail_{0};   // the newest events in memory, and those out of it a reader holds
   std::function<void(const logged_event&, const transform::change&)> publish_;
   std::string error_;
   bool open_ = false, skipping_ = false;

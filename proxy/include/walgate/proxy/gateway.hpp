@@ -10,11 +10,10 @@
 // everything committed in one read of the stream.
 #pragma once
 
-#include <boost/asio/thread_pool.hpp>
-
 #include "walgate/proxy/event_log.hpp"
 #include "walgate/proxy/metrics.hpp"
 #include "walgate/proxy/replication_client.hpp"
+#include "walgate/proxy/sync_scheduler.hpp"
 #include "walgate/transform/formats.hpp"
 
 #include <boost/asio/any_io_executor.hpp>
@@ -81,7 +80,6 @@ class gateway final : public replication_sink, public protocol::transaction_hand
   void on_failure(std::function<void()> f) { on_failure_ = std::move(f); }
 
  private:
-  void schedule_sync();
   void wake_clients();
   /// Records the event log's failure (once) and tells on_failure.
   bool log_failed();
@@ -95,16 +93,10 @@ class gateway final : public replication_sink, public protocol::transaction_hand
   event_log& log_;
   protocol::assembler_options assembler_opts_;
   std::unique_ptr<protocol::assembler> assembler_;
-  std::chrono::milliseconds sync_interval_;
-  boost::asio::steady_timer sync_timer_;
-  bool sync_scheduled_ = false;
-  bool sync_running_ = false;
-  std::unique_ptr<boost::asio::thread_pool> sync_thread_;   // runs the fdatasyncs
+  sync_scheduler sync_;   // group commit and the ACKED file, on the sync thread
   bool between_transactions_ = true;
   protocol::lsn keepalive_durable_;           // stored in the ACKED file
-  bool ack_storing_ = false;
   bool ack_failed_ = false;
-  std::chrono::steady_clock::time_point last_ack_store_{};
   std::int64_t frame_server_clock_us_ = 0;   // of the XLogData frame being fed
   gateway_metrics metrics_;
   std::function<void(const logged_event&, const transform::change&)> logged_;

@@ -39,10 +39,14 @@ class subscription {
   subscription(const subscription&) = delete;
   subscription& operator=(const subscription&) = delete;
 
-  /// The next batch of encoded events into out (cleared first). Empty and not ended: nothing
-  /// new yet (wait for the log's notification). Empty and ended: the subscription is over
-  /// (too slow, its position no longer retained, a damaged record).
+  /// The next batch of encoded events into out (cleared first). Empty and ended: the
+  /// subscription is over (too slow, its position no longer retained, a damaged record). Empty,
+  /// not ended and not pending(): caught up, wait for the log's notification. Empty and
+  /// pending(): its filters passed over events without a match and the call's work ran out
+  /// (at most 8 reads of the log): call again after letting others run.
   void next_batch(std::vector<item>& out);
+  /// Visible events are left to look at.
+  bool pending() const { return !ended() && cursor_ < log_.visible_seq(); }
   /// The transport sent the batch whose last item is last: it is where a resume starts.
   void delivered(const item& last) { resume_id_ = last.id.to_string(); }
 
@@ -66,6 +70,8 @@ class subscription {
   std::uint64_t lag_bytes() const;
 
  private:
+  void read_some(std::vector<item>& out);
+
   const log_reader& log_;
   encoding_cache& encodings_;
   stream_request request_;

@@ -1,3 +1,9 @@
+// One PostgreSQL connection over our own sockets: TCP or Unix, SSLRequest and the TLS handshake
+// per sslmode, the startup packet, authentication (cleartext, MD5, SCRAM-SHA-256 and -PLUS),
+// simple queries, and CopyData reading for replication. Over 500 lines for a reason: these are
+// the exchanges of one connection in the order the protocol has them, and each step uses the
+// state (buffers, TLS, channel binding) the one before set up; split apart they would share
+// everything.
 #include "walgate/proxy/pg_connection.hpp"
 
 #include "walgate/protocol/auth.hpp"

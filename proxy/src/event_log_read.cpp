@@ -1,0 +1,179 @@
+// Reading the event log: events from a position (memory first, then the file, a bounded amount
+// at a time) and the position after an id (through the sparse index).
+#include "event_log_file.hpp"
+
+#include <algorithm>
+
+namespace walgate::proxy {
+
+namespace fs = std::filesystem;
+using protocol::lsn;
+using namespace log_file;
+
+bool event_log::index_due(const std::vector<index_entry>& index, std::uint64_t seq, std::size_t offset) {
+  return index.empty() || seq - index.back().seq >= index_every || offset - index.back().offset >= index_bytes;
+}
+
+std::vector<event_ptr> event_log::read(std::uint64_t seq, std::size_t max, std::size_t max_bytes,
+                                       std::string* error) const {
+  std::vector<event_ptr> out;
+  // Only committed transactions are read: a transaction still arriving is not visible.
+  if (seq >= visible_seq_) return out;
+  max = static_cast<std::size_t>(std::min<std::uint64_t>(max, visible_seq_ - seq));
+  out = tail_.read(seq, max);
+  if (!out.empty()) return out;
+  out = read_disk(seq, max, max_bytes, error);
+  for (const auto& e : out) tail_.share(e);
+  return out;
+}
+
+std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max, std::size_t max_bytes,
+                                            std::string* error) const {
+  std::vector<event_ptr> out;
+  auto fail = [&](const std::string& why) {
+    if (error) *error = why;
+  };
+  for (const auto& s : segments_) {
+    // Up to the last committed transaction (a transaction still arriving may be in the file
+    // when it is large: not visible yet).
+    std::uint64_t end = s.end_seq;
+    if (seq < s.first_seq || seq >= end) continue;
+    std::size_t offset = 0;
+    auto at = std::upper_bound(s.index.begin(), s.index.end(), seq,
+                               [](std::uint64_t v, const index_entry& e) { return v < e.seq; });
+    if (at != s.index.begin()) offset = std::prev(at)->offset;
+    const std::string name = s.path.filename().string();
+    std::ifstream in(s.path, std::ios::binary);
+    if (!in) {
+      fail("event log " + name + " unreadable: " + std::strerror(errno));
+      return out;
+    }
+    in.seekg(static_cast<std::streamoff>(offset));
+    std::string frame_bytes;
+    std::size_t read_bytes = 0;
+    // Bounded in bytes too (at least one event): a reader far behind over huge rows does not
+    // load hundreds of them at once.
+    while (out.size() < max && (out.empty() || read_bytes < max_bytes)) {
+      // What this process wrote ends at s.bytes (the rest of the open segment is still in
+      // memory, in the tail): reading stops there, and stopping before it is a fault.
+      if (offset >= s.bytes) break;
+      frame_bytes.resize(5);
+      if (!in.read(frame_bytes.data(), 5)) {
+        fail("event log " + name + " ends at offset " + std::to_string(offset) + ", before its " + std::to_string(s.bytes) +
+             " written bytes");
+        break;
+      }
+      protocol::cursor h(frame_bytes);
+      char type = static_cast<char>(h.u8());
+      std::uint32_t len = h.u32();
+      if (len > s.bytes - offset) {
+        fail("event log " + name + " damaged at offset " + std::to_string(offset) + " (frame length)");
+        break;
+      }
+      frame_bytes.resize(5 + std::size_t{len} + 4);
+      if (!in.read(frame_bytes.data() + 5, static_cast<std::streamsize>(len) + 4)) {
+        fail("event log " + name + " ends inside the frame at offset " + std::to_string(offset));
+        break;
+      }
+      protocol::cursor sum_at(std::string_view(frame_bytes).substr(5 + len));
+      if (sum_at.u32() != protocol::crc32c(std::string_view(frame_bytes).substr(0, 5 + len))) {
+        fail("event log " + name + " damaged at offset " + std::to_string(offset) + " (checksum)");
+        break;
+      }
+      offset += frame_overhead + len;
+      if (type != 'E') continue;
+      protocol::cursor p(std::string_view(frame_bytes).substr(5, len));
+      std::uint64_t s_seq = p.u64();
+      if (s_seq >= end) break;
+      if (s_seq < seq) continue;
+      std::shared_ptr<logged_event> ev;
+      if (len >= large_record) {   // the frame's buffer becomes the record: no second copy
+        frame_bytes.resize(5 + std::size_t{len});
+        frame_bytes.erase(0, 5 + 8);
+        ev = make_event(s_seq, std::move(frame_bytes));
+        frame_bytes = std::string();
+      } else {
+        ev = make_event(s_seq, std::string(protocol::as_string_view(p.rest())));
+      }
+      read_bytes += len;
+      ev->end_offset = s.base + offset;
+      out.push_back(std::move(ev));
+    }
+    return out;
+  }
+  return out;
+}
+
+resume_point event_log::resume_after(const transform::event_id& id) const {
+  resume_point r;
+  const bool from_start = id == transform::event_id{};   // 0/0:0: the log's start
+  // An id from before where this log began belongs to another log (a lost data directory, a
+  // new slot): the changes between are not here. A log that holds nothing and knows no origin
+  // has no event an id could name.
+  if (!from_start && origin_.valid() && id.commit_lsn < origin_) return r;
+  if (visible_seq_ == 0) {
+    if (from_start || origin_.valid()) r.seq = 0;
+    r.past_head = !from_start;
+    return r;
+  }
+  if (!(id < last_visible_id_)) {   // at or past the newest event: resume at the head
+    r.seq = visible_seq_;
+    r.past_head = last_visible_id_ < id;
+    return r;
+  }
+  // The memory tail (its committed part).
+  const auto& tail = tail_.events();
+  if (!tail.empty() && tail.front()->seq < visible_seq_ && !(id < tail.front()->id)) {
+    auto end = tail.begin() + static_cast<std::ptrdiff_t>(std::min<std::uint64_t>(visible_seq_ - tail.front()->seq, tail.size()));
+    auto it = std::upper_bound(tail.begin(), end, id, [](const transform::event_id& v, const event_ptr& e) { return v < e->id; });
+    r.seq = it == end ? visible_seq_ : (*it)->seq;
+    return r;
+  }
+  bool first_with_events = true;
+  for (const auto& s : segments_) {
+    if (s.end_seq == s.first_seq) continue;
+    const bool first = first_with_events;
+    first_with_events = false;
+    if (!(id < s.last_id)) continue;   // in a later segment
+    if (id < s.first_id) {
+      if (!first) {   // between the previous segment's last event and this one's first
+        r.seq = s.first_seq;
+        return r;
+      }
+      // Before the oldest retained event: gone, unless nothing was ever dropped (the log still
+      // starts at its first event), or id is the last event retention dropped.
+      if (s.first_seq == 0 || (dropped_ && id == dropped_last_id_)) r.seq = s.first_seq;
+      return r;
+    }
+    // The index entry at or before id: the event after it is within the next entry (at most
+    // 256 events, 64 KiB of frames and the one frame across it): bounded work, whatever the
+    // segment's size.
+    std::uint64_t seq = s.first_seq;
+    auto at = std::upper_bound(s.index.begin(), s.index.end(), id,
+                               [](const transform::event_id& v, const index_entry& e) { return v < e.id; });
+    if (at != s.index.begin()) seq = std::prev(at)->seq;
+    while (seq < s.end_seq) {
+      auto batch = read_disk(seq, index_every + 1, index_bytes, &r.error);
+      for (const auto& e : batch)
+        if (id < e->id) {
+          r.seq = e->seq;
+          r.error.clear();
+          return r;
+        }
+      if (!r.error.empty()) return r;
+      if (batch.empty()) {
+        // Not in the file yet: the events from here on are in the memory tail.
+        if (!tail.empty() && seq >= tail.front()->seq && seq < visible_seq_) {
+          r.seq = seq;
+          return r;
+        }
+        r.error = "event log " + s.path.filename().string() + " ends before its events";
+        return r;
+      }
+      seq = batch.back()->seq + 1;
+    }
+  }
+  return r;
+}
+
+}  // namespace walgate::proxy

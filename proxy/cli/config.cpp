@@ -134,14 +134,15 @@ setting choice(const char* name, const char* help, T config::*field, std::vector
 
 std::string check_listen(config& c, const std::string& listen) {
   auto colon = listen.rfind(':');
-  if (colon == std::string::npos) return "--listen: expected HOST:PORT, got '" + listen + "'";
+  if (colon == std::string::npos) return source_names("listen") + ": expected HOST:PORT, got '" + listen + "'";
   std::string host = listen.substr(0, colon);
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   std::uint64_t port = 0;
-  if (!digits(listen.substr(colon + 1), port) || port > 65535) return "--listen: invalid port in '" + listen + "'";
+  if (!digits(listen.substr(colon + 1), port) || port > 65535)
+    return source_names("listen") + ": invalid port in '" + listen + "'";
   boost::system::error_code ec;
   boost::asio::ip::make_address(host, ec);
-  if (ec) return "--listen: invalid address '" + host + "' (an IP address: 127.0.0.1, 0.0.0.0, [::1])";
+  if (ec) return source_names("listen") + ": invalid address '" + host + "' (an IP address: 127.0.0.1, 0.0.0.0, [::1])";
   c.listen = listen;
   c.listen_host = host;
   c.listen_port = static_cast<std::uint16_t>(port);
@@ -151,19 +152,20 @@ std::string check_listen(config& c, const std::string& listen) {
 const std::vector<setting>& settings() {
   static const std::vector<setting> all = [] {
     std::vector<setting> s;
+    // (Parsed where it is used, by check(): the demo ignores it.)
     s.push_back(text("pg", "libpq connection string or URI (PG* environment honoured)", &config::pg,
-                     on_serve | on_stream, [](const std::string& v) -> std::string {
-                       auto parsed = proxy::parse_conninfo(v);
-                       return parsed.params ? std::string() : "--pg: " + parsed.error;
-                     }));
+                     on_serve | on_stream));
     s.push_back(text("slot", "logical replication slot (created if missing)", &config::slot, on_serve | on_stream,
                      [](const std::string& v) -> std::string {
                        return protocol::valid_slot_name(v)
                                   ? std::string()
-                                  : "--slot: invalid slot name '" + v + "': use 1-63 characters of a-z, 0-9 and _";
+                                  : source_names("slot") + ": invalid slot name '" + v +
+                                        "': use 1-63 characters of a-z, 0-9 and _";
                      }));
     s.push_back(list("publication", "publication(s) to stream", &config::publications, on_serve | on_stream,
-                     [](const std::string& v) { return v.empty() ? std::string("--publication: an empty name") : std::string(); }));
+                     [](const std::string& v) {
+                       return v.empty() ? source_names("publication") + ": an empty name" : std::string();
+                     }));
     s.push_back(number("status-interval", "status update interval while idle, ms (100-60000)", &config::status_interval_ms,
                        100, 60'000, on_serve | on_stream, " ms"));
     s.push_back(text("create-publication",
@@ -182,7 +184,9 @@ const std::vector<setting>& settings() {
                    [](const config& c, toml::table& t, const char* key) { t.insert(key, c.listen); }};
     s.push_back(listen);
     s.push_back(text("data-dir", "directory of the event log", &config::data_dir, on_serve,
-                     [](const std::string& v) { return v.empty() ? std::string("--data-dir: an empty path") : std::string(); }));
+                     [](const std::string& v) {
+                       return v.empty() ? source_names("data-dir") + ": an empty path" : std::string();
+                     }));
     s.push_back(flag("allow-unauthenticated", "allow a non-loopback --listen without authentication",
                      &config::allow_unauthenticated));
     s.push_back(text("tls-cert", "PEM certificate chain for HTTPS/WSS", &config::tls_cert));
@@ -202,7 +206,8 @@ const std::vector<setting>& settings() {
                                               o.find('/', o.find("://") + 3) == std::string::npos &&
                                               o.size() > o.find("://") + 3);
                        return ok ? std::string()
-                                 : "--allow-origin: '" + o + "' is not an origin: use scheme://host[:port] (no path), or *";
+                                 : source_names("allow-origin") + ": '" + o +
+                                       "' is not an origin: use scheme://host[:port] (no path), or *";
                      }));
     s.push_back(list("allow-host",
                      "Host name served on a loopback --listen besides localhost (a reverse proxy's public name; * for any)",
@@ -308,7 +313,9 @@ std::string masked_conninfo(const std::string& pg) {
   std::string out;
   for (auto* o = opts; o->keyword; ++o) {
     if (!o->val) continue;
-    std::string v = std::string(o->keyword) == "password" ? "********" : o->val;
+    // Every secret libpq knows (password, sslpassword…: shown as '*' by its own dialogs).
+    const bool secret = (o->dispchar && o->dispchar[0] == '*') || std::string(o->keyword).find("password") != std::string::npos;
+    std::string v = secret ? "********" : o->val;
     std::string q;
     for (char ch : v) {
       if (ch == '\'' || ch == '\\') q += '\\';
@@ -399,7 +406,8 @@ load_result load(config& c, int argc, char** argv) {
   }
   for (auto& g : flags) {
     if (g.opt->count() == 0) continue;
-    given[g.s] = {g.s->k == kind::flag ? std::vector<std::string>{"true"} : g.values, std::string("--") + g.s->name};
+    given[g.s] = {g.s->k == kind::flag ? std::vector<std::string>{g.on ? "true" : "false"} : g.values,
+                  std::string("--") + g.s->name};
   }
   // In the table's order, so that the first wrong setting is the one reported whatever its source.
   for (const auto& s : settings()) {
@@ -414,11 +422,16 @@ load_result load(config& c, int argc, char** argv) {
 }
 
 std::string check(const config& c, command cmd) {
-  if (cmd == command::serve || cmd == command::stream) {
+  if (cmd == command::serve) {
     if (c.pg.empty()) return "--pg is required (or WALGATE_PG, or pg in the --config file); see walgate --help";
     if (c.publications.empty()) return "--publication is required (or WALGATE_PUBLICATION, or publication in the --config file)";
   }
-  if (cmd == command::serve || cmd == command::print_config) {
+  if (cmd == command::serve || cmd == command::stream || (cmd == command::print_config && !c.pg.empty())) {
+    // (walgate stream may take everything from the PG* environment, as libpq does.)
+    auto parsed = proxy::parse_conninfo(c.pg);
+    if (!parsed.params) return source_names("pg") + ": " + parsed.error;
+  }
+  if (cmd == command::serve || cmd == command::demo || cmd == command::print_config) {
     if (c.tls_cert.empty() != c.tls_key.empty()) return "--tls-cert and --tls-key go together";
     boost::system::error_code ec;
     auto a = boost::asio::ip::make_address(c.listen_host, ec);

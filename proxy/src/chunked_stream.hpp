@@ -138,15 +138,18 @@ awaitable<void> serve(server_core& core, Stream& s, unsigned version, stream_sta
       ec = co_await write_chunk(core, s, out);
     }
     if (ec) {
-      if (ec == beast::error::timeout) sub.close(subscription::end::slow, "slow client: a write took too long");
+      if (ec == beast::error::timeout) {
+        sub.close(subscription::end::slow, "slow client: a write took too long");
+        if (sub.why() != subscription::end::slow) ++core.disconnected_slow;   // (it had hung up meanwhile)
+      }
       c.finished();
       co_return;
     }
     if (!batch.empty()) c.delivered(batch.back(), batch.size(), sent);
     if (out.capacity() > (64u << 10)) out = std::string();   // idle clients keep no burst-sized buffer
   }
-  if (core.stopping) sub.close(subscription::end::shutdown, "server shutting down");
   c.finished();
+  if (core.stopping) sub.close(subscription::end::shutdown, "server shutting down");
   // A last line that says why, and where to resume.
   std::string tail = framing.end(end_line(sub.reason(), sub.resume_id()));
   beast::get_lowest_layer(s).expires_after(std::chrono::seconds(5));

@@ -140,6 +140,7 @@ void event_log::add(const transform::change& c) {
   protocol::writer(scratch_).u64(next_seq_);
   record_writer_.write(scratch_, c);
   std::size_t offset = seg.bytes + pending_.size();
+  const bool large = scratch_.size() >= large_record;
   auto ev = std::make_shared<logged_event>();
   ev->seq = next_seq_;
   if (scratch_.size() < large_record) {
@@ -160,7 +161,7 @@ void event_log::add(const transform::change& c) {
     ev->table = c.relation->relname;
   }
   ev->end_offset = end_offset();
-  if (index_due(seg.index, next_seq_, offset)) seg.index.push_back({next_seq_, offset, ev->id});
+  if (index_due(seg.index, next_seq_, offset, large)) seg.index.push_back({next_seq_, offset, ev->id, large});
   if (next_seq_ == seg.first_seq) seg.first_id = ev->id;   // the segment's first event
   seg.last_id = ev->id;
   ++next_seq_;

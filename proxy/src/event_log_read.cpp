@@ -10,8 +10,9 @@ namespace fs = std::filesystem;
 using protocol::lsn;
 using namespace log_file;
 
-bool event_log::index_due(const std::vector<index_entry>& index, std::uint64_t seq, std::size_t offset) {
-  return index.empty() || seq - index.back().seq >= index_every || offset - index.back().offset >= index_bytes;
+bool event_log::index_due(const std::vector<index_entry>& index, std::uint64_t seq, std::size_t offset, bool large) {
+  return index.empty() || large || index.back().large || seq - index.back().seq >= index_every ||
+         offset - index.back().offset >= index_bytes;
 }
 
 std::vector<event_ptr> event_log::read(std::uint64_t seq, std::size_t max, std::size_t max_bytes,
@@ -66,6 +67,8 @@ std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max, 
       protocol::cursor h(frame_bytes);
       char type = static_cast<char>(h.u8());
       std::uint32_t len = h.u32();
+      // A large record only as the first of a read: a batch of small ones does not load it too.
+      if (type == 'E' && len >= large_record && !out.empty()) break;
       if (len > s.bytes - offset) {
         fail("event log " + name + " damaged at offset " + std::to_string(offset) + " (frame length)");
         break;
@@ -152,8 +155,16 @@ resume_point event_log::resume_after(const transform::event_id& id) const {
     auto at = std::upper_bound(s.index.begin(), s.index.end(), id,
                                [](const transform::event_id& v, const index_entry& e) { return v < e.id; });
     if (at != s.index.begin()) seq = std::prev(at)->seq;
-    while (seq < s.end_seq) {
-      auto batch = read_disk(seq, index_every + 1, index_bytes, &r.error);
+    // The entry after it names an event past id: the answer is at most that one, and when it
+    // directly follows (as after a large frame), it is that one, with nothing read.
+    const std::uint64_t stop = at == s.index.end() ? s.end_seq : at->seq;
+    if (at != s.index.end() && at != s.index.begin() && at->seq == seq + 1) {
+      r.seq = at->seq;
+      return r;
+    }
+    while (seq < stop) {
+      auto batch = read_disk(seq, static_cast<std::size_t>(std::min<std::uint64_t>(stop - seq, index_every + 1)),
+                             index_bytes, &r.error);
       for (const auto& e : batch)
         if (id < e->id) {
           r.seq = e->seq;
@@ -171,6 +182,10 @@ resume_point event_log::resume_after(const transform::event_id& id) const {
         return r;
       }
       seq = batch.back()->seq + 1;
+    }
+    if (at != s.index.end()) {   // every event before the next entry is at or before id
+      r.seq = at->seq;
+      return r;
     }
   }
   return r;

@@ -118,7 +118,8 @@ bool event_log::scan_segment(segment& s, std::string& error, std::size_t& good_e
       std::uint64_t s_seq = p.u64();
       if (!p.ok() || s_seq != seq) break;
       auto ev = make_event(seq, std::string(protocol::as_string_view(p.rest())));   // (ids of the first and last)
-      if (index_due(index, seq, offset)) index.push_back({seq, offset, ev->id});
+      const bool large = len >= large_record;
+      if (index_due(index, seq, offset, large)) index.push_back({seq, offset, ev->id, large});
       if (!have_first) {
         first = ev->id;
         have_first = true;

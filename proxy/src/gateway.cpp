@@ -10,7 +10,7 @@ namespace asio = boost::asio;
 gateway::gateway(asio::any_io_executor ex, event_log& log, protocol::assembler_options assembler_opts,
                  std::chrono::milliseconds sync_interval)
     : executor_(ex), log_(log), assembler_opts_(std::move(assembler_opts)), sync_(ex, log, sync_interval) {
-  sync_.on_failure([this] { log_failed(); });
+  sync_.on_failure([this] { log_failed(); }, [this] { return log_failed_now(); });
   assembler_ = std::make_unique<protocol::assembler>(assembler_opts_, *this);
   keepalive_durable_ = log_.acked_lsn();   // acknowledged before the restart
   log_.set_publish([this](const logged_event& e, const transform::change& c) {

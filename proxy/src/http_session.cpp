@@ -69,7 +69,7 @@ std::optional<refusal> position(server_core& core, const http::request<http::emp
                    json_error("", "too many clients (limit " + std::to_string(core.opts.max_clients) + "); try again later"),
                    "5"};
   }
-  const log_reader& log = core.gw.log();
+  const log_reader& log = core.log;
   out.seq = log.visible_seq();
   if (r->from) {
     auto resume = log.resume_after(*r->from);

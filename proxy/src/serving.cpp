@@ -34,7 +34,7 @@ std::string end_line(std::string_view reason, std::string_view resume_id) {
 client::client(server_core& c, transport k, stream_start start)
     : core(c),
       kind(k),
-      sub(c.gw.log(), c.encodings, std::move(start.request), start.seq, start.skip_through, c.limits()),
+      sub(c.log, c.encodings, std::move(start.request), start.seq, start.skip_through, c.limits()),
       wake(c.executor),
       watchdog(c.executor) {
   core.clients.insert(this);
@@ -60,8 +60,9 @@ server_core::server_core(boost::asio::any_io_executor ex, server_options o, gate
     : executor(ex),
       opts(std::move(o)),
       gw(g),
+      log(g.log()),
       status(std::move(s)),
-      encodings(g.log(), encoding_cache::options{opts.encoder, opts.spill_dir, opts.spill_bytes}) {
+      encodings(log, encoding_cache::options{opts.encoder, opts.spill_dir, opts.spill_bytes}) {
   // Each part registers its own figures: the gateway its stream's, the log its own, the
   // server its clients'.
   gw.register_metrics(metrics);
@@ -106,7 +107,7 @@ server_core::server_core(boost::asio::any_io_executor ex, server_options o, gate
                     [this] { return spill_read_errors; });
   metrics.add_value("walgate_reconnects_total", "counter", "Reconnections to PostgreSQL.",
                     [this] { return status.reconnects ? status.reconnects() : 0; });
-  listener_ = gw.log().on_visible([this] { notify(); });
+  listener_ = log.on_visible([this] { notify(); });
   gw.on_event_logged([this](const logged_event& e, const transform::change& c) { encodings.on_logged(e, c); });
 }
 
@@ -115,7 +116,7 @@ server_core::~server_core() { detach(); }
 void server_core::detach() {
   if (!attached_) return;
   attached_ = false;
-  gw.log().remove_listener(listener_);
+  log.remove_listener(listener_);
   gw.on_event_logged({});
 }
 

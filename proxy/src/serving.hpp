@@ -73,7 +73,8 @@ struct server_core {
 
   boost::asio::any_io_executor executor;
   server_options opts;
-  gateway& gw;
+  gateway& gw;          ///< /readyz (stream_fault), the eager-encoding hook, metrics registration
+  log_reader& log;      ///< what subscriptions read, and whose notifications wake them
   server_status status;
   encoding_cache encodings;
   metrics_registry metrics;

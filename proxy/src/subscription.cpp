@@ -21,7 +21,7 @@ subscription::~subscription() {
 }
 
 void subscription::close(end why, std::string reason) {
-  if (end_ != end::none) return;   // the first reason stands
+  if (end_ != end::none && why != end::shutdown) return;   // the first reason stands, but a shutdown says so
   end_ = why;
   reason_ = std::move(reason);
 }

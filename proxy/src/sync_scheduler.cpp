@@ -32,7 +32,7 @@ void sync_scheduler::schedule() {
       asio::post(executor_, [this, alive, job] {
         if (!*alive) return;
         running_ = false;
-        if (!log_.end_sync(job) || !log_.error().empty()) {
+        if (!log_.end_sync(job) || !log_.error().empty() || (stopped_ && stopped_())) {
           if (failed_) failed_();
           return;
         }

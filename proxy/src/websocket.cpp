@@ -16,6 +16,8 @@
 #include <boost/beast/websocket.hpp>
 #include <boost/beast/websocket/ssl.hpp>
 
+#include <optional>
+
 namespace walgate::proxy {
 
 namespace asio = boost::asio;
@@ -29,12 +31,13 @@ constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
 
 /// A WebSocket client: the stream and its client, shared by the writer (serve_websocket) and
 /// the reader coroutine, so whichever ends last frees them.
+/// The client is registered from the accepted handshake until the writer ends (the reader may
+/// outlive it by a moment, and never touches the server after).
 template <class Stream>
 struct ws_session {
-  ws_session(Stream&& s, server_core& core, stream_start start)
-      : ws(std::move(s)), c(core, transport::websocket, std::move(start)) {}
+  explicit ws_session(Stream&& s) : ws(std::move(s)) {}
   websocket::stream<corked_stream<Stream>> ws;
-  client c;
+  std::optional<client> c;
   bool reading = true;
 };
 
@@ -42,10 +45,8 @@ struct ws_session {
 
 template <class Stream>
 awaitable<void> serve_websocket(server_core& core, Stream s, http::request<http::empty_body> req, stream_start start) {
-  auto session = std::make_shared<ws_session<Stream>>(std::move(s), core, std::move(start));
+  auto session = std::make_shared<ws_session<Stream>>(std::move(s));
   auto& ws = session->ws;
-  auto& c = session->c;
-  auto& sub = c.sub;
   const auto& opts = core.opts;
   beast::get_lowest_layer(ws).expires_never();
   websocket::stream_base::timeout t{};
@@ -65,6 +66,13 @@ awaitable<void> serve_websocket(server_core& core, Stream s, http::request<http:
   auto [aec] = co_await ws.async_accept(req, use_tuple);
   if (aec) co_return;
 
+  session->c.emplace(core, transport::websocket, std::move(start));
+  struct release {   // the writer's end, however it ends: the client leaves the server
+    ws_session<Stream>& s;
+    ~release() { s.c.reset(); }
+  } released{*session};
+  auto& c = *session->c;
+  auto& sub = c.sub;
   c.force_close = [&ws] {
     boost::system::error_code ec;
     beast::get_lowest_layer(ws).socket().close(ec);
@@ -82,8 +90,10 @@ awaitable<void> serve_websocket(server_core& core, Stream s, http::request<http:
           b.consume(b.size());
         }
         session->reading = false;
-        session->c.sub.close(subscription::end::client_gone, "the client closed the connection");
-        session->c.wake.cancel();
+        if (session->c) {   // (the writer still runs)
+          session->c->sub.close(subscription::end::client_gone, "the client closed the connection");
+          session->c->wake.cancel();
+        }
       },
       asio::detached);
 
@@ -177,8 +187,8 @@ awaitable<void> serve_websocket(server_core& core, Stream s, http::request<http:
     }
     c.delivered(batch.back(), batch.size(), bytes);
   }
-  if (core.stopping) sub.close(subscription::end::shutdown, "server shutting down");
   c.finished();
+  if (core.stopping) sub.close(subscription::end::shutdown, "server shutting down");
   if (!failed && session->reading) {
     // Still open: say why it ends, and where to resume.
     websocket::close_reason why;

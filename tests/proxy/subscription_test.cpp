@@ -191,17 +191,25 @@ TEST_CASE("subscription: a batch ends at its byte budget or its event count, fro
 
 TEST_CASE("subscription: resume positions from every id, and an id past the head skips what it saw") {
   log_options o;
-  o.memory_bytes = 32 * 1024;
+  // Not so small that a 3 MiB event lingers in it (then everything after it would stay): the
+  // first two large events and what is around them are found on disk.
+  o.memory_bytes = 7u << 20;
   fixture f(o);
-  // Small and large events, so that the index has entries by count and by bytes.
-  for (int i = 0; i < 30; ++i) f.w.txn(*f.log, f.w.a, 40, transform::op::insert, i % 3 == 0 ? 9000 : 10);
+  // Small and larger events, so that the index has entries by count and by bytes, and records
+  // of more than 1 MiB (an entry of their own and one after them).
+  for (int i = 0; i < 30; ++i) {
+    f.w.txn(*f.log, f.w.a, 40, transform::op::insert, i % 3 == 0 ? 9000 : 10);
+    if (i % 10 == 4) f.w.txn(*f.log, f.w.a, 1, transform::op::insert, 3u << 20);
+    if (i == 20) f.w.txn(*f.log, f.w.a, 2, transform::op::insert, 3u << 20);
+  }
   std::vector<std::string> every;
   {
     subscription s(*f.log, *f.enc, f.request("/v1/stream"), 0, std::nullopt, {});
     every = ids(drain(s));
   }
-  REQUIRE(every.size() == 1200);
-  for (std::size_t k = 0; k < every.size(); k += 7) {
+  REQUIRE(every.size() == 1200 + 3 + 2);
+  REQUIRE(f.log->tail().front()->seq > 700);   // the first two large events are only on disk
+  for (std::size_t k = 0; k < every.size(); k += (k > 150 && k < 1100 ? 7 : 1)) {
     auto at = f.log->resume_after(*transform::event_id::parse(every[k]));
     REQUIRE(at.error.empty());
     REQUIRE(at.seq);
@@ -216,10 +224,19 @@ TEST_CASE("subscription: resume positions from every id, and an id past the head
       CHECK(batch.empty());
     }
   }
-  // An id between two of them (a transaction's index past its last event) resumes at the next.
+  // An id between two of them (a transaction's index past its last event) resumes at the next,
+  // a large one included.
   auto between = f.log->resume_after(transform::event_id{lsn{0x1000}, 99});
   REQUIRE(between.seq);
   CHECK(*between.seq == 40);
+  for (std::size_t k = 0; k + 1 < every.size(); ++k) {
+    auto id = *transform::event_id::parse(every[k]);
+    auto next = *transform::event_id::parse(every[k + 1]);
+    if (next.commit_lsn == id.commit_lsn) continue;   // (only ids past a transaction's last event)
+    auto r = f.log->resume_after(transform::event_id{id.commit_lsn, id.index + 1000});
+    REQUIRE(r.seq);
+    CHECK(*r.seq == k + 1);
+  }
 
   // Past the head: the log lost events a client saw (a crash before they were durable); the
   // server sends them again with the same ids, and this client skips them.
@@ -300,18 +317,21 @@ TEST_CASE("subscription: close reasons — too slow, no longer retained, a damag
     CHECK(s.why() == subscription::end::damaged);
     CHECK(s.reason().find("checksum") != std::string::npos);
   }
-  SUBCASE("closed by its transport: the first reason stands, and nothing more is read") {
+  SUBCASE("closed by its transport: the first reason stands (a shutdown replaces it), and nothing more is read") {
     fixture f;
     subscription s(*f.log, *f.enc, f.request("/v1/stream"), 0, std::nullopt, {});
     f.w.txn(*f.log, f.w.a, 2);
     s.close(subscription::end::client_gone, "the client closed the connection");
-    s.close(subscription::end::shutdown, "server shutting down");
+    s.close(subscription::end::slow, "slow client: a write took too long");
     std::vector<subscription::item> batch;
     s.next_batch(batch);
     CHECK(batch.empty());
     CHECK(s.why() == subscription::end::client_gone);
     CHECK(s.reason() == "the client closed the connection");
     CHECK(s.resume_id().empty());
+    s.close(subscription::end::shutdown, "server shutting down");
+    CHECK(s.why() == subscription::end::shutdown);
+    CHECK(s.reason() == "server shutting down");
   }
 }
 

@@ -163,8 +163,12 @@ class event_log final : public log_reader {
     std::uint64_t seq = 0;
     std::size_t offset = 0;   // of its frame
     transform::event_id id;
+    bool large = false;       // a frame of 1 MiB or more
   };
-  static bool index_due(const std::vector<index_entry>& index, std::uint64_t seq, std::size_t offset);
+  /// Whether the frame of seq at offset gets an entry: every 256 events or 64 KiB, every large
+  /// frame and the one after it — so that finding an id never reads a large frame, and a scan
+  /// from an entry meets one only as its first frame.
+  static bool index_due(const std::vector<index_entry>& index, std::uint64_t seq, std::size_t offset, bool large);
   struct segment {
     std::filesystem::path path;
     std::uint64_t first_seq = 0, end_seq = 0;   // [first, end)
@@ -172,7 +176,7 @@ class event_log final : public log_reader {
     transform::event_id first_id, last_id;
     std::size_t bytes = 0;
     /// Sparse: an entry at least every 256 events and every 64 KiB of frames, so that finding
-    /// an event (by seq or by id) reads at most that much of the file before it.
+    /// an event (by seq or by id) reads at most that much of the file before it (see index_due).
     std::vector<index_entry> index;
   };
   event_log() = default;

@@ -68,7 +68,8 @@ class server {
   std::uint16_t port() const;
   /// Stops accepting and closes every client with a going-away reason carrying its resume id.
   void stop();
-  /// Wakes clients waiting for events (the gateway calls this).
+  /// Wakes clients waiting for events (the server does so itself on the log's notification,
+  /// log_reader::on_visible).
   void notify();
   std::size_t clients() const;
 

@@ -50,7 +50,9 @@ class subscription {
   /// The transport sent the batch whose last item is last: it is where a resume starts.
   void delivered(const item& last) { resume_id_ = last.id.to_string(); }
 
-  /// Ends it (the transport: the client went away, a write timed out, the server stops).
+  /// Ends it (the transport: the client went away, a write timed out, the server stops). The
+  /// first reason stands, except that the server's shutdown replaces it (the client is told
+  /// that, and to come back).
   void close(end why, std::string reason);
   bool ended() const { return end_ != end::none; }
   end why() const { return end_; }

@@ -29,8 +29,12 @@ class sync_scheduler {
   /// Stores l as the acknowledged keepalive position (at most once a second); done(true) once
   /// stored, done(false) with log error set when it could not be — on the executor.
   void store_ack(protocol::lsn l, std::function<void(bool ok, const std::string& error)> done);
-  /// Called (on the executor) when a sync failed: event_log::error() says why.
-  void on_failure(std::function<void()> f) { failed_ = std::move(f); }
+  /// Called (on the executor) when a sync failed: event_log::error() says why. No sync is
+  /// scheduled again once stopped() says so (the log, or the ACKED store, failed).
+  void on_failure(std::function<void()> f, std::function<bool()> stopped) {
+    failed_ = std::move(f);
+    stopped_ = std::move(stopped);
+  }
   bool storing_ack() const { return ack_storing_; }
 
  private:
@@ -43,6 +47,7 @@ class sync_scheduler {
   bool ack_storing_ = false;
   std::chrono::steady_clock::time_point last_ack_store_{};
   std::function<void()> failed_;
+  std::function<bool()> stopped_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

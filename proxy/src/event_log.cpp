@@ -12,6 +12,7 @@ using protocol::lsn;
 using namespace log_file;
 
 event_log::~event_log() {
+  *alive_ = false;   // a background read that ends now finds the log gone
   if (fd_ >= 0) {
     sync();
     ::close(fd_);
@@ -41,6 +42,9 @@ void event_log::register_metrics(metrics_registry& r) const {
   r.add_value("walgate_log_disk_bytes", "gauge", "Bytes of event log on disk.", [this] { return disk_bytes(); });
   r.add_value("walgate_log_next_seq", "gauge", "Sequence number of the next event clients will see.",
               [this] { return visible_seq(); });
+  r.add_value("walgate_log_background_reads_total", "counter",
+              "Records of 1 MiB or more read from the file on the reader thread for clients far behind.",
+              [this] { return background_reads_; });
 }
 
 std::size_t event_log::disk_bytes() const {

@@ -15,21 +15,80 @@ bool event_log::index_due(const std::vector<index_entry>& index, std::uint64_t s
          offset - index.back().offset >= index_bytes;
 }
 
-std::vector<event_ptr> event_log::read(std::uint64_t seq, std::size_t max, std::size_t max_bytes,
-                                       std::string* error) const {
+namespace {
+
+/// Reads and checks the large 'E' frame of len bytes at offset of fd (on any thread).
+std::shared_ptr<logged_event> read_large_frame(int fd, std::size_t offset, std::uint32_t len, std::uint64_t base,
+                                               const std::string& name, std::uint64_t expect_seq, std::string& error) {
+  std::string bytes(5 + std::size_t{len} + 4, '\0');
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::pread(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      error = "event log " + name + " ends inside the frame at offset " + std::to_string(offset) +
+              (n < 0 ? std::string(": ") + std::strerror(errno) : std::string());
+      return nullptr;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  protocol::cursor sum_at(std::string_view(bytes).substr(5 + len));
+  if (sum_at.u32() != protocol::crc32c(std::string_view(bytes).substr(0, 5 + len))) {
+    error = "event log " + name + " damaged at offset " + std::to_string(offset) + " (checksum)";
+    return nullptr;
+  }
+  protocol::cursor p(std::string_view(bytes).substr(5, 8));
+  if (p.u64() != expect_seq) {
+    error = "event log " + name + " damaged at offset " + std::to_string(offset) + " (sequence)";
+    return nullptr;
+  }
+  bytes.resize(5 + std::size_t{len});
+  bytes.erase(0, 5 + 8);   // the frame's buffer becomes the record: no second copy
+  auto ev = make_event(expect_seq, std::move(bytes));
+  ev->end_offset = base + offset + frame_overhead + len;
+  return ev;
+}
+
+}  // namespace
+
+std::vector<event_ptr> event_log::read(std::uint64_t seq, std::size_t max, std::size_t max_bytes, std::string* error,
+                                       bool* fetching) const {
   std::vector<event_ptr> out;
   // Only committed transactions are read: a transaction still arriving is not visible.
   if (seq >= visible_seq_) return out;
   max = static_cast<std::size_t>(std::min<std::uint64_t>(max, visible_seq_ - seq));
   out = tail_.read(seq, max);
   if (!out.empty()) return out;
-  out = read_disk(seq, max, max_bytes, error);
+  if (!fetches_.empty()) {
+    // A large record read in the background: given to the reader that asks first, then shared
+    // while held; one nobody came back for is dropped after a while.
+    const auto now = std::chrono::steady_clock::now();
+    std::erase_if(fetches_, [&](const auto& f) {
+      return f.first != seq && f.second->done && now - f.second->done_at > std::chrono::seconds(30);
+    });
+    if (auto it = fetches_.find(seq); it != fetches_.end()) {
+      auto f = it->second;
+      if (!f->done) {
+        if (fetching) *fetching = true;
+        return out;
+      }
+      fetches_.erase(it);
+      if (!f->event) {
+        if (error) *error = f->error;
+        return out;
+      }
+      tail_.share(f->event);
+      out.push_back(f->event);
+      return out;
+    }
+  }
+  out = read_disk(seq, max, max_bytes, error, background_ ? fetching : nullptr);
   for (const auto& e : out) tail_.share(e);
   return out;
 }
 
 std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max, std::size_t max_bytes,
-                                            std::string* error) const {
+                                            std::string* error, bool* fetching) const {
   std::vector<event_ptr> out;
   auto fail = [&](const std::string& why) {
     if (error) *error = why;
@@ -72,6 +131,44 @@ std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max, 
       if (len > s.bytes - offset) {
         fail("event log " + name + " damaged at offset " + std::to_string(offset) + " (frame length)");
         break;
+      }
+      if (type == 'E' && len >= large_record && fetching) {
+        // A record of megabytes goes to the background thread: its sequence number first.
+        char seq_bytes[8];
+        if (len < 8 || !in.read(seq_bytes, 8)) {
+          fail("event log " + name + " ends inside the frame at offset " + std::to_string(offset));
+          break;
+        }
+        protocol::cursor q(std::string_view(seq_bytes, 8));
+        const std::uint64_t s_seq = q.u64();
+        if (s_seq >= end) break;
+        if (s_seq < seq) {   // (passed over, as below, unread)
+          offset += frame_overhead + len;
+          in.seekg(static_cast<std::streamoff>(offset));
+          continue;
+        }
+        // The file stays readable while its descriptor is open, whatever retention does.
+        int fd = ::open(s.path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+          fail("event log " + name + " unreadable: " + std::strerror(errno));
+          return out;
+        }
+        auto f = std::make_shared<fetch>();
+        fetches_[s_seq] = f;
+        ++background_reads_;
+        *fetching = true;
+        background_(
+            [f, fd, offset, len, base = s.base, name, s_seq] {
+              f->event = read_large_frame(fd, offset, len, base, name, s_seq, f->error);
+              ::close(fd);
+            },
+            [this, f, alive = alive_] {
+              if (!*alive) return;
+              f->done = true;
+              f->done_at = std::chrono::steady_clock::now();
+              announce();
+            });
+        return out;
       }
       frame_bytes.resize(5 + std::size_t{len} + 4);
       if (!in.read(frame_bytes.data() + 5, static_cast<std::streamsize>(len) + 4)) {

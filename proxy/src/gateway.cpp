@@ -11,6 +11,14 @@ gateway::gateway(asio::any_io_executor ex, event_log& log, protocol::assembler_o
                  std::chrono::milliseconds sync_interval)
     : executor_(ex), log_(log), assembler_opts_(std::move(assembler_opts)), sync_(ex, log, sync_interval) {
   sync_.on_failure([this] { log_failed(); }, [this] { return log_failed_now(); });
+  // Records of megabytes that readers far behind reach are read on a thread of their own.
+  reader_ = std::make_unique<asio::thread_pool>(1);
+  log_.set_background([pool = reader_.get(), ex = executor_](std::function<void()> work, std::function<void()> done) {
+    asio::post(*pool, [work = std::move(work), done = std::move(done), ex]() mutable {
+      work();
+      asio::post(ex, std::move(done));
+    });
+  });
   assembler_ = std::make_unique<protocol::assembler>(assembler_opts_, *this);
   keepalive_durable_ = log_.acked_lsn();   // acknowledged before the restart
   log_.set_publish([this](const logged_event& e, const transform::change& c) {
@@ -59,6 +67,8 @@ void gateway::register_metrics(metrics_registry& r) {
 gateway::~gateway() {
   *alive_ = false;
   log_.set_publish({});
+  log_.set_background({});
+  reader_->join();   // a read running finishes; its completion finds the reader gone or the log done
 }
 
 void gateway::on_stream_start(const stream_start_info& i) {

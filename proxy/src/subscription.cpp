@@ -37,9 +37,10 @@ void subscription::next_batch(std::vector<item>& out) {
   // A filter may pass over many events without a match: more reads, up to a bound on the work
   // one call does (the event loop serves everyone).
   if (ended()) return;
+  waiting_ = false;
   int reads = 0;
   do read_some(out);
-  while (out.empty() && !ended() && cursor_ < log_.visible_seq() && ++reads < 8);
+  while (out.empty() && !ended() && !waiting_ && cursor_ < log_.visible_seq() && ++reads < 8);
 }
 
 void subscription::read_some(std::vector<item>& out) {
@@ -51,7 +52,12 @@ void subscription::read_some(std::vector<item>& out) {
   std::string read_error;
   // Records read are bounded like the batch (their encodings are about their size): what a
   // batch reads from disk is about what it sends.
-  auto batch = log_.read(cursor_, limits_.batch_events, limits_.batch_bytes, &read_error);
+  bool fetching = false;
+  auto batch = log_.read(cursor_, limits_.batch_events, limits_.batch_bytes, &read_error, &fetching);
+  if (batch.empty() && fetching) {   // a large record is being read in the background: notified when in memory
+    waiting_ = true;
+    return;
+  }
   if (batch.empty() && !read_error.empty()) {
     // Never a silent wait: the client is closed with the reason and where to resume.
     close(end::damaged, read_error);

@@ -393,6 +393,43 @@ TEST_CASE("a filtered client resuming behind thousands of events it does not tak
   CHECK(m[0].find("pas_other") != std::string::npos);
 }
 
+TEST_CASE("a client far behind reaches values of megabytes on disk: read off the event loop, delivered whole") {
+  setup_tables("bgr");
+  log_options lo;
+  // The first large values leave memory before the client comes (8 MiB: none is larger than
+  // half of it, so none lingers).
+  lo.memory_bytes = 8u << 20;
+  running_gateway g("bgr_slot", "bgr_pub", {}, lo);
+  auto& pg = test::cluster();
+  for (int i = 1; i <= 6; ++i)
+    pg.sql("INSERT INTO bgr_items VALUES (" + std::to_string(i) + ", repeat('v', 3000000), 1)");
+  pg.sql("INSERT INTO bgr_other VALUES (1)");
+  REQUIRE(test::wait_until([&] {
+    return get_path(g.port(), "/metrics").second.find("walgate_events_in_total 7\n") != std::string::npos;
+  }));
+  // NDJSON and WebSocket from the start: every value whole, in order, then the last row.
+  stream_client c(g.port(), "/v1/stream?from=0/0:0");
+  auto lines = c.events(7);
+  REQUIRE(lines.size() == 7);
+  for (int i = 0; i < 6; ++i) {
+    auto v = json::parse(lines[i]);
+    CHECK(v.at("after").at("id") == i + 1);
+    CHECK(v.at("after").at("name").as_string().size() == 3000000);
+  }
+  CHECK(json::parse(lines[6]).at("table") == "bgr_other");
+  ws_client w(g.port(), "/v1/ws?format=wal2json&from=0/0:0", false);
+  auto m = w.messages(7);
+  REQUIRE(m.size() == 7);
+  CHECK(m[5].size() > 3000000);
+  CHECK(m[6].find("bgr_other") != std::string::npos);
+  // They were read on the log's reader thread, not on the event loop.
+  auto metrics = get_path(g.port(), "/metrics").second;
+  const std::string name = "\nwalgate_log_background_reads_total ";
+  auto at = metrics.find(name);
+  REQUIRE(at != std::string::npos);
+  CHECK(std::stoul(metrics.substr(at + name.size())) >= 2);
+}
+
 TEST_CASE("table and op filters; resume by from and Last-Event-ID with no gap and no duplicate") {
   setup_tables("flt");
   running_gateway g("flt_slot", "flt_pub");

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 using namespace walgate;
 using namespace walgate::proxy;
@@ -408,4 +409,71 @@ TEST_CASE("subscription: a filter passing over many events goes on until a match
   CHECK(batch.empty());
   CHECK_FALSE(s.pending());   // caught up: now wait for the log's notification
   CHECK(s.live());
+}
+
+TEST_CASE("subscription: a record of megabytes far behind is read off the event loop, then delivered") {
+  log_options o;
+  o.memory_bytes = 7u << 20;
+  fixture f(o);
+  // What the gateway does with a thread: here the work runs on a real thread when the test
+  // says, and its completion as the test's "event loop".
+  std::vector<std::pair<std::function<void()>, std::function<void()>>> jobs;
+  f.log->set_background([&](std::function<void()> work, std::function<void()> done) { jobs.emplace_back(work, done); });
+  int notified = 0;
+  f.log->on_visible([&] { ++notified; });
+  f.w.txn(*f.log, f.w.a, 1);
+  f.w.txn(*f.log, f.w.a, 1, transform::op::insert, 3u << 20);   // seq 1: 3 MiB
+  for (int i = 0; i < 10; ++i) f.w.txn(*f.log, f.w.a, 1, transform::op::insert, 1u << 20);
+  f.w.txn(*f.log, f.w.b, 1);
+  REQUIRE(f.log->tail().front()->seq > 1);   // the large one is only on disk
+
+  subscription s(*f.log, *f.enc, f.request("/v1/stream"), 0, std::nullopt, {});
+  subscription t(*f.log, *f.enc, f.request("/v1/stream"), 1, std::nullopt, {});
+  std::vector<subscription::item> batch;
+  s.next_batch(batch);
+  REQUIRE(batch.size() == 1);   // the small event before it, not the large one with it
+  s.delivered(batch.back());
+  s.next_batch(batch);
+  CHECK(batch.empty());          // the large record is being read in the background
+  CHECK_FALSE(s.ended());
+  CHECK_FALSE(s.pending());      // so: wait for the notification, do not spin
+  REQUIRE(jobs.size() == 1);
+  t.next_batch(batch);           // another reader at the same place waits for the same read
+  CHECK(batch.empty());
+  CHECK_FALSE(t.pending());
+  CHECK(jobs.size() == 1);
+  std::thread worker(jobs[0].first);
+  worker.join();
+  CHECK(notified == 0);
+  jobs[0].second();              // the completion, on the loop: readers are notified
+  CHECK(notified == 1);
+  s.next_batch(batch);
+  REQUIRE(!batch.empty());
+  CHECK(batch[0].id.to_string() == f.w.txns[1].commit_lsn.to_string() + ":0");
+  CHECK(batch[0].bytes->size() > (3u << 20));
+  t.next_batch(batch);           // shared with the other reader while one holds it
+  REQUIRE(!batch.empty());
+  CHECK(batch[0].id.to_string() == f.w.txns[1].commit_lsn.to_string() + ":0");
+  CHECK(jobs.size() == 1);
+  // Reading on reaches the end, each later large record the same way.
+  auto rest = std::size_t{0};
+  for (int guard = 0; guard < 100 && !s.ended(); ++guard) {
+    s.next_batch(batch);
+    if (!batch.empty()) {
+      rest += batch.size();
+      s.delivered(batch.back());
+      continue;
+    }
+    if (s.pending()) continue;
+    if (jobs.size() > 1 && jobs.back().second) {
+      jobs.back().first();
+      auto done = std::move(jobs.back().second);
+      jobs.back().second = nullptr;
+      done();
+      continue;
+    }
+    break;
+  }
+  CHECK(rest == 11);
+  CHECK_FALSE(s.pending());
 }

@@ -132,7 +132,12 @@ class event_log final : public log_reader {
   /// the file cannot be read (an I/O error, a segment shorter than written, a frame whose
   /// checksum fails), the events before the fault are returned and *error says what failed.
   std::vector<event_ptr> read(std::uint64_t seq, std::size_t max_events, std::size_t max_bytes,
-                              std::string* error = nullptr) const override;
+                              std::string* error = nullptr, bool* fetching = nullptr) const override;
+  /// Runs work on a thread of its own, then done on the log's executor. Set: a reader that can
+  /// wait (read() with fetching) gets a record of 1 MiB or more from the file in the background,
+  /// so the event loop never reads one. Unset (tests, tools): such a record is read at once.
+  using background_runner = std::function<void(std::function<void()> work, std::function<void()> done)>;
+  void set_background(background_runner r) { background_ = std::move(r); }
   /// read() with at most 1 MiB of records from disk.
   std::vector<event_ptr> read(std::uint64_t seq, std::size_t max, std::string* error = nullptr) const {
     return read(seq, max, 1u << 20, error);
@@ -192,7 +197,19 @@ class event_log final : public log_reader {
   bool write_frame_now(char type, std::string_view body);   // what is pending, then this frame
   void enforce_retention();
   void evict();
-  std::vector<event_ptr> read_disk(std::uint64_t seq, std::size_t max, std::size_t max_bytes, std::string* error) const;
+  std::vector<event_ptr> read_disk(std::uint64_t seq, std::size_t max, std::size_t max_bytes, std::string* error,
+                                   bool* fetching = nullptr) const;
+  /// A large record being read in the background (by seq), and what came of it.
+  struct fetch {
+    event_ptr event;
+    std::string error;
+    bool done = false;
+    std::chrono::steady_clock::time_point done_at;
+  };
+  background_runner background_;
+  mutable std::unordered_map<std::uint64_t, std::shared_ptr<fetch>> fetches_;
+  mutable std::uint64_t background_reads_ = 0;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 
   log_options opts_;
   std::vector<segment> segments_;

@@ -78,9 +78,11 @@ class log_reader {
   /// Events from seq on, committed only: at most max_events, and no more records than about
   /// max_bytes (at least one event). Empty when seq is not retained or nothing is visible
   /// there. When the log cannot be read, the events before the fault are returned and *error
-  /// says what failed.
+  /// says what failed. With fetching given, a read that would block the caller for long (a
+  /// record of many megabytes) may instead start in the background: then nothing is returned,
+  /// *fetching is set, and the notification (on_visible) comes when it is in memory.
   virtual std::vector<event_ptr> read(std::uint64_t seq, std::size_t max_events, std::size_t max_bytes,
-                                      std::string* error = nullptr) const = 0;
+                                      std::string* error = nullptr, bool* fetching = nullptr) const = 0;
   /// Where a reader that processed id resumes.
   virtual resume_point resume_after(const transform::event_id& id) const = 0;
   /// Counts an encoding just cached on e against what the log keeps in memory for it.

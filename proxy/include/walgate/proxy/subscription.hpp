@@ -41,12 +41,14 @@ class subscription {
 
   /// The next batch of encoded events into out (cleared first). Empty and ended: the
   /// subscription is over (too slow, its position no longer retained, a damaged record). Empty,
-  /// not ended and not pending(): caught up, wait for the log's notification. Empty and
+  /// not ended and not pending(): caught up (or a large record is being read for it), wait for
+  /// the log's notification. Empty and
   /// pending(): its filters passed over events without a match and the call's work ran out
   /// (at most 8 reads of the log): call again after letting others run.
   void next_batch(std::vector<item>& out);
-  /// Visible events are left to look at.
-  bool pending() const { return !ended() && cursor_ < log_.visible_seq(); }
+  /// Visible events are left to look at now (not while the log reads a large record for it in
+  /// the background: its notification comes when that is done).
+  bool pending() const { return !ended() && !waiting_ && cursor_ < log_.visible_seq(); }
   /// The transport sent the batch whose last item is last: it is where a resume starts.
   void delivered(const item& last) { resume_id_ = last.id.to_string(); }
 
@@ -84,6 +86,7 @@ class subscription {
   std::uint64_t offset_ = 0;     // the log's end offset at the cursor (while live): lag in bytes
   std::optional<transform::event_id> skip_through_;
   bool live_ = false;
+  bool waiting_ = false;   // for a background read of the log
   end end_ = end::none;
   std::string reason_;
   std::string resume_id_;

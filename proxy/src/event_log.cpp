@@ -209,6 +209,7 @@ void event_log::commit(lsn commit_lsn, lsn end_lsn) {
   }
   visible_seq_ = next_seq_;
   visible_offset_ = end_offset();
+  prune_fetches();   // (also here: with no reader left, a finished background read goes soon)
   tail_.committed();
 }
 

@@ -17,6 +17,17 @@ bool event_log::index_due(const std::vector<index_entry>& index, std::uint64_t s
 
 namespace {
 
+/// Closed when the last holder lets go (the background job, or its closure never run).
+struct file_descriptor {
+  int fd;
+  explicit file_descriptor(int f) : fd(f) {}
+  ~file_descriptor() { close(); }
+  void close() {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+};
+
 /// Reads and checks the large 'E' frame of len bytes at offset of fd (on any thread).
 std::shared_ptr<logged_event> read_large_frame(int fd, std::size_t offset, std::uint32_t len, std::uint64_t base,
                                                const std::string& name, std::uint64_t expect_seq, std::string& error) {
@@ -51,6 +62,12 @@ std::shared_ptr<logged_event> read_large_frame(int fd, std::size_t offset, std::
 
 }  // namespace
 
+void event_log::prune_fetches() const {
+  if (fetches_.empty()) return;
+  const auto now = std::chrono::steady_clock::now();
+  std::erase_if(fetches_, [&](const auto& f) { return f.second->done && now - f.second->done_at > std::chrono::seconds(2); });
+}
+
 std::vector<event_ptr> event_log::read(std::uint64_t seq, std::size_t max, std::size_t max_bytes, std::string* error,
                                        bool* fetching) const {
   std::vector<event_ptr> out;
@@ -59,28 +76,23 @@ std::vector<event_ptr> event_log::read(std::uint64_t seq, std::size_t max, std::
   max = static_cast<std::size_t>(std::min<std::uint64_t>(max, visible_seq_ - seq));
   out = tail_.read(seq, max);
   if (!out.empty()) return out;
-  if (!fetches_.empty()) {
-    // A large record read in the background: given to the reader that asks first, then shared
-    // while held; one nobody came back for is dropped after a while.
-    const auto now = std::chrono::steady_clock::now();
-    std::erase_if(fetches_, [&](const auto& f) {
-      return f.first != seq && f.second->done && now - f.second->done_at > std::chrono::seconds(30);
-    });
-    if (auto it = fetches_.find(seq); it != fetches_.end()) {
-      auto f = it->second;
-      if (!f->done) {
-        if (fetching) *fetching = true;
-        return out;
-      }
-      fetches_.erase(it);
-      if (!f->event) {
-        if (error) *error = f->error;
-        return out;
-      }
-      tail_.share(f->event);
-      out.push_back(f->event);
+  prune_fetches();
+  if (auto it = fetches_.find(seq); it != fetches_.end()) {
+    // A large record read in the background: every reader at it takes it from here (kept for a
+    // moment after it is done: the readers it woke come one after another), then shares it
+    // while held.
+    auto f = it->second;
+    if (!f->done) {
+      if (fetching) *fetching = true;
       return out;
     }
+    if (!f->event) {
+      if (error) *error = f->error;
+      return out;
+    }
+    tail_.share(f->event);
+    out.push_back(f->event);
+    return out;
   }
   out = read_disk(seq, max, max_bytes, error, background_ ? fetching : nullptr);
   for (const auto& e : out) tail_.share(e);
@@ -139,35 +151,48 @@ std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max, 
           fail("event log " + name + " ends inside the frame at offset " + std::to_string(offset));
           break;
         }
+        // The index puts an entry at every large frame and the one after it, so the first
+        // frame read at or after seq's entry is seq's: anything else is damage (its checksum is
+        // checked on the background thread; this number is not checked yet).
         protocol::cursor q(std::string_view(seq_bytes, 8));
         const std::uint64_t s_seq = q.u64();
-        if (s_seq >= end) break;
-        if (s_seq < seq) {   // (passed over, as below, unread)
-          offset += frame_overhead + len;
-          in.seekg(static_cast<std::streamoff>(offset));
-          continue;
+        if (s_seq != seq) {
+          fail("event log " + name + " damaged at offset " + std::to_string(offset) + " (sequence)");
+          break;
         }
         // The file stays readable while its descriptor is open, whatever retention does.
-        int fd = ::open(s.path.c_str(), O_RDONLY | O_CLOEXEC);
-        if (fd < 0) {
+        auto fd = std::make_shared<file_descriptor>(::open(s.path.c_str(), O_RDONLY | O_CLOEXEC));
+        if (fd->fd < 0) {
           fail("event log " + name + " unreadable: " + std::strerror(errno));
           return out;
         }
         auto f = std::make_shared<fetch>();
+        try {
+          background_(
+              [f, fd, offset, len, base = s.base, name, s_seq] {
+                try {
+                  f->event = read_large_frame(fd->fd, offset, len, base, name, s_seq, f->error);
+                } catch (const std::exception& e) {   // (a record of up to 1 GB: memory may run out)
+                  f->event = nullptr;
+                  f->error = "event log " + name + ": cannot read the record at offset " + std::to_string(offset) +
+                             ": " + e.what();
+                }
+                fd->close();
+              },
+              [this, f, alive = alive_] {
+                if (!*alive) return;
+                f->done = true;
+                f->done_at = std::chrono::steady_clock::now();
+                announce();
+              });
+        } catch (const std::exception& e) {
+          fail("event log " + name + ": cannot start reading the record at offset " + std::to_string(offset) + ": " +
+               e.what());
+          return out;
+        }
         fetches_[s_seq] = f;
         ++background_reads_;
         *fetching = true;
-        background_(
-            [f, fd, offset, len, base = s.base, name, s_seq] {
-              f->event = read_large_frame(fd, offset, len, base, name, s_seq, f->error);
-              ::close(fd);
-            },
-            [this, f, alive = alive_] {
-              if (!*alive) return;
-              f->done = true;
-              f->done_at = std::chrono::steady_clock::now();
-              announce();
-            });
         return out;
       }
       frame_bytes.resize(5 + std::size_t{len} + 4);

@@ -16,6 +16,7 @@ sync_scheduler::~sync_scheduler() {
 
 void sync_scheduler::schedule() {
   if (scheduled_ || running_) return;   // a running sync schedules the next when it ends
+  if (stopped_ && stopped_()) return;
   scheduled_ = true;
   timer_.expires_after(interval_);
   timer_.async_wait([this, alive = alive_](boost::system::error_code ec) {

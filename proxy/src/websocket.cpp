@@ -102,13 +102,13 @@ awaitable<void> serve_websocket(server_core& core, Stream s, http::request<http:
   bool failed = false;
   // The batch's frames are collected and sent in one write. A batch that takes longer than
   // write_timeout to go out: the client does not read; close it.
-  auto arm_watchdog = [&c, &opts] {
+  auto arm_watchdog = [&c, &opts, w = std::weak_ptr<ws_session<Stream>>(session)] {
     c.watchdog.expires_after(opts.write_timeout);
-    c.watchdog.async_wait([&c](boost::system::error_code ec) {
-      if (!ec) {
-        c.sub.close(subscription::end::slow, "slow client: a write took too long");
-        c.force_close();
-      }
+    c.watchdog.async_wait([w](boost::system::error_code ec) {
+      auto s = w.lock();
+      if (ec || !s || !s->c) return;   // (the writer may have ended with the handler queued)
+      s->c->sub.close(subscription::end::slow, "slow client: a write took too long");
+      s->c->force_close();
     });
   };
   while (!core.stopping && !sub.ended()) {

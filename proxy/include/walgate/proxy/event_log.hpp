@@ -209,6 +209,8 @@ class event_log final : public log_reader {
   background_runner background_;
   mutable std::unordered_map<std::uint64_t, std::shared_ptr<fetch>> fetches_;
   mutable std::uint64_t background_reads_ = 0;
+  /// Drops background reads done more than 2 s ago (their readers have taken them).
+  void prune_fetches() const;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 
   log_options opts_;

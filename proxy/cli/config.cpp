@@ -421,6 +421,12 @@ load_result load(config& c, int argc, char** argv) {
   return r;
 }
 
+bool listens_on_loopback(const config& c) {
+  boost::system::error_code ec;
+  auto a = boost::asio::ip::make_address(c.listen_host, ec);
+  return !ec && a.is_loopback();
+}
+
 std::string check(const config& c, command cmd) {
   if (cmd == command::serve) {
     if (c.pg.empty()) return "--pg is required (or WALGATE_PG, or pg in the --config file); see walgate --help";
@@ -433,9 +439,7 @@ std::string check(const config& c, command cmd) {
   }
   if (cmd == command::serve || cmd == command::demo || cmd == command::print_config) {
     if (c.tls_cert.empty() != c.tls_key.empty()) return "--tls-cert and --tls-key go together";
-    boost::system::error_code ec;
-    auto a = boost::asio::ip::make_address(c.listen_host, ec);
-    if (!ec && !a.is_loopback() && !c.allow_unauthenticated)
+    if (!listens_on_loopback(c) && !c.allow_unauthenticated)
       return "--listen " + c.listen +
              " is not a loopback address and authentication is not configured: pass --allow-unauthenticated to serve "
              "the stream to anyone who can reach it";

@@ -55,6 +55,8 @@ std::string check(const config& c, command cmd);
 /// The configuration as a TOML file that load() reads back to the same configuration, every
 /// setting in it; the password in pg is masked.
 std::string print(const config& c);
+/// The listen address is a loopback one (served without authentication by default).
+bool listens_on_loopback(const config& c);
 /// WALGATE_<NAME> for a setting's name ("client-lag-mb" -> WALGATE_CLIENT_LAG_MB).
 std::string env_name(std::string_view name);
 

@@ -36,12 +36,6 @@ void log_line(const std::string& s) {
 
 namespace {
 
-bool is_loopback(const std::string& host) {
-  boost::system::error_code ec;
-  auto a = asio::ip::make_address(host, ec);
-  return !ec && a.is_loopback();
-}
-
 asio::awaitable<proxy::outcome<void>> ensure_publication(proxy::conn_params conn, std::string name, std::string what) {
   proxy::pg_connection c(co_await asio::this_coro::executor);
   if (auto r = co_await c.connect(conn, false); !r) co_return r.error();
@@ -151,7 +145,7 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
     return 2;
   }
   std::string error;
-  if (!is_loopback(s.listen_host))
+  if (!listens_on_loopback(s))
     log_line("WARNING: serving unauthenticated on " + s.listen + ": anyone who can reach it reads every change");
   proxy::server_options so;
   if (!client_limit(s.max_clients, so, error)) {

@@ -2,6 +2,8 @@
 // where a resume id leads, what recovery keeps and makes durable.
 #include "walgate/proxy/event_log.hpp"
 
+#include "temp_dir.hpp"
+
 #include <doctest/doctest.h>
 
 #include <sys/stat.h>
@@ -20,13 +22,8 @@ using protocol::lsn;
 using transform::event_id;
 
 namespace {
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    std::string t = (fs::temp_directory_path() / "walgate-rec-XXXXXX").string();
-    path = mkdtemp(t.data());
-  }
-  ~temp_dir() { fs::remove_all(path); }
+struct temp_dir : test::temp_dir {
+  temp_dir() : test::temp_dir("walgate-rec") {}
 };
 
 /// Builds transactions of n inserts; begin/add/commit separately so a test can stop midway.

@@ -1,6 +1,7 @@
 #include "walgate/proxy/event_log.hpp"
 
 #include "split_helpers.hpp"
+#include "temp_dir.hpp"
 
 #include <doctest/doctest.h>
 
@@ -13,13 +14,8 @@ namespace pg = walgate::protocol::pgoutput;
 using protocol::lsn;
 
 namespace {
-struct temp_dir {
-  std::filesystem::path path;
-  temp_dir() {
-    std::string t = (std::filesystem::temp_directory_path() / "walgate-log-XXXXXX").string();
-    path = mkdtemp(t.data());
-  }
-  ~temp_dir() { std::filesystem::remove_all(path); }
+struct temp_dir : test::temp_dir {
+  temp_dir() : test::temp_dir("walgate-log") {}
 };
 
 struct txn_builder {

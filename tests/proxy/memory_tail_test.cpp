@@ -8,6 +8,8 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 
+#include "temp_dir.hpp"
+
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -88,11 +90,10 @@ TEST_CASE("memory tail: reads from it, and events out of it that a reader still 
 }
 
 TEST_CASE("sync scheduler: commits within the interval share one fdatasync; the durable position moves after it") {
-  std::string t = (std::filesystem::temp_directory_path() / "walgate-sync-XXXXXX").string();
-  std::filesystem::path dir = mkdtemp(t.data());
+  test::temp_dir dir("walgate-sync");
   {
     log_options o;
-    o.dir = dir;
+    o.dir = dir.path;
     std::string error;
     auto log = event_log::open(o, error);
     REQUIRE_MESSAGE(log, error);
@@ -121,5 +122,4 @@ TEST_CASE("sync scheduler: commits within the interval share one fdatasync; the 
     CHECK(syncs.load() <= 3);   // one job: the segment (and, at most, its file and directory once)
     event_log::set_sync_observer({});
   }
-  std::filesystem::remove_all(dir);
 }

@@ -3,6 +3,8 @@
 #include "walgate/proxy/event_log.hpp"
 #include "walgate/proxy/subscription.hpp"
 
+#include "temp_dir.hpp"
+
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -16,13 +18,36 @@ using protocol::lsn;
 
 namespace {
 
-struct temp_dir {
-  std::filesystem::path path;
-  temp_dir() {
-    std::string t = (std::filesystem::temp_directory_path() / "walgate-sub-XXXXXX").string();
-    path = mkdtemp(t.data());
+/// The log's segment file (these tests' logs have one).
+std::filesystem::path only_segment(const std::filesystem::path& dir) {
+  std::filesystem::path seg;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().filename().string().rfind("segment-", 0) == 0) seg = e.path();
+  REQUIRE(!seg.empty());
+  return seg;
+}
+
+/// Changes a byte of a file behind the log's back.
+void damage(const std::filesystem::path& file, std::size_t offset, char byte) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.put(byte);
+}
+
+/// What the gateway does with a thread, run when the test says: work() on a real thread, and
+/// done() as the test's "event loop"; then both are gone, as asio leaves them.
+struct manual_background {
+  std::vector<std::pair<std::function<void()>, std::function<void()>>> jobs;
+  explicit manual_background(event_log& log) {
+    log.set_background([this](std::function<void()> work, std::function<void()> done) { jobs.emplace_back(work, done); });
   }
-  ~temp_dir() { std::filesystem::remove_all(path); }
+  void run(std::size_t i) {
+    std::thread worker(jobs[i].first);
+    worker.join();
+    auto done = std::move(jobs[i].second);
+    jobs[i] = {};
+    done();
+  }
 };
 
 /// Transactions of rows into two tables (public.a, other.b), inserts or deletes.
@@ -75,7 +100,7 @@ struct writer {
 };
 
 struct fixture {
-  temp_dir dir;
+  test::temp_dir dir{"walgate-sub"};
   std::unique_ptr<event_log> log;
   std::unique_ptr<encoding_cache> enc;
   writer w;
@@ -218,12 +243,9 @@ TEST_CASE("subscription: resume positions from every id, and an id past the head
     subscription s(*f.log, *f.enc, f.request("/v1/stream"), *at.seq, std::nullopt, {});
     std::vector<subscription::item> batch;
     s.next_batch(batch);
-    if (k + 1 < every.size()) {
-      REQUIRE(!batch.empty());
-      CHECK(batch.front().id.to_string() == every[k + 1]);
-    } else {
-      CHECK(batch.empty());
-    }
+    // The next event, or (after the last) nothing.
+    CHECK((batch.empty() ? std::string() : batch.front().id.to_string()) ==
+          (k + 1 < every.size() ? every[k + 1] : std::string()));
   }
   // An id between two of them (a transaction's index past its last event) resumes at the next,
   // a large one included.
@@ -301,16 +323,7 @@ TEST_CASE("subscription: close reasons — too slow, no longer retained, a damag
     o.memory_bytes = 4 * 1024;
     fixture f(o);
     for (int i = 0; i < 20; ++i) f.w.txn(*f.log, f.w.a, 10, transform::op::insert, 100);
-    // A byte of the first frame's payload changed behind the log's back.
-    std::filesystem::path seg;
-    for (const auto& e : std::filesystem::directory_iterator(f.dir.path))
-      if (e.path().filename().string().rfind("segment-", 0) == 0) seg = e.path();
-    REQUIRE(!seg.empty());
-    {
-      std::fstream file(seg, std::ios::in | std::ios::out | std::ios::binary);
-      file.seekp(20);
-      file.put('\x7f');
-    }
+    damage(only_segment(f.dir.path), 20, '\x7f');   // a byte of the first frame's payload
     subscription s(*f.log, *f.enc, f.request("/v1/stream"), 0, std::nullopt, {});
     std::vector<subscription::item> batch;
     s.next_batch(batch);
@@ -395,13 +408,14 @@ TEST_CASE("subscription: a filter passing over many events goes on until a match
   l.batch_events = 50;
   subscription s(*f.log, *f.enc, f.request("/v1/stream?tables=other.b"), 0, std::nullopt, l);
   std::vector<subscription::item> batch;
-  int calls = 0;
+  int calls = 0, caught_up_too_early = 0;
   do {
     s.next_batch(batch);
     ++calls;
     // An empty batch says whether there is more to look at: never "caught up" before the match.
-    if (batch.empty()) CHECK(s.pending());
+    caught_up_too_early += batch.empty() && !s.pending();
   } while (batch.empty() && calls < 100);
+  CHECK(caught_up_too_early == 0);
   REQUIRE(batch.size() == 1);
   CHECK(batch[0].id.to_string() == f.w.txns.back().commit_lsn.to_string() + ":0");
   CHECK(calls >= 3000 / (50 * 8));   // bounded work per call: 8 reads of 50 events
@@ -415,10 +429,8 @@ TEST_CASE("subscription: a record of megabytes far behind is read off the event 
   log_options o;
   o.memory_bytes = 7u << 20;
   fixture f(o);
-  // What the gateway does with a thread: here the work runs on a real thread when the test
-  // says, and its completion as the test's "event loop".
-  std::vector<std::pair<std::function<void()>, std::function<void()>>> jobs;
-  f.log->set_background([&](std::function<void()> work, std::function<void()> done) { jobs.emplace_back(work, done); });
+  manual_background bg(*f.log);
+  auto& jobs = bg.jobs;
   int notified = 0;
   f.log->on_visible([&] { ++notified; });
   f.w.txn(*f.log, f.w.a, 1);
@@ -442,12 +454,9 @@ TEST_CASE("subscription: a record of megabytes far behind is read off the event 
   CHECK(batch.empty());
   CHECK_FALSE(t.pending());
   CHECK(jobs.size() == 1);
-  std::thread worker(jobs[0].first);
-  worker.join();
   CHECK(notified == 0);
-  jobs[0].second();              // the completion, on the loop: readers are notified
+  bg.run(0);                     // the read, then its completion on the loop: readers are notified
   CHECK(notified == 1);
-  jobs[0] = {};                  // (as asio does: the handlers are gone once run)
   s.next_batch(batch);
   REQUIRE(!batch.empty());
   CHECK(batch[0].id.to_string() == f.w.txns[1].commit_lsn.to_string() + ":0");
@@ -468,10 +477,7 @@ TEST_CASE("subscription: a record of megabytes far behind is read off the event 
     }
     if (s.pending()) continue;
     if (jobs.size() > 1 && jobs.back().second) {
-      jobs.back().first();
-      auto done = std::move(jobs.back().second);
-      jobs.back() = {};
-      done();
+      bg.run(jobs.size() - 1);
       continue;
     }
     break;
@@ -484,29 +490,17 @@ TEST_CASE("subscription: a damaged record of megabytes read in the background en
   log_options o;
   o.memory_bytes = 7u << 20;
   fixture f(o);
-  std::vector<std::pair<std::function<void()>, std::function<void()>>> jobs;
-  f.log->set_background([&](std::function<void()> work, std::function<void()> done) { jobs.emplace_back(work, done); });
+  manual_background bg(*f.log);
   f.w.txn(*f.log, f.w.a, 1, transform::op::insert, 3u << 20);   // seq 0: 3 MiB
   for (int i = 0; i < 8; ++i) f.w.txn(*f.log, f.w.a, 1, transform::op::insert, 1u << 20);
   REQUIRE(f.log->tail().front()->seq > 0);
-  // A byte in the middle of its value changed behind the log's back.
-  std::filesystem::path seg;
-  for (const auto& e : std::filesystem::directory_iterator(f.dir.path))
-    if (e.path().filename().string().rfind("segment-", 0) == 0) seg = e.path();
-  {
-    std::fstream file(seg, std::ios::in | std::ios::out | std::ios::binary);
-    file.seekp(1u << 20);
-    file.put('#');
-  }
+  damage(only_segment(f.dir.path), 1u << 20, '#');   // a byte in the middle of its value
   subscription s(*f.log, *f.enc, f.request("/v1/stream"), 0, std::nullopt, {});
   std::vector<subscription::item> batch;
   s.next_batch(batch);
   CHECK(batch.empty());
-  REQUIRE(jobs.size() == 1);
-  std::thread worker(jobs[0].first);
-  worker.join();
-  jobs[0].second();
-  jobs[0] = {};
+  REQUIRE(bg.jobs.size() == 1);
+  bg.run(0);
   s.next_batch(batch);
   CHECK(batch.empty());
   CHECK(s.why() == subscription::end::damaged);

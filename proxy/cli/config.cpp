@@ -226,6 +226,14 @@ const std::vector<setting>& settings() {
         "streaming",
         "on: PostgreSQL 14+ sends large transactions while they run (held here until their commit); off: at commit",
         &config::streaming, {{"on", true}, {"off", false}}));
+    s.push_back(number("snapshot-concurrency", "per-client snapshots (snapshot=true) reading at once (1-256)",
+                       &config::snapshot_concurrency, 1, 256));
+    s.push_back(number("snapshot-queue", "snapshot requests waiting for one of those; more get 503 (0-100000)",
+                       &config::snapshot_queue, 0, 100'000));
+    s.push_back(number("snapshot-timeout", "statement timeout of a snapshot's copy of a table, s (1-86400)",
+                       &config::snapshot_timeout_s, 1, 86'400, on_serve, " s"));
+    s.push_back(number("snapshot-client-kb", "encoded snapshot rows held per client before the copy waits (64-1048576)",
+                       &config::snapshot_client_kb, 64, 1'048'576));
     s.push_back(flag("no-fsync", "do not fdatasync the event log (benchmarks only: acknowledges unsynced data)",
                      &config::no_fsync));
     return s;

@@ -163,6 +163,12 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
   so.encoder.database = parsed.params->dbname;
   so.encoder.decimal = s.decimal;
   so.encoder.time = s.time;
+  so.snapshot.conninfo = s.pg;
+  so.snapshot.publications = s.publications;
+  so.snapshot.max_running = s.snapshot_concurrency;
+  so.snapshot.max_queued = s.snapshot_queue;
+  so.snapshot.statement_timeout = std::chrono::seconds(s.snapshot_timeout_s);
+  so.snapshot.client_bytes = s.snapshot_client_kb << 10;
 
   proxy::log_options lo;
   lo.dir = s.data_dir;
@@ -222,6 +228,7 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
   proxy::server_status st;
   st.streaming = [&] { return client.streaming(); };
   st.reconnects = [&] { return client.reconnects(); };
+  gw.set_reply_request([&client] { client.request_reply(); });
   proxy::server srv(io.get_executor(), so, gw, st);
   if (!srv.start(error)) {
     log_line(error);

@@ -119,8 +119,9 @@ awaitable<void> serve(server_core& core, Stream& s, unsigned version, stream_sta
     // as a chunk of its own, from its spill file in pieces.
     std::size_t sent = 0;
     boost::system::error_code ec;
-    for (const auto& [p, id] : batch) {
-      framing.before(out, id);
+    for (const auto& item : batch) {
+      const auto& p = item.bytes;
+      framing.before(out, item);
       if (p->spilled() || p->size() >= large_payload) {
         sent += out.size() + p->size();
         ec = co_await write_chunk(core, s, out);

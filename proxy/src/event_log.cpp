@@ -102,6 +102,7 @@ bool event_log::begin(lsn commit_lsn) {
     return false;
   }
   txn_first_seq_ = next_seq_;
+  txn_xid_ = 0;
   txn_file_offset_ = segments_.back().bytes + pending_.size();
   txn_seg_first_id_ = segments_.back().first_id;
   txn_seg_last_id_ = segments_.back().last_id;
@@ -160,6 +161,8 @@ void event_log::add(const transform::change& c) {
   }
   ev->id = transform::event_id{c.txn->commit_lsn, c.index};
   ev->kind = c.kind;
+  ev->xid = c.txn->xid;
+  txn_xid_ = c.txn->xid;
   if (c.relation) {
     ev->schema = c.relation->nspname;
     ev->table = c.relation->relname;
@@ -206,11 +209,26 @@ void event_log::commit(lsn commit_lsn, lsn end_lsn) {
     last_visible_id_ = seg.last_id;
     recent_commits_.emplace_back(txn_first_seq_, end_offset());
     if (recent_commits_.size() > 4096) recent_commits_.pop_front();
+    if (txn_xid_ != 0) {
+      recent_xids_.emplace_back(txn_xid_, txn_first_seq_);
+      xid_first_seq_[txn_xid_] = txn_first_seq_;
+      if (recent_xids_.size() > 65536) {
+        auto [x, seq] = recent_xids_.front();
+        recent_xids_.pop_front();
+        if (auto it = xid_first_seq_.find(x); it != xid_first_seq_.end() && it->second == seq) xid_first_seq_.erase(it);
+      }
+    }
   }
   visible_seq_ = next_seq_;
   visible_offset_ = end_offset();
   prune_fetches();   // (also here: with no reader left, a finished background read goes soon)
   tail_.committed();
+}
+
+std::optional<std::uint64_t> event_log::recent_transaction(std::uint32_t xid) const {
+  auto it = xid_first_seq_.find(xid);
+  if (it == xid_first_seq_.end()) return std::nullopt;
+  return it->second;
 }
 
 bool event_log::append(const protocol::transaction_info& txn, const std::vector<transform::change>& changes) {

@@ -123,6 +123,7 @@ inline std::shared_ptr<logged_event> make_event(std::uint64_t seq, std::string r
     const auto& c = (*v)->get();
     e->id = transform::event_id{c.txn->commit_lsn, c.index};
     e->kind = c.kind;
+    e->xid = c.txn->xid;
     if (c.relation) {
       e->schema = c.relation->nspname;
       e->table = c.relation->relname;

@@ -9,7 +9,11 @@ namespace asio = boost::asio;
 
 gateway::gateway(asio::any_io_executor ex, event_log& log, protocol::assembler_options assembler_opts,
                  std::chrono::milliseconds sync_interval)
-    : executor_(ex), log_(log), assembler_opts_(std::move(assembler_opts)), sync_(ex, log, sync_interval) {
+    : executor_(ex),
+      log_(log),
+      assembler_opts_(std::move(assembler_opts)),
+      sync_(ex, log, sync_interval),
+      poke_timer_(ex) {
   sync_.on_failure([this] { log_failed(); }, [this] { return log_failed_now(); });
   // Records of megabytes that readers far behind reach are read on a thread of their own.
   reader_ = std::make_unique<asio::thread_pool>(1);
@@ -66,6 +70,7 @@ void gateway::register_metrics(metrics_registry& r) {
 
 gateway::~gateway() {
   *alive_ = false;
+  poke_timer_.cancel();
   log_.set_publish({});
   log_.set_background({});
   reader_->join();   // a read running finishes; its completion finds the reader gone or the log done
@@ -107,6 +112,9 @@ boost::system::error_code gateway::on_xlog_data(const protocol::xlog_data& x) {
   }
   if (!stream_fault_.empty() && x.wal_start >= stream_fault_lsn_) stream_fault_.clear();   // it decodes now
   if (log_failed()) return make_error_code(boost::system::errc::io_error);
+  // The walsender sends transactions in commit order, each frame marked with the position
+  // decoding was at (a Begin its first change, a Commit its end): every commit before it is here.
+  read_to(x.wal_end);
   between_transactions_ = !assembler_->in_transaction() && assembler_->open_streams() == 0 &&
                           assembler_->held_prepared() == 0;
   return {};
@@ -114,6 +122,7 @@ boost::system::error_code gateway::on_xlog_data(const protocol::xlog_data& x) {
 
 void gateway::on_keepalive(const protocol::primary_keepalive& k) {
   if (k.wal_end > metrics_.server_wal_end) metrics_.server_wal_end = k.wal_end;
+  if (!log_failed()) read_to(k.wal_end);   // (what the walsender has read and sent)
   // Idle tables: with nothing outstanding, the keepalive position is durable too (the slot
   // advances and the server can free WAL), once everything logged before it is synced.
   if (log_failed()) return;
@@ -169,6 +178,39 @@ boost::system::error_code gateway::on_message(protocol::lsn wal_start, const pro
   sync_.schedule();
   wake_clients();
   return {};
+}
+
+void gateway::read_to(protocol::lsn l) {
+  if (l > read_through_) read_through_ = l;
+  if (read_waiters_.empty()) return;
+  std::vector<read_waiter> due;
+  std::erase_if(read_waiters_, [&](read_waiter& w) {
+    if (w.w > read_through_) return false;
+    due.push_back(std::move(w));
+    return true;
+  });
+  for (auto& w : due) w.f(log_.visible_seq(), log_.last_visible_id());
+}
+
+void gateway::when_read_past(protocol::lsn w, std::function<void(std::uint64_t, transform::event_id)> f) {
+  if (w <= read_through_) {
+    f(log_.visible_seq(), log_.last_visible_id());
+    return;
+  }
+  read_waiters_.push_back({w, std::move(f)});
+  poke();
+}
+
+void gateway::poke() {
+  if (poking_ || read_waiters_.empty()) return;
+  if (request_reply_) request_reply_();
+  poking_ = true;
+  poke_timer_.expires_after(std::chrono::milliseconds(100));
+  poke_timer_.async_wait([this, alive = alive_](boost::system::error_code ec) {
+    if (ec || !*alive) return;
+    poking_ = false;
+    poke();
+  });
 }
 
 void gateway::flush() {

@@ -7,6 +7,7 @@
 #include "walgate/transform/json.hpp"
 
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -206,6 +207,36 @@ awaitable<void> serve_http(server_core& core, Stream s) {
         co_return;
       }
       counted admitted(core.streams);
+      // snapshot=true (and not resuming): the rows first. Its transaction is open and its
+      // tables known before the response begins, so that what fails there is an answer (400
+      // for a table not published, 503 while PostgreSQL cannot be reached or too many wait).
+      if (start.request.snapshot && !start.request.from) {
+        unsigned code = 0;
+        std::string why;
+        auto job = core.snapshots.admit(start.request, core.encodings.encoder(), code, why);
+        if (job) {
+          asio::steady_timer t(core.executor);
+          job->set_wake([&t] { t.cancel(); });
+          while (!job->started() && job->current() != snapshot_job::state::failed && !core.stopping) {
+            t.expires_after(std::chrono::seconds(1));
+            co_await t.async_wait(use_tuple);
+          }
+          job->set_wake({});
+          if (!job->started()) {
+            code = job->http_status() ? job->http_status() : 503;
+            why = core.stopping ? "server shutting down" : job->error();
+            job->cancel();
+            job.reset();
+          }
+        }
+        if (!job) {
+          co_await write_simple(core, s, req.version(), static_cast<http::status>(code), "application/json",
+                                json_error("snapshot", why), false, code == 503 ? "5" : "", cors);
+          co_return;
+        }
+        start.seq = job->start_seq();
+        start.snapshot = std::move(job);
+      }
       if (path == "/v1/ws") {
         if (!beast::websocket::is_upgrade(req)) {
           co_await write_simple(core, s, req.version(), http::status::upgrade_required, "application/json",

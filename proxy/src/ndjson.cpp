@@ -13,7 +13,7 @@ struct ndjson_framing {
   static constexpr const char* keepalive = "\n";
   static constexpr const char* after = "\n";
   std::string preamble() const { return {}; }
-  void before(std::string&, const transform::event_id&) const {}
+  void before(std::string&, const subscription::item&) const {}
   std::string end(std::string line) const { return line + "\n"; }
 };
 }  // namespace

@@ -368,6 +368,9 @@ awaitable<outcome<void>> replication_client::run() {
   co_return co_await keep->run();
 }
 void replication_client::stop() { impl_->stop(); }
+void replication_client::request_reply() {
+  if (impl_->is_streaming) impl_->send_status(true);
+}
 replication_positions replication_client::positions() const {
   auto p = impl_->pos;
   p.durable = impl_->sink.durable_lsn();

@@ -34,14 +34,20 @@ std::string end_line(std::string_view reason, std::string_view resume_id) {
 client::client(server_core& c, transport k, stream_start start)
     : core(c),
       kind(k),
-      sub(c.log, c.encodings, std::move(start.request), start.seq, start.skip_through, c.limits()),
+      sub(c.log, c.encodings, std::move(start.request), start.seq, start.skip_through, c.limits(), start.snapshot),
       wake(c.executor),
-      watchdog(c.executor) {
+      watchdog(c.executor),
+      snapshot(std::move(start.snapshot)) {
+  if (snapshot) snapshot->set_wake([this] { wake.cancel(); });
   core.clients.insert(this);
   ++core.by_transport[static_cast<std::size_t>(kind)];
 }
 
 client::~client() {
+  if (snapshot) {
+    snapshot->set_wake({});
+    snapshot->cancel();
+  }
   core.clients.erase(this);
   --core.by_transport[static_cast<std::size_t>(kind)];
 }
@@ -62,7 +68,8 @@ server_core::server_core(boost::asio::any_io_executor ex, server_options o, gate
       gw(g),
       log(g.log()),
       status(std::move(s)),
-      encodings(log, encoding_cache::options{opts.encoder, opts.spill_dir, opts.spill_bytes}) {
+      encodings(log, encoding_cache::options{opts.encoder, opts.spill_dir, opts.spill_bytes}),
+      snapshots(ex, opts.snapshot, log, g) {
   // Each part registers its own figures: the gateway its stream's, the log its own, the
   // server its clients'.
   gw.register_metrics(metrics);
@@ -107,6 +114,7 @@ server_core::server_core(boost::asio::any_io_executor ex, server_options o, gate
                     [this] { return spill_read_errors; });
   metrics.add_value("walgate_reconnects_total", "counter", "Reconnections to PostgreSQL.",
                     [this] { return status.reconnects ? status.reconnects() : 0; });
+  snapshots.register_metrics(metrics);
   listener_ = log.on_visible([this] { notify(); });
   gw.on_event_logged([this](const logged_event& e, const transform::change& c) { encodings.on_logged(e, c); });
 }
@@ -118,6 +126,7 @@ void server_core::detach() {
   attached_ = false;
   log.remove_listener(listener_);
   gw.on_event_logged({});
+  snapshots.stop();
 }
 
 subscription::limits server_core::limits() const {

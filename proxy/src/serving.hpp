@@ -45,6 +45,7 @@ struct stream_start {
   stream_request request;
   std::uint64_t seq = 0;
   std::optional<transform::event_id> skip_through;
+  std::shared_ptr<snapshot_job> snapshot;   ///< snapshot=true: started, and seq is its start
 };
 
 /// A connected stream client, registered with the server while it lives: its subscription and
@@ -61,6 +62,7 @@ struct client {
   boost::asio::steady_timer wake;       // cancelled when events arrive
   boost::asio::steady_timer watchdog;   // write timeout
   std::function<void()> force_close;    // closes the socket
+  std::shared_ptr<snapshot_job> snapshot;   // while its rows are read: wakes this client
   /// Counts delivered events and bytes, and makes the last one the resume point.
   void delivered(const subscription::item& last, std::size_t events, std::size_t bytes);
   /// The transport is done with it: counts a slow client.
@@ -78,6 +80,7 @@ struct server_core {
   server_status status;
   encoding_cache encodings;
   metrics_registry metrics;
+  snapshot_service snapshots;
   std::unique_ptr<boost::asio::ssl::context> tls;
 
   std::set<client*> clients;

@@ -195,6 +195,11 @@ std::optional<stream_request> parse_stream_query(std::string_view target, reques
         error = {"compact", "use true or false"};
         return std::nullopt;
       }
+    } else if (key == "snapshot") {
+      if (!bool_param(value, r.snapshot)) {
+        error = {"snapshot", "use true or false"};
+        return std::nullopt;
+      }
     } else {
       error = {key.empty() ? "query" : key, "unknown parameter '" + key + "'"};
       return std::nullopt;

@@ -1,9 +1,13 @@
 #include "walgate/proxy/subscription.hpp"
 
+#include "walgate/proxy/snapshot.hpp"
+#include "walgate/transform/json.hpp"
+
 namespace walgate::proxy {
 
 subscription::subscription(const log_reader& log, encoding_cache& encodings, stream_request request,
-                           std::uint64_t start, std::optional<transform::event_id> skip_through, limits l)
+                           std::uint64_t start, std::optional<transform::event_id> skip_through, limits l,
+                           std::shared_ptr<snapshot_job> snapshot)
     : log_(log),
       encodings_(encodings),
       request_(std::move(request)),
@@ -11,13 +15,23 @@ subscription::subscription(const log_reader& log, encoding_cache& encodings, str
       enc_(encoding_for(request_)),
       unfiltered_(request_.tables.empty() && request_.ops == 0),
       cursor_(start),
-      skip_through_(skip_through) {
+      skip_through_(skip_through),
+      snapshot_(std::move(snapshot)) {
+  if (snapshot_) phase_ = phase::rows;
   if (skip_through_) resume_id_ = skip_through_->to_string();   // where it resumes, should it end before an event
   if (unfiltered_) encodings_.want_all(enc_, +1);
 }
 
 subscription::~subscription() {
   if (unfiltered_) encodings_.want_all(enc_, -1);
+  if (snapshot_) snapshot_->cancel();
+}
+
+bool subscription::pending() const {
+  if (ended() || waiting_) return false;
+  if (phase_ == phase::rows) return false;   // its worker wakes it
+  if (phase_ == phase::changes) return snapshot_->end_seq() && cursor_ < std::min(*snapshot_->end_seq(), log_.visible_seq());
+  return cursor_ < log_.visible_seq();
 }
 
 void subscription::close(end why, std::string reason) {
@@ -37,6 +51,10 @@ void subscription::next_batch(std::vector<item>& out) {
   // A filter may pass over many events without a match: more reads, up to a bound on the work
   // one call does (the event loop serves everyone).
   if (ended()) return;
+  if (phase_ != phase::live) {
+    snapshot_batch(out);
+    return;
+  }
   waiting_ = false;
   int reads = 0;
   do read_some(out);
@@ -75,7 +93,11 @@ void subscription::read_some(std::vector<item>& out) {
     close(end::slow, "slow client: more than " + std::to_string(limits_.lag_bytes) + " bytes behind the stream");
     return;
   }
+  // In a snapshot's changes: only up to its end, and only what it did not see.
+  const bool window = phase_ == phase::changes;
+  const std::uint64_t limit = window ? *snapshot_->end_seq() : UINT64_MAX;
   for (const auto& e : batch) {
+    if (e->seq >= limit) break;
     cursor_ = e->seq + 1;
     offset_ = e->end_offset;
     if (skip_through_) {
@@ -83,6 +105,7 @@ void subscription::read_some(std::vector<item>& out) {
       skip_through_.reset();
     }
     if (!matches(request_, *e)) continue;
+    if (window && snapshot_->covers(*e)) continue;
     // pgoutput2json compact: the schema goes with the first row of a table for this client,
     // and again when the table's definition is not the one last sent — as the encoding of e's
     // row with its schema, made once and shared like the others.
@@ -106,11 +129,60 @@ void subscription::read_some(std::vector<item>& out) {
     if (p->empty()) continue;   // the format has no such event
     if (want == encoding::pgoutput2json_schema) *sent = std::move(signature);
     bytes += p->size();
-    out.push_back({std::move(p), e->id});
+    const auto what = window ? kind::snapshot_change : kind::event;
+    out.push_back({std::move(p), e->id, what});
     if (request_.tombstones && e->kind == transform::op::delete_)
-      if (auto t = encodings_.tombstone(*e)) out.push_back({std::move(t), e->id});
+      if (auto t = encodings_.tombstone(*e)) out.push_back({std::move(t), e->id, what});
     if (bytes >= limits_.batch_bytes) break;
   }
+  if (!window && cursor_ >= log_.visible_seq()) {
+    live_ = true;
+    offset_ = log_.visible_offset();
+  }
+}
+
+void subscription::snapshot_batch(std::vector<item>& out) {
+  auto& job = *snapshot_;
+  if (phase_ == phase::rows) {
+    rows_scratch_.clear();
+    if (job.take(rows_scratch_, limits_.batch_events, limits_.batch_bytes)) {
+      for (auto& p : rows_scratch_) out.push_back({std::move(p), {}, kind::snapshot_row});
+      return;
+    }
+    auto st = job.current();
+    if (st == snapshot_job::state::failed) {
+      close(end::snapshot_failed, job.error() + "; ask for a new snapshot");
+      return;
+    }
+    if (st != snapshot_job::state::done) return;   // its worker wakes the client
+    if (job.take(rows_scratch_, limits_.batch_events, limits_.batch_bytes)) {   // (pushed just before done)
+      for (auto& p : rows_scratch_) out.push_back({std::move(p), {}, kind::snapshot_row});
+      return;
+    }
+    phase_ = phase::changes;
+    rows_done_ = std::chrono::steady_clock::now();
+  }
+  // The changes the snapshot did not see, up to the position after which it saw none.
+  if (!job.end_seq()) {
+    if (std::chrono::steady_clock::now() - rows_done_ > job.stream_wait())
+      close(end::snapshot_failed,
+            "snapshot: the replication stream did not reach the snapshot's position in time; ask for a new snapshot");
+    return;   // woken when it has
+  }
+  waiting_ = false;
+  int reads = 0;
+  while (out.empty() && !ended() && !waiting_ && cursor_ < *job.end_seq() && cursor_ < log_.visible_seq() && reads++ < 8)
+    read_some(out);
+  if (ended() || waiting_ || !out.empty() || cursor_ < *job.end_seq()) return;
+  // The end marker: the id after which everything is after the snapshot.
+  transform::event_id resume = job.end_id();
+  if (!resume.commit_lsn.valid()) resume = {};   // the log was empty: from its start, 0/0:0
+  std::string marker = "{\"snapshot\":\"end\",\"rows\":" + std::to_string(job.rows()) + ",\"resume_from\":";
+  transform::append_json_string(marker, resume.to_string());
+  marker += "}";
+  out.push_back({payload::in_memory(std::move(marker)), resume, kind::snapshot_end});
+  phase_ = phase::live;
+  snapshot_.reset();
   if (cursor_ >= log_.visible_seq()) {
     live_ = true;
     offset_ = log_.visible_offset();

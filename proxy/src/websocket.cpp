@@ -126,7 +126,8 @@ awaitable<void> serve_websocket(server_core& core, Stream s, http::request<http:
     arm_watchdog();
     ws.next_layer().cork();
     std::size_t bytes = 0;
-    for (const auto& [p, id] : batch) {
+    for (const auto& item : batch) {
+      const auto& p = item.bytes;
       if (raw_frames && !ws.is_open()) {   // Beast has begun closing (a protocol error from the client)
         failed = true;
         break;

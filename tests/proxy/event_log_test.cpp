@@ -333,7 +333,7 @@ TEST_CASE("an event is readable from the tail until it is in the file, then from
   auto before = log->read(0, 10);
   REQUIRE(before.size() == 5);
   std::vector<logged_event> copies;
-  for (const auto& e : before) copies.push_back({e->seq, e->id, e->record, e->schema, e->table, e->kind, e->end_offset});
+  for (const auto& e : before) copies.push_back({e->seq, e->id, e->record, e->schema, e->table, e->kind, e->xid, e->end_offset});
   REQUIRE(log->sync());
   CHECK(log->tail().size() == 1);
   // Out of the tail but still held (a client sending them): the same events, not read again.

@@ -628,6 +628,10 @@ bool encode_waltail(std::string& out, const change& c, const encoder_options& o)
   id.reserve(32);
   if (c.kind == op::read) {
     id = "0/0:";
+    if (!c.snapshot.empty()) {   // unique to this row of this snapshot
+      id += c.snapshot;
+      id.push_back(':');
+    }
     append_uint(id, c.seq);
   } else {
     append_lsn(id, c.txn->commit_lsn);

@@ -69,6 +69,17 @@ class gateway final : public replication_sink, public protocol::transaction_hand
   /// Called with each event as it is logged, with the change it was made from (valid during
   /// the call only): the server encodes events here that its clients will want.
   void on_event_logged(std::function<void(const logged_event&, const transform::change&)> f) { logged_ = std::move(f); }
+  /// Calls f (on the executor) once the stream has been read past WAL position w: every
+  /// transaction whose commit record ends at or before w is then in the log and committed. f
+  /// gets the log's visible seq and last visible id at that moment. While someone waits, the
+  /// walsender is asked for a reply (set_reply_request) every 100 ms, so an idle stream gets
+  /// there too: its keepalive carries the position it has read up to.
+  void when_read_past(protocol::lsn w, std::function<void(std::uint64_t seq, transform::event_id last)> f);
+  /// How the gateway asks the walsender for a keepalive now (the replication client's 'r'
+  /// with reply requested).
+  void set_reply_request(std::function<void()> f) { request_reply_ = std::move(f); }
+  /// The highest WAL position the stream has been read to (XLogData and keepalive positions).
+  protocol::lsn read_through() const { return read_through_; }
   /// Writes and syncs what is pending now (shutdown).
   void flush();
   const std::string& failure() const { return failure_; }
@@ -108,6 +119,17 @@ class gateway final : public replication_sink, public protocol::transaction_hand
   protocol::lsn stream_fault_lsn_;
   bool decode_failed_ = false;   // the last on_xlog_data failure was a decode error
   std::function<void()> on_failure_;
+  void read_to(protocol::lsn l);
+  void poke();
+  protocol::lsn read_through_;
+  struct read_waiter {
+    protocol::lsn w;
+    std::function<void(std::uint64_t, transform::event_id)> f;
+  };
+  std::vector<read_waiter> read_waiters_;
+  std::function<void()> request_reply_;
+  boost::asio::steady_timer poke_timer_;
+  bool poking_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

@@ -31,6 +31,9 @@ struct logged_event {
   std::string record;              ///< transform::write_record bytes.
   std::string schema, table;       ///< For filters ("" for messages).
   transform::op kind = transform::op::insert;
+  /// The transaction's top-level xid from pgoutput's Begin (0 for a non-transactional message):
+  /// what a per-client snapshot decides by whether the event is already in the rows it read.
+  std::uint32_t xid = 0;
   /// Byte position just past this event's frame in the log as this process sees it (segments
   /// laid end to end from the oldest retained one): a client's lag in bytes is the log's
   /// end_offset() minus that of the last event it was given.
@@ -85,6 +88,13 @@ class log_reader {
                                       std::string* error = nullptr, bool* fetching = nullptr) const = 0;
   /// Where a reader that processed id resumes.
   virtual resume_point resume_after(const transform::event_id& id) const = 0;
+  /// The id of the last event of the last committed transaction (invalid commit LSN: none).
+  virtual transform::event_id last_visible_id() const = 0;
+  /// The seq of the first event of a recently committed transaction with this xid (the newest
+  /// such, among the last 65,536 transactions logged by this process); nullopt if none. A
+  /// snapshot finds here the transactions that were logged before it was taken but that it
+  /// did not see as committed.
+  virtual std::optional<std::uint64_t> recent_transaction(std::uint32_t xid) const = 0;
   /// Counts an encoding just cached on e against what the log keeps in memory for it.
   virtual void account_encoding(const logged_event& e, std::size_t bytes) = 0;
 

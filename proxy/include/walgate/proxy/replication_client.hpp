@@ -100,6 +100,8 @@ class replication_client {
   /// Graceful stop: a final status update with the durable position, CopyDone, close.
   void stop();
 
+  /// Sends a status update asking the server for a keepalive at once (while streaming).
+  void request_reply();
   replication_positions positions() const;
   int reconnects() const;
   bool streaming() const;

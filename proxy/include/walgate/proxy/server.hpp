@@ -4,6 +4,7 @@
 #pragma once
 
 #include "walgate/proxy/gateway.hpp"
+#include "walgate/proxy/snapshot.hpp"
 #include "walgate/proxy/stream_request.hpp"
 #include "walgate/transform/formats.hpp"
 
@@ -51,6 +52,8 @@ struct server_options {
   /// sent from it in pieces (none when spill_dir is empty: they stay in memory).
   std::filesystem::path spill_dir;
   std::size_t spill_bytes = 4u << 20;
+  /// Per-client snapshots (snapshot=true): where from, and their limits.
+  snapshot_options snapshot;
 };
 
 /// What /readyz and /metrics need from the replication side.

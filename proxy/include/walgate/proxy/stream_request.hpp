@@ -39,6 +39,7 @@ struct stream_request {
   std::optional<transform::event_id> from;
   bool tombstones = false;                                   ///< debezium: a null line after each delete
   bool compact = false;                                      ///< pgoutput2json compact mode
+  bool snapshot = false;                                     ///< the current rows first (unless resuming)
 };
 struct request_error {
   std::string parameter, message;

@@ -9,13 +9,17 @@
 #include "walgate/proxy/log_reader.hpp"
 #include "walgate/proxy/stream_request.hpp"
 
+#include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace walgate::proxy {
+
+class snapshot_job;
 
 class subscription {
  public:
@@ -25,16 +29,25 @@ class subscription {
     std::size_t lag_bytes = 64u << 20;      ///< a live client further behind is closed (slow)
   };
   /// Why a subscription ended.
-  enum class end { none, client_gone, slow, not_retained, damaged, shutdown };
+  enum class end { none, client_gone, slow, not_retained, damaged, shutdown, snapshot_failed };
+  /// What an item is: an event of the log (its id resumes after it); a row of the client's
+  /// snapshot, or a change that committed while the snapshot was taken (no id: a client cut
+  /// off before the snapshot's end starts it again); the snapshot's end marker (its id resumes
+  /// after the snapshot).
+  enum class kind : std::uint8_t { event, snapshot_row, snapshot_change, snapshot_end };
   struct item {
     payload_ptr bytes;
     transform::event_id id;
+    kind what = kind::event;
   };
 
   /// Starts at seq start; with skip_through set (an id past the head), events up to it are
   /// skipped (sent again by the server after a crash lost them from the log: seen already).
+  /// With a snapshot (started: snapshot_job::started()), start is its start_seq(): its rows come
+  /// first, then the changes of [start, end_seq()) it did not see, then its end marker.
   subscription(const log_reader& log, encoding_cache& encodings, stream_request request, std::uint64_t start,
-               std::optional<transform::event_id> skip_through, limits l);
+               std::optional<transform::event_id> skip_through, limits l,
+               std::shared_ptr<snapshot_job> snapshot = nullptr);
   ~subscription();
   subscription(const subscription&) = delete;
   subscription& operator=(const subscription&) = delete;
@@ -48,9 +61,14 @@ class subscription {
   void next_batch(std::vector<item>& out);
   /// Visible events are left to look at now (not while the log reads a large record for it in
   /// the background: its notification comes when that is done).
-  bool pending() const { return !ended() && !waiting_ && cursor_ < log_.visible_seq(); }
-  /// The transport sent the batch whose last item is last: it is where a resume starts.
-  void delivered(const item& last) { resume_id_ = last.id.to_string(); }
+  bool pending() const;
+  /// The transport sent the batch whose last item is last: it is where a resume starts (an
+  /// event's id, or the snapshot's end; nothing before that).
+  void delivered(const item& last) {
+    if (last.what == kind::event || last.what == kind::snapshot_end) resume_id_ = last.id.to_string();
+  }
+  /// In its snapshot (rows, or the changes before the end marker).
+  bool in_snapshot() const { return phase_ != phase::live; }
 
   /// Ends it (the transport: the client went away, a write timed out, the server stops). The
   /// first reason stands, except that the server's shutdown replaces it (the client is told
@@ -75,6 +93,8 @@ class subscription {
 
  private:
   void read_some(std::vector<item>& out);
+  void snapshot_batch(std::vector<item>& out);
+  enum class phase { rows, changes, live };
 
   const log_reader& log_;
   encoding_cache& encodings_;
@@ -91,6 +111,10 @@ class subscription {
   std::string reason_;
   std::string resume_id_;
   std::map<std::string, std::string> schemas_sent_;   // pgoutput2json compact: table -> signature sent
+  std::shared_ptr<snapshot_job> snapshot_;
+  phase phase_ = phase::live;
+  std::vector<payload_ptr> rows_scratch_;
+  std::chrono::steady_clock::time_point rows_done_{};
 };
 
 }  // namespace walgate::proxy

@@ -28,6 +28,7 @@ struct change {
   std::uint64_t seq = 0;                                   ///< Waltail's sequence number (from the log).
   std::uint32_t table_order = 1;                           ///< Debezium data_collection_order (1-based).
   bool snapshot_last = false;                              ///< Debezium source.snapshot "last" for the final read row.
+  std::string_view snapshot;                               ///< A read row's snapshot (pg_current_snapshot's text): in Waltail's idempotency key.
 };
 
 /// An event id "<commit_lsn>:<index>", ordered by commit LSN as a 64-bit number, then index.

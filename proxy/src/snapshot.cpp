@@ -1,0 +1,575 @@
+#include "walgate/proxy/snapshot.hpp"
+
+#include "walgate/protocol/commands.hpp"
+#include "walgate/proxy/gateway.hpp"
+#include "walgate/proxy/metrics.hpp"
+#include "walgate/transform/pg_types.hpp"
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
+
+#include <libpq-fe.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+namespace walgate::proxy {
+
+namespace asio = boost::asio;
+namespace pg = protocol::pgoutput;
+
+snapshot_job::snapshot_job(asio::any_io_executor loop, stream_request request, transform::encoder_options enc,
+                           const snapshot_options& o)
+    : loop_(std::move(loop)), request_(std::move(request)), encoder_(std::move(enc)), opts_(o) {}
+
+bool snapshot_job::take(std::vector<payload_ptr>& out, std::size_t max_items, std::size_t max_bytes) {
+  std::lock_guard lock(m_);
+  std::size_t bytes = 0;
+  const bool had = !rows_.empty();
+  while (!rows_.empty() && out.size() < max_items && bytes < max_bytes) {
+    bytes += rows_.front()->size();
+    bytes_ -= rows_.front()->size();
+    out.push_back(std::move(rows_.front()));
+    rows_.pop_front();
+  }
+  if (had) cv_.notify_all();
+  return had;
+}
+
+snapshot_job::state snapshot_job::current() const {
+  std::lock_guard lock(m_);
+  return state_;
+}
+std::string snapshot_job::error() const {
+  std::lock_guard lock(m_);
+  return error_;
+}
+unsigned snapshot_job::http_status() const {
+  std::lock_guard lock(m_);
+  return status_;
+}
+std::uint64_t snapshot_job::rows() const {
+  std::lock_guard lock(m_);
+  return rows_total_;
+}
+
+void snapshot_job::cancel() {
+  std::lock_guard lock(m_);
+  cancelled_ = true;
+  cv_.notify_all();
+}
+
+bool snapshot_job::covers(const logged_event& e) const {
+  // A non-transactional message has no xid: it is before the snapshot when its WAL position is.
+  if (e.xid == 0) return e.id.commit_lsn < wal_bound_;
+  return snap_.sees(e.xid);
+}
+
+void snapshot_job::notify() {
+  {
+    std::lock_guard lock(m_);
+    if (notify_posted_) return;
+    notify_posted_ = true;
+  }
+  asio::post(loop_, [w = weak_from_this()] {
+    auto j = w.lock();
+    if (!j) return;
+    {
+      std::lock_guard lock(j->m_);
+      j->notify_posted_ = false;
+    }
+    if (j->wake_) j->wake_();
+  });
+}
+
+bool snapshot_job::push(payload_ptr p) {
+  std::unique_lock lock(m_);
+  cv_.wait(lock, [&] { return cancelled_ || bytes_ < opts_.client_bytes; });
+  if (cancelled_) return false;
+  const bool was_empty = rows_.empty();
+  bytes_ += p->size();
+  rows_.push_back(std::move(p));
+  ++rows_total_;
+  lock.unlock();
+  if (was_empty) notify();
+  return true;
+}
+
+void snapshot_job::finish(state s, std::string error, unsigned status) {
+  {
+    std::lock_guard lock(m_);
+    state_ = s;
+    error_ = std::move(error);
+    status_ = status;
+  }
+  notify();
+}
+
+namespace {
+
+/// A libpq connection and result, closed and cleared on every path.
+struct conn_guard {
+  PGconn* c = nullptr;
+  ~conn_guard() {
+    if (c) PQfinish(c);
+  }
+};
+struct result_guard {
+  PGresult* r = nullptr;
+  explicit result_guard(PGresult* p) : r(p) {}
+  ~result_guard() {
+    if (r) PQclear(r);
+  }
+  result_guard(const result_guard&) = delete;
+  result_guard& operator=(const result_guard&) = delete;
+};
+
+std::string one_line(const char* s) {
+  std::string out = s ? s : "";
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  for (auto& ch : out)
+    if (ch == '\n') ch = ' ';
+  return out;
+}
+
+struct table_def {
+  std::string schema, name;
+  char relkind = 'r';
+  std::vector<std::string> filters;   // row filters of the publications that have one
+  bool unfiltered = false;            // some publication takes every row
+  std::set<std::string> columns;      // published columns (PostgreSQL 15+); empty: every one
+  pg::cached_relation identity;       // key flags from the replica identity (as the stream's)
+  pg::cached_relation primary;        // key flags from the primary key (pgoutput2json's copy)
+  pg::type_cache types;
+};
+
+/// Runs sql; the result, or nullopt with error.
+std::optional<std::unique_ptr<result_guard>> exec(PGconn* c, const std::string& sql, ExecStatusType want,
+                                                  std::string& error,
+                                                  const std::vector<std::string>& params = {}) {
+  std::vector<const char*> values;
+  for (const auto& p : params) values.push_back(p.c_str());
+  auto r = std::make_unique<result_guard>(
+      params.empty() ? PQexec(c, sql.c_str())
+                     : PQexecParams(c, sql.c_str(), static_cast<int>(values.size()), nullptr, values.data(), nullptr,
+                                    nullptr, 0));
+  if (PQresultStatus(r->r) != want) {
+    error = one_line(PQresultErrorMessage(r->r));
+    if (error.empty()) error = one_line(PQerrorMessage(c));
+    return std::nullopt;
+  }
+  return r;
+}
+
+std::string text_array(const std::vector<std::string>& items) {
+  std::string out = "{";
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    out += i ? ",\"" : "\"";
+    for (char ch : items[i]) {
+      if (ch == '"' || ch == '\\') out.push_back('\\');
+      out.push_back(ch);
+    }
+    out.push_back('"');
+  }
+  return out + "}";
+}
+
+bool selected(const stream_request& r, const std::string& schema, const std::string& table) {
+  if (r.tables.empty()) return true;
+  for (const auto& t : r.tables)
+    if (t.schema == schema && (t.any || t.table == table)) return true;
+  return false;
+}
+
+}  // namespace
+
+void snapshot_job::run() {
+  {
+    std::lock_guard lock(m_);
+    if (cancelled_) {
+      state_ = state::failed;
+      error_ = "cancelled";
+      return;
+    }
+    state_ = state::reading;
+  }
+  auto fail = [&](unsigned status, std::string why) { finish(state::failed, "snapshot: " + why, status); };
+  conn_guard conn;
+  {
+    const char* keys[] = {"dbname", "application_name", "client_encoding", "connect_timeout", nullptr};
+    const char* values[] = {opts_.conninfo.c_str(), "walgate snapshot", "UTF8", "10", nullptr};
+    conn.c = PQconnectdbParams(keys, values, 1);
+  }
+  if (!conn.c || PQstatus(conn.c) != CONNECTION_OK) {
+    fail(503, "cannot connect to PostgreSQL: " + one_line(conn.c ? PQerrorMessage(conn.c) : "out of memory"));
+    return;
+  }
+  const int server = PQserverVersion(conn.c);
+  std::string error;
+  // The session as the walsender's (pg_connection.cpp's startup parameters), so that every
+  // value's text is the stream's; a copy that stalls (a client that does not read) ends at the
+  // statement timeout.
+  const std::string timeout = std::to_string(opts_.statement_timeout.count());
+  if (!exec(conn.c,
+            "SET DateStyle = 'ISO, YMD'; SET TimeZone = 'UTC'; SET IntervalStyle = 'postgres'; "
+            "SET extra_float_digits = 3; SET bytea_output = 'hex'; SET synchronize_seqscans = off; "
+            "SET statement_timeout = " + timeout + "; SET idle_in_transaction_session_timeout = " + timeout,
+            PGRES_COMMAND_OK, error) ||
+      !exec(conn.c, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", PGRES_COMMAND_OK, error)) {
+    fail(503, error);
+    return;
+  }
+  // The first statement takes the transaction's snapshot; W is read after it, so every commit
+  // the snapshot sees ends before W.
+  auto head = exec(conn.c,
+                   "SELECT pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text, "
+                   "current_setting('wal_block_size')::int, "
+                   "(extract(epoch FROM transaction_timestamp()) * 1000000)::bigint",
+                   PGRES_TUPLES_OK, error);
+  if (!head) {
+    fail(503, error);
+    return;
+  }
+  auto snap = protocol::parse_pg_snapshot(PQgetvalue((*head)->r, 0, 0));
+  auto w = protocol::lsn::parse(PQgetvalue((*head)->r, 0, 1));
+  const long block = std::strtol(PQgetvalue((*head)->r, 0, 2), nullptr, 10);
+  protocol::transaction_info txn;
+  txn.commit_time = protocol::unix_us_to_pg(std::strtoll(PQgetvalue((*head)->r, 0, 3), nullptr, 10));
+  if (!snap || !w || block <= 0) {
+    fail(502, "the server's snapshot or WAL position is malformed");
+    return;
+  }
+  // The insert position right after a page header is the end of the record before it (decoding
+  // reports record ends).
+  protocol::lsn bound = *w;
+  if (const auto in_page = w->value % static_cast<std::uint64_t>(block); in_page <= 40) bound = protocol::lsn{w->value - in_page};
+
+  // The published tables the request selects.
+  std::map<std::pair<std::string, std::string>, table_def> tables;
+  {
+    std::string cols = server >= 150000 ? ", attnames::text[]::text, rowfilter" : ", NULL, NULL";
+    auto pub = exec(conn.c,
+                    "SELECT schemaname::text, tablename::text" + cols +
+                        " FROM pg_catalog.pg_publication_tables WHERE pubname = ANY($1::text[])",
+                    PGRES_TUPLES_OK, error, {text_array(opts_.publications)});
+    if (!pub) {
+      fail(503, error);
+      return;
+    }
+    for (int i = 0; i < PQntuples((*pub)->r); ++i) {
+      std::string schema = PQgetvalue((*pub)->r, i, 0), name = PQgetvalue((*pub)->r, i, 1);
+      if (!selected(request_, schema, name)) continue;
+      auto& t = tables[{schema, name}];
+      t.schema = schema;
+      t.name = name;
+      if (PQgetisnull((*pub)->r, i, 3)) t.unfiltered = true;
+      else t.filters.emplace_back(PQgetvalue((*pub)->r, i, 3));
+      if (!PQgetisnull((*pub)->r, i, 2)) {
+        // attnames as text: {a,"b c"} — read back by the server itself below
+        auto names = exec(conn.c, "SELECT unnest($1::text[])", PGRES_TUPLES_OK, error, {PQgetvalue((*pub)->r, i, 2)});
+        if (!names) {
+          fail(503, error);
+          return;
+        }
+        for (int k = 0; k < PQntuples((*names)->r); ++k) t.columns.insert(PQgetvalue((*names)->r, k, 0));
+      }
+    }
+  }
+  for (const auto& t : request_.tables)
+    if (!t.any && !tables.contains({t.schema, t.table})) {
+      fail(400, "table " + sql_table_name(t) + " is not in the publication" +
+                    (opts_.publications.size() > 1 ? "s" : "") + " streamed");
+      return;
+    }
+  // Each table's columns as pgoutput's Relation message gives them: not dropped, not
+  // generated (unless a column list names them), the publication's column list, key flags from
+  // the replica identity (FULL: every column).
+  for (auto& [key, t] : tables) {
+    auto cols = exec(conn.c,
+                     "SELECT c.oid, c.relkind, c.relreplident, a.attname, a.atttypid, a.atttypmod, "
+                     "EXISTS (SELECT 1 FROM pg_catalog.pg_index i "
+                     "  WHERE i.indrelid = c.oid AND i.indisprimary AND a.attnum = ANY(i.indkey)), "
+                     "EXISTS (SELECT 1 FROM pg_catalog.pg_index i "
+                     "  WHERE i.indrelid = c.oid AND i.indisreplident AND a.attnum = ANY(i.indkey)), "
+                     "NULL, NULL, a.attgenerated <> '' "
+                     "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+                     "JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped "
+                     "WHERE n.nspname = $1 AND c.relname = $2 ORDER BY a.attnum",
+                     PGRES_TUPLES_OK, error, {t.schema, t.name});
+    if (!cols) {
+      fail(503, error);
+      return;
+    }
+    auto* r = (*cols)->r;
+    t.identity.nspname = t.schema;
+    t.identity.relname = t.name;
+    for (int i = 0; i < PQntuples(r); ++i) {
+      std::string name = PQgetvalue(r, i, 3);
+      const bool generated = PQgetvalue(r, i, 10)[0] == 't';
+      if (t.columns.empty() ? generated : !t.columns.contains(name)) continue;
+      t.identity.oid = static_cast<std::uint32_t>(std::strtoul(PQgetvalue(r, i, 0), nullptr, 10));
+      t.relkind = PQgetvalue(r, i, 1)[0];
+      const char ident = PQgetvalue(r, i, 2)[0];
+      t.identity.replica_identity = ident;
+      pg::cached_column col;
+      col.name = name;
+      col.type_oid = static_cast<std::uint32_t>(std::strtoul(PQgetvalue(r, i, 4), nullptr, 10));
+      col.type_modifier = static_cast<std::int32_t>(std::strtol(PQgetvalue(r, i, 5), nullptr, 10));
+      const bool pk = PQgetvalue(r, i, 6)[0] == 't', ri_index = PQgetvalue(r, i, 7)[0] == 't';
+      col.key = ident == 'f' || (ident == 'd' && pk) || (ident == 'i' && ri_index);
+      t.identity.columns.push_back(col);
+      if (transform::builtin_type_name(col.type_oid, -1).empty() && !t.types.find(col.type_oid)) {
+        // As pgoutput's Type message names it: a domain by its base type (getBaseType).
+        auto base = exec(conn.c,
+                         "WITH RECURSIVE d(oid, typtype, typbasetype) AS ("
+                         "  SELECT oid, typtype, typbasetype FROM pg_catalog.pg_type WHERE oid = $1::oid"
+                         "  UNION ALL SELECT t.oid, t.typtype, t.typbasetype FROM pg_catalog.pg_type t"
+                         "  JOIN d ON t.oid = d.typbasetype WHERE d.typtype = 'd') "
+                         "SELECT n.nspname, t.typname FROM d JOIN pg_catalog.pg_type t ON t.oid = d.oid "
+                         "JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace WHERE d.typtype <> 'd'",
+                         PGRES_TUPLES_OK, error, {std::to_string(col.type_oid)});
+        if (!base) {
+          fail(503, error);
+          return;
+        }
+        if (PQntuples((*base)->r) == 1) {
+          pg::type ty;
+          ty.oid = col.type_oid;
+          ty.nspname = PQgetvalue((*base)->r, 0, 0);
+          ty.name = PQgetvalue((*base)->r, 0, 1);
+          t.types.update(ty);
+        }
+      }
+      col.key = pk;
+      t.primary.columns.push_back(std::move(col));
+    }
+    t.primary.oid = t.identity.oid;
+    t.primary.nspname = t.schema;
+    t.primary.relname = t.name;
+    t.primary.replica_identity = t.identity.replica_identity;
+  }
+  {
+    std::lock_guard lock(m_);
+    snap_ = *snap;
+    wal_bound_ = bound;
+    taken_ = true;
+  }
+  // The loop connects it to the log now, while the rows are read.
+  asio::post(loop_, [w = weak_from_this()] {
+    if (auto j = w.lock(); j && j->on_taken_) j->on_taken_();
+  });
+
+  // The rows, table by table (in name order).
+  const std::string snapshot_id = snap->to_string();
+  txn.xid = 0;
+  const auto f = request_.fmt;
+  std::string storage, line_copy, out;
+  std::vector<pg::tuple_column> values;
+  std::uint64_t ordinal = 0;
+  payload_ptr held;   // Debezium: the previous row, sent once the next one shows it was not the last
+  const table_def* held_table = nullptr;
+  std::string held_line;
+  auto encode = [&](const table_def& t, std::string_view line, bool first_of_table, bool last) -> payload_ptr {
+    if (!protocol::parse_copy_text_row(line, storage, values, error)) return nullptr;
+    const auto& rel = f == transform::format::pgoutput2json ? t.primary : t.identity;
+    if (values.size() != rel.columns.size()) {
+      error = "a COPY row of " + std::to_string(values.size()) + " columns for " + std::to_string(rel.columns.size());
+      return nullptr;
+    }
+    transform::change c;
+    c.kind = transform::op::read;
+    c.txn = &txn;
+    c.relation = &rel;
+    c.after = values;
+    c.types = &t.types;
+    c.seq = ordinal;
+    c.index = static_cast<std::uint32_t>(ordinal - 1);
+    c.snapshot = snapshot_id;
+    c.snapshot_last = last;
+    auto o = encoder_;
+    o.compact = request_.compact;
+    o.include_schema = request_.compact && first_of_table;
+    out.clear();
+    transform::encode_change(out, c, f, o);
+    return payload::in_memory(out);
+  };
+  for (const auto& [key, t] : tables) {
+    std::string cols;
+    for (const auto& c : t.identity.columns) cols += (cols.empty() ? "" : ", ") + protocol::quote_identifier(c.name);
+    if (cols.empty()) continue;   // nothing published of it (pgoutput sends no rows either)
+    std::string sql = "COPY (SELECT " + cols + " FROM " + (t.relkind == 'p' ? "" : "ONLY ") +
+                      protocol::quote_identifier(t.schema) + "." + protocol::quote_identifier(t.name);
+    if (!t.unfiltered && !t.filters.empty()) {
+      sql += " WHERE ";
+      for (std::size_t i = 0; i < t.filters.size(); ++i) sql += (i ? " OR (" : "(") + t.filters[i] + ")";
+    }
+    sql += ") TO STDOUT";
+    if (!exec(conn.c, sql, PGRES_COPY_OUT, error)) {
+      fail(503, error);
+      return;
+    }
+    bool first = true;
+    for (;;) {
+      char* buf = nullptr;
+      int n = PQgetCopyData(conn.c, &buf, 0);
+      if (n == -1) break;
+      if (n < 0) {
+        fail(503, one_line(PQerrorMessage(conn.c)));
+        return;
+      }
+      std::string_view line(buf, static_cast<std::size_t>(n));
+      ++ordinal;
+      payload_ptr p;
+      if (f == transform::format::debezium) {
+        // The previous row goes out now that this one shows it was not the last.
+        if (held && !push(std::move(held))) {
+          PQfreemem(buf);
+          finish(state::failed, "cancelled");
+          return;
+        }
+        held = encode(t, line, first, false);
+        held_table = &t;
+        held_line.assign(line);
+      } else {
+        p = encode(t, line, first, false);
+      }
+      PQfreemem(buf);
+      if (f == transform::format::debezium ? !held : !p) {
+        fail(502, error);
+        return;
+      }
+      first = false;
+      if (p && !push(std::move(p))) {
+        finish(state::failed, "cancelled");
+        return;
+      }
+    }
+    result_guard end(PQgetResult(conn.c));
+    if (PQresultStatus(end.r) != PGRES_COMMAND_OK) {
+      fail(503, one_line(PQresultErrorMessage(end.r)));
+      return;
+    }
+    while (PGresult* more = PQgetResult(conn.c)) PQclear(more);
+  }
+  if (held) {   // the last row of the snapshot: source.snapshot "last"
+    auto last = encode(*held_table, held_line, false, true);
+    if (!last) {
+      fail(502, error);
+      return;
+    }
+    if (!push(std::move(last))) {
+      finish(state::failed, "cancelled");
+      return;
+    }
+  }
+  exec(conn.c, "COMMIT", PGRES_COMMAND_OK, error);
+  finish(state::done);
+}
+
+snapshot_service::snapshot_service(asio::any_io_executor loop, snapshot_options o, const log_reader& log, gateway& gw)
+    : loop_(std::move(loop)), opts_(std::move(o)), log_(log), gw_(gw) {
+  if (opts_.max_running == 0) opts_.max_running = 1;
+  pool_ = std::make_unique<asio::thread_pool>(opts_.max_running);
+}
+
+snapshot_service::~snapshot_service() {
+  *alive_ = false;
+  stop();
+}
+
+void snapshot_service::stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  for (auto& w : queue_)
+    if (auto j = w.lock()) j->cancel();
+  for (auto& w : running_)
+    if (auto j = w.lock()) j->cancel();
+  queue_.clear();
+  pool_->join();
+}
+
+std::shared_ptr<snapshot_job> snapshot_service::admit(const stream_request& r, const transform::encoder_options& enc,
+                                                      unsigned& status, std::string& refusal) {
+  if (opts_.conninfo.empty()) {
+    status = 501;
+    refusal = "snapshots are not configured on this gateway";
+    return nullptr;
+  }
+  std::erase_if(queue_, [](const auto& w) { return w.expired(); });
+  if (stopped_ || (running_count_ >= opts_.max_running && queue_.size() >= opts_.max_queued)) {
+    ++rejected_;
+    status = 503;
+    refusal = "too many snapshots at once (" + std::to_string(opts_.max_running) + " running, " +
+              std::to_string(queue_.size()) + " waiting); try again later";
+    return nullptr;
+  }
+  auto j = std::make_shared<snapshot_job>(loop_, r, enc, opts_);
+  queue_.push_back(j);
+  dispatch();
+  return j;
+}
+
+void snapshot_service::dispatch() {
+  while (!stopped_ && running_count_ < opts_.max_running && !queue_.empty()) {
+    auto j = queue_.front().lock();
+    queue_.pop_front();
+    if (!j) continue;   // the client left while it waited
+    ++running_count_;
+    ++started_;
+    std::erase_if(running_, [](const auto& w) { return w.expired(); });
+    running_.push_back(j);
+    // Before the snapshot is taken: every transaction logged from here on is looked at.
+    j->queued_at_seq_ = log_.visible_seq();
+    j->on_taken_ = [this, w = std::weak_ptr<snapshot_job>(j), alive = alive_] {
+      if (auto j = w.lock(); j && *alive) on_taken(j);
+    };
+    asio::post(*pool_, [this, j, alive = alive_] {
+      j->run();
+      asio::post(loop_, [this, j, alive] {
+        if (!*alive) return;
+        --running_count_;
+        rows_ += j->rows();
+        if (j->current() == snapshot_job::state::failed) ++failed_;
+        dispatch();
+      });
+    });
+  }
+}
+
+void snapshot_service::on_taken(const std::shared_ptr<snapshot_job>& j) {
+  // Transactions the snapshot saw as running may have been logged already (their commit is in
+  // the WAL, decoded and sent, before they leave the server's list of running ones): the
+  // client's changes start at the first of them.
+  std::uint64_t start = j->queued_at_seq_;
+  for (auto x : j->snap_.xip)
+    if (auto seq = log_.recent_transaction(static_cast<std::uint32_t>(x)); seq && *seq < start) start = *seq;
+  j->start_seq_ = std::max(start, log_.first_seq());
+  if (j->wake_) j->wake_();
+  std::weak_ptr<snapshot_job> w = j;
+  gw_.when_read_past(j->wal_bound_, [w](std::uint64_t seq, transform::event_id last) {
+    auto j = w.lock();
+    if (!j) return;
+    j->end_seq_ = seq;
+    j->end_id_ = last;
+    if (j->wake_) j->wake_();
+  });
+}
+
+void snapshot_service::register_metrics(metrics_registry& m) {
+  m.add_value("walgate_snapshots_running", "gauge", "Per-client snapshots reading now.",
+              [this] { return static_cast<std::uint64_t>(running_count_); });
+  m.add_value("walgate_snapshots_queued", "gauge", "Per-client snapshots waiting for a free slot.", [this] {
+    std::erase_if(queue_, [](const auto& w) { return w.expired(); });
+    return static_cast<std::uint64_t>(queue_.size());
+  });
+  m.add_value("walgate_snapshots_total", "counter", "Per-client snapshots begun.", [this] { return started_; });
+  m.add_value("walgate_snapshots_rejected_total", "counter", "Per-client snapshots refused (503: the queue was full).",
+              [this] { return rejected_; });
+  m.add_value("walgate_snapshots_failed_total", "counter", "Per-client snapshots that failed or were cancelled.",
+              [this] { return failed_; });
+  m.add_value("walgate_snapshot_rows_total", "counter", "Rows sent by finished per-client snapshots.",
+              [this] { return rows_; });
+}
+
+}  // namespace walgate::proxy

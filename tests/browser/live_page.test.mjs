@@ -1,5 +1,7 @@
 // Headless Chromium (Debian's chromium, driven by playwright-core) against `walgate demo`: the
-// live page shows changes, and an EventSource and a WebSocket opened in the page each receive a
+// live page shows changes, and a table's rows from its snapshot kept equal to SELECT through a
+// burst of changes (the screenshot, when asked for, is of that page); an EventSource and a
+// WebSocket opened in the page each receive a
 // change made by SQL (the demo's trickle of INSERT/UPDATE/DELETE statements); an EventSource
 // opened with from= in its URL gets every change exactly once across a gateway killed and
 // restarted in the middle (a second walgate on the demo's database).
@@ -67,7 +69,7 @@ try {
   });
   await check('the live page lists a logical decoding message under its prefix, not as a table', async () => {
     const seen = await page.evaluate(() => {
-      render({ id: '0/1:0', op: 'message', transactional: false, prefix: 'walgate-test', content: 'hello' });
+      showMessage({ id: '0/1:0', op: 'message', transactional: false, prefix: 'walgate-test', content: 'hello' });
       const row = document.getElementById('latest').rows[1];
       return { cells: [...row.cells].map((c) => c.textContent), undefinedTable: !!document.getElementById('t-undefined.undefined') };
     });
@@ -75,14 +77,49 @@ try {
       throw new Error(JSON.stringify(seen.cells));
     if (seen.undefinedTable) throw new Error('a table row "undefined.undefined" was made');
   });
-  await check('an EventSource with from= in its URL: every change once across a gateway restart', async () => {
-    const m = log.match(/psql\s+psql '([^']+)'/);
-    if (!m) throw new Error('the demo printed no conninfo');
-    const conninfo = m[1];
-    const psql = ['/usr/lib/postgresql/15/bin/psql', ...readdirSync('/usr/lib/postgresql').map((v) => `/usr/lib/postgresql/${v}/bin/psql`)]
-      .find((p) => existsSync(p));
+  const m = log.match(/psql\s+psql '([^']+)'/);
+  const conninfo = m ? m[1] : '';
+  const psql = ['/usr/lib/postgresql/15/bin/psql', ...readdirSync('/usr/lib/postgresql').map((v) => `/usr/lib/postgresql/${v}/bin/psql`)]
+    .find((p) => existsSync(p));
+  const sql = (q) => execFileSync(psql, [conninfo, '-v', 'ON_ERROR_STOP=1', '-qAt', '-c', q], { encoding: 'utf8' });
+  await check('the live page shows a table\'s rows from its snapshot, updated in place: they equal SELECT after a burst', async () => {
+    if (!conninfo) throw new Error('the demo printed no conninfo');
     if (!psql) throw new Error('no psql');
-    const sql = (q) => execFileSync(psql, [conninfo, '-v', 'ON_ERROR_STOP=1', '-qAt', '-c', q], { encoding: 'utf8' });
+    sql('CREATE TABLE browser_rows(id int PRIMARY KEY, label text, n int);' +
+        "INSERT INTO browser_rows SELECT g, 'row ' || g, 0 FROM generate_series(1, 30) g");
+    const p3 = await browser.newPage();
+    try {
+      await p3.goto(base + '/');
+      await p3.waitForFunction(() => window.snapshotDone === true, null, { timeout: 30000 });
+      const first = await p3.evaluate(() => rowsOf('public.browser_rows').length);
+      if (first !== 30) throw new Error(`${first} rows from the snapshot, expected 30`);
+      let burst = "INSERT INTO browser_rows SELECT g, 'new ' || g, 1 FROM generate_series(31, 60) g;";
+      for (let i = 1; i <= 20; i++) burst += `UPDATE browser_rows SET n = n + ${i}, label = 'changed ${i}' WHERE id = ${i};`;
+      burst += 'DELETE FROM browser_rows WHERE id BETWEEN 5 AND 10; UPDATE browser_rows SET id = 1001 WHERE id = 1;';
+      sql(burst);
+      const want = JSON.parse(sql('SELECT json_agg(json_build_object(\'id\', id, \'label\', label, \'n\', n) ORDER BY id) FROM browser_rows'));
+      let got = [];
+      for (let i = 0; i < 200; i++) {
+        got = await p3.evaluate(() => rowsOf('public.browser_rows').sort((a, b) => a.id - b.id));
+        if (JSON.stringify(got) === JSON.stringify(want)) break;
+        await new Promise((r) => setTimeout(r, 100));
+      }
+      if (JSON.stringify(got) !== JSON.stringify(want))
+        throw new Error(`the page holds ${JSON.stringify(got).slice(0, 300)}, SELECT ${JSON.stringify(want).slice(0, 300)}`);
+      await new Promise((r) => setTimeout(r, 1000));   // the deleted rows' fade is over
+      const drawn = await p3.evaluate(() => document.getElementById('table-public.browser_rows').querySelectorAll('table.rows tr').length);
+      if (drawn !== want.length + 1) throw new Error(`${drawn - 1} rows drawn, ${want.length} in the table`);
+      if (screenshot) {   // (a few more points on the chart first)
+        await new Promise((r) => setTimeout(r, 12000));
+        await p3.screenshot({ path: screenshot, fullPage: true });
+      }
+    } finally {
+      await p3.close();
+    }
+  });
+  await check('an EventSource with from= in its URL: every change once across a gateway restart', async () => {
+    if (!conninfo) throw new Error('the demo printed no conninfo');
+    if (!psql) throw new Error('no psql');
     const dir = mkdtempSync(join(tmpdir(), 'walgate-browser-'));
     const port2 = await freePort();
     let glog = '';
@@ -145,7 +182,6 @@ try {
       rmSync(dir, { recursive: true, force: true });
     }
   });
-  if (screenshot) await page.screenshot({ path: screenshot, fullPage: true });
 } finally {
   await browser.close();
 }

@@ -71,9 +71,11 @@ inline const column_case cases[] = {
 };
 // clang-format on
 
-/// CREATE TYPE/DOMAIN statements for the cases' own types (t_mood, t_positive, t_pair).
+/// CREATE TYPE/DOMAIN statements for the cases' own types (t_mood, t_positive, t_pair); each
+/// test that uses them runs it, so each is made unless it exists.
 inline const char* case_types_sql =
-    "CREATE TYPE t_mood AS ENUM ('sad', 'happy'); CREATE DOMAIN t_positive AS int CHECK (VALUE > 0); "
-    "CREATE TYPE t_pair AS (n int, s text);";
+    "DO $$ BEGIN CREATE TYPE t_mood AS ENUM ('sad', 'happy'); EXCEPTION WHEN duplicate_object THEN NULL; END $$;"
+    "DO $$ BEGIN CREATE DOMAIN t_positive AS int CHECK (VALUE > 0); EXCEPTION WHEN duplicate_object THEN NULL; END $$;"
+    "DO $$ BEGIN CREATE TYPE t_pair AS (n int, s text); EXCEPTION WHEN duplicate_object THEN NULL; END $$;";
 
 }  // namespace walgate::test

@@ -8,6 +8,8 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 
+#include "snapshot_sql.hpp"
+
 #include <libpq-fe.h>
 
 #include <algorithm>
@@ -18,6 +20,7 @@ namespace walgate::proxy {
 
 namespace asio = boost::asio;
 namespace pg = protocol::pgoutput;
+using namespace snapshot_sql;
 
 snapshot_job::snapshot_job(asio::any_io_executor loop, stream_request request, transform::encoder_options enc,
                            const snapshot_options& o)
@@ -106,84 +109,6 @@ void snapshot_job::finish(state s, std::string error, unsigned status) {
   notify();
 }
 
-namespace {
-
-/// A libpq connection and result, closed and cleared on every path.
-struct conn_guard {
-  PGconn* c = nullptr;
-  ~conn_guard() {
-    if (c) PQfinish(c);
-  }
-};
-struct result_guard {
-  PGresult* r = nullptr;
-  explicit result_guard(PGresult* p) : r(p) {}
-  ~result_guard() {
-    if (r) PQclear(r);
-  }
-  result_guard(const result_guard&) = delete;
-  result_guard& operator=(const result_guard&) = delete;
-};
-
-std::string one_line(const char* s) {
-  std::string out = s ? s : "";
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  for (auto& ch : out)
-    if (ch == '\n') ch = ' ';
-  return out;
-}
-
-struct table_def {
-  std::string schema, name;
-  char relkind = 'r';
-  std::vector<std::string> filters;   // row filters of the publications that have one
-  bool unfiltered = false;            // some publication takes every row
-  std::set<std::string> columns;      // published columns (PostgreSQL 15+); empty: every one
-  pg::cached_relation identity;       // key flags from the replica identity (as the stream's)
-  pg::cached_relation primary;        // key flags from the primary key (pgoutput2json's copy)
-  pg::type_cache types;
-};
-
-/// Runs sql; the result, or nullopt with error.
-std::optional<std::unique_ptr<result_guard>> exec(PGconn* c, const std::string& sql, ExecStatusType want,
-                                                  std::string& error,
-                                                  const std::vector<std::string>& params = {}) {
-  std::vector<const char*> values;
-  for (const auto& p : params) values.push_back(p.c_str());
-  auto r = std::make_unique<result_guard>(
-      params.empty() ? PQexec(c, sql.c_str())
-                     : PQexecParams(c, sql.c_str(), static_cast<int>(values.size()), nullptr, values.data(), nullptr,
-                                    nullptr, 0));
-  if (PQresultStatus(r->r) != want) {
-    error = one_line(PQresultErrorMessage(r->r));
-    if (error.empty()) error = one_line(PQerrorMessage(c));
-    return std::nullopt;
-  }
-  return r;
-}
-
-std::string text_array(const std::vector<std::string>& items) {
-  std::string out = "{";
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    out += i ? ",\"" : "\"";
-    for (char ch : items[i]) {
-      if (ch == '"' || ch == '\\') out.push_back('\\');
-      out.push_back(ch);
-    }
-    out.push_back('"');
-  }
-  return out + "}";
-}
-
-bool selected(const stream_request& r, const std::string& schema, const std::string& table) {
-  if (r.tables.empty()) return true;
-  for (const auto& t : r.tables)
-    if (t.schema == schema && (t.any || t.table == table)) return true;
-  return false;
-}
-
-}  // namespace
-
 void snapshot_job::run() {
   {
     std::lock_guard lock(m_);
@@ -195,28 +120,15 @@ void snapshot_job::run() {
     state_ = state::reading;
   }
   auto fail = [&](unsigned status, std::string why) { finish(state::failed, "snapshot: " + why, status); };
+  std::string error;
   conn_guard conn;
-  {
-    const char* keys[] = {"dbname", "application_name", "client_encoding", "connect_timeout", nullptr};
-    const char* values[] = {opts_.conninfo.c_str(), "walgate snapshot", "UTF8", "10", nullptr};
-    conn.c = PQconnectdbParams(keys, values, 1);
-  }
-  if (!conn.c || PQstatus(conn.c) != CONNECTION_OK) {
-    fail(503, "cannot connect to PostgreSQL: " + one_line(conn.c ? PQerrorMessage(conn.c) : "out of memory"));
+  conn.c = snapshot_sql::connect(opts_.conninfo, "walgate snapshot", static_cast<long>(opts_.statement_timeout.count()),
+                                 error);
+  if (!conn.c) {
+    fail(503, error);
     return;
   }
-  const int server = PQserverVersion(conn.c);
-  std::string error;
-  // The session as the walsender's (pg_connection.cpp's startup parameters), so that every
-  // value's text is the stream's; a copy that stalls (a client that does not read) ends at the
-  // statement timeout.
-  const std::string timeout = std::to_string(opts_.statement_timeout.count());
-  if (!exec(conn.c,
-            "SET DateStyle = 'ISO, YMD'; SET TimeZone = 'UTC'; SET IntervalStyle = 'postgres'; "
-            "SET extra_float_digits = 3; SET bytea_output = 'hex'; SET synchronize_seqscans = off; "
-            "SET statement_timeout = " + timeout + "; SET idle_in_transaction_session_timeout = " + timeout,
-            PGRES_COMMAND_OK, error) ||
-      !exec(conn.c, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", PGRES_COMMAND_OK, error)) {
+  if (!exec(conn.c, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", PGRES_COMMAND_OK, error)) {
     fail(503, error);
     return;
   }
@@ -245,110 +157,14 @@ void snapshot_job::run() {
   protocol::lsn bound = *w;
   if (const auto in_page = w->value % static_cast<std::uint64_t>(block); in_page <= 40) bound = protocol::lsn{w->value - in_page};
 
-  // The published tables the request selects.
-  std::map<std::pair<std::string, std::string>, table_def> tables;
-  {
-    std::string cols = server >= 150000 ? ", attnames::text[]::text, rowfilter" : ", NULL, NULL";
-    auto pub = exec(conn.c,
-                    "SELECT schemaname::text, tablename::text" + cols +
-                        " FROM pg_catalog.pg_publication_tables WHERE pubname = ANY($1::text[])",
-                    PGRES_TUPLES_OK, error, {text_array(opts_.publications)});
-    if (!pub) {
-      fail(503, error);
-      return;
-    }
-    for (int i = 0; i < PQntuples((*pub)->r); ++i) {
-      std::string schema = PQgetvalue((*pub)->r, i, 0), name = PQgetvalue((*pub)->r, i, 1);
-      if (!selected(request_, schema, name)) continue;
-      auto& t = tables[{schema, name}];
-      t.schema = schema;
-      t.name = name;
-      if (PQgetisnull((*pub)->r, i, 3)) t.unfiltered = true;
-      else t.filters.emplace_back(PQgetvalue((*pub)->r, i, 3));
-      if (!PQgetisnull((*pub)->r, i, 2)) {
-        // attnames as text: {a,"b c"} — read back by the server itself below
-        auto names = exec(conn.c, "SELECT unnest($1::text[])", PGRES_TUPLES_OK, error, {PQgetvalue((*pub)->r, i, 2)});
-        if (!names) {
-          fail(503, error);
-          return;
-        }
-        for (int k = 0; k < PQntuples((*names)->r); ++k) t.columns.insert(PQgetvalue((*names)->r, k, 0));
-      }
-    }
+  // The published tables the request selects, and their columns.
+  unsigned status = 503;
+  auto found = snapshot_sql::published_tables(conn.c, opts_.publications, &request_, status, error);
+  if (!found) {
+    fail(status, error);
+    return;
   }
-  for (const auto& t : request_.tables)
-    if (!t.any && !tables.contains({t.schema, t.table})) {
-      fail(400, "table " + sql_table_name(t) + " is not in the publication" +
-                    (opts_.publications.size() > 1 ? "s" : "") + " streamed");
-      return;
-    }
-  // Each table's columns as pgoutput's Relation message gives them: not dropped, not
-  // generated (unless a column list names them), the publication's column list, key flags from
-  // the replica identity (FULL: every column).
-  for (auto& [key, t] : tables) {
-    auto cols = exec(conn.c,
-                     "SELECT c.oid, c.relkind, c.relreplident, a.attname, a.atttypid, a.atttypmod, "
-                     "EXISTS (SELECT 1 FROM pg_catalog.pg_index i "
-                     "  WHERE i.indrelid = c.oid AND i.indisprimary AND a.attnum = ANY(i.indkey)), "
-                     "EXISTS (SELECT 1 FROM pg_catalog.pg_index i "
-                     "  WHERE i.indrelid = c.oid AND i.indisreplident AND a.attnum = ANY(i.indkey)), "
-                     "NULL, NULL, a.attgenerated <> '' "
-                     "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-                     "JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped "
-                     "WHERE n.nspname = $1 AND c.relname = $2 ORDER BY a.attnum",
-                     PGRES_TUPLES_OK, error, {t.schema, t.name});
-    if (!cols) {
-      fail(503, error);
-      return;
-    }
-    auto* r = (*cols)->r;
-    t.identity.nspname = t.schema;
-    t.identity.relname = t.name;
-    for (int i = 0; i < PQntuples(r); ++i) {
-      std::string name = PQgetvalue(r, i, 3);
-      const bool generated = PQgetvalue(r, i, 10)[0] == 't';
-      if (t.columns.empty() ? generated : !t.columns.contains(name)) continue;
-      t.identity.oid = static_cast<std::uint32_t>(std::strtoul(PQgetvalue(r, i, 0), nullptr, 10));
-      t.relkind = PQgetvalue(r, i, 1)[0];
-      const char ident = PQgetvalue(r, i, 2)[0];
-      t.identity.replica_identity = ident;
-      pg::cached_column col;
-      col.name = name;
-      col.type_oid = static_cast<std::uint32_t>(std::strtoul(PQgetvalue(r, i, 4), nullptr, 10));
-      col.type_modifier = static_cast<std::int32_t>(std::strtol(PQgetvalue(r, i, 5), nullptr, 10));
-      const bool pk = PQgetvalue(r, i, 6)[0] == 't', ri_index = PQgetvalue(r, i, 7)[0] == 't';
-      col.key = ident == 'f' || (ident == 'd' && pk) || (ident == 'i' && ri_index);
-      t.identity.columns.push_back(col);
-      if (transform::builtin_type_name(col.type_oid, -1).empty() && !t.types.find(col.type_oid)) {
-        // As pgoutput's Type message names it: a domain by its base type (getBaseType).
-        auto base = exec(conn.c,
-                         "WITH RECURSIVE d(oid, typtype, typbasetype) AS ("
-                         "  SELECT oid, typtype, typbasetype FROM pg_catalog.pg_type WHERE oid = $1::oid"
-                         "  UNION ALL SELECT t.oid, t.typtype, t.typbasetype FROM pg_catalog.pg_type t"
-                         "  JOIN d ON t.oid = d.typbasetype WHERE d.typtype = 'd') "
-                         "SELECT n.nspname, t.typname FROM d JOIN pg_catalog.pg_type t ON t.oid = d.oid "
-                         "JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace WHERE d.typtype <> 'd'",
-                         PGRES_TUPLES_OK, error, {std::to_string(col.type_oid)});
-        if (!base) {
-          fail(503, error);
-          return;
-        }
-        if (PQntuples((*base)->r) == 1) {
-          pg::type ty;
-          ty.oid = col.type_oid;
-          ty.nspname = PQgetvalue((*base)->r, 0, 0);
-          ty.name = PQgetvalue((*base)->r, 0, 1);
-          t.types.update(ty);
-        }
-      }
-      col.key = pk;
-      t.primary.columns.push_back(std::move(col));
-    }
-    t.primary.oid = t.identity.oid;
-    t.primary.nspname = t.schema;
-    t.primary.relname = t.name;
-    t.primary.replica_identity = t.identity.replica_identity;
-  }
+  auto& tables = *found;
   {
     std::lock_guard lock(m_);
     snap_ = *snap;
@@ -395,16 +211,8 @@ void snapshot_job::run() {
     return payload::in_memory(out);
   };
   for (const auto& [key, t] : tables) {
-    std::string cols;
-    for (const auto& c : t.identity.columns) cols += (cols.empty() ? "" : ", ") + protocol::quote_identifier(c.name);
-    if (cols.empty()) continue;   // nothing published of it (pgoutput sends no rows either)
-    std::string sql = "COPY (SELECT " + cols + " FROM " + (t.relkind == 'p' ? "" : "ONLY ") +
-                      protocol::quote_identifier(t.schema) + "." + protocol::quote_identifier(t.name);
-    if (!t.unfiltered && !t.filters.empty()) {
-      sql += " WHERE ";
-      for (std::size_t i = 0; i < t.filters.size(); ++i) sql += (i ? " OR (" : "(") + t.filters[i] + ")";
-    }
-    sql += ") TO STDOUT";
+    if (t.identity.columns.empty()) continue;   // nothing published of it (pgoutput sends no rows either)
+    const std::string sql = copy_sql(t);
     if (!exec(conn.c, sql, PGRES_COPY_OUT, error)) {
       fail(503, error);
       return;

@@ -226,6 +226,11 @@ const std::vector<setting>& settings() {
         "streaming",
         "on: PostgreSQL 14+ sends large transactions while they run (held here until their commit); off: at commit",
         &config::streaming, {{"on", true}, {"off", false}}));
+    s.push_back(choice<bool>(
+        "snapshot",
+        "initial: when walgate creates the slot, the rows of the published tables go into the log first; never: changes only",
+        &config::initial_snapshot, {{"initial", true}, {"never", false}}));
+    s.push_back(number("snapshot-workers", "connections copying the initial snapshot (1-64)", &config::snapshot_workers, 1, 64));
     s.push_back(number("snapshot-concurrency", "per-client snapshots (snapshot=true) reading at once (1-256)",
                        &config::snapshot_concurrency, 1, 256));
     s.push_back(number("snapshot-queue", "snapshot requests waiting for one of those; more get 503 (0-100000)",

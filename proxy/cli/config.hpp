@@ -35,6 +35,8 @@ struct config {
   transform::encoder_options::time_precision time = transform::encoder_options::time_precision::adaptive_time_microseconds;
   bool streaming = true;                ///< ask PostgreSQL 14+ to stream large transactions while they run
   bool no_fsync = false;
+  bool initial_snapshot = true;            ///< --snapshot initial (the slot's rows into the log when walgate creates it) or never
+  std::size_t snapshot_workers = 4;        ///< connections copying the initial snapshot
   std::size_t snapshot_concurrency = 4;    ///< per-client snapshots reading at once
   std::size_t snapshot_queue = 64;         ///< waiting for one; more: 503
   std::size_t snapshot_timeout_s = 300;    ///< statement timeout of a snapshot's COPY

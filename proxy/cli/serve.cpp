@@ -4,6 +4,7 @@
 #include "walgate/protocol/commands.hpp"
 #include "walgate/proxy/event_log.hpp"
 #include "walgate/proxy/gateway.hpp"
+#include "walgate/proxy/initial_snapshot.hpp"
 #include "walgate/proxy/pg_connection.hpp"
 #include "walgate/proxy/replication_client.hpp"
 #include "walgate/proxy/server.hpp"
@@ -54,6 +55,19 @@ asio::awaitable<proxy::outcome<void>> ensure_publication(proxy::conn_params conn
   }
   auto created = co_await c.query(sql);
   if (!created) co_return created.error();
+  co_return proxy::outcome<void>{};
+}
+
+// The slot made for an initial snapshot that did not finish: its exported snapshot is gone, so
+// it is dropped (the next start makes it and its snapshot again).
+asio::awaitable<proxy::outcome<void>> drop_unfinished_slot(proxy::conn_params conn, std::string slot) {
+  proxy::pg_connection c(co_await asio::this_coro::executor);
+  if (auto r = co_await c.connect(conn, false); !r) co_return r.error();
+  auto q = co_await c.query("SELECT pg_drop_replication_slot(slot_name) FROM pg_catalog.pg_replication_slots "
+                            "WHERE slot_name = " + protocol::quote_literal(slot));
+  if (!q) co_return q.error();
+  if (!q->rows.empty())
+    log_line("the initial snapshot was cut off last time: dropped slot " + slot + " to take it again");
   co_return proxy::outcome<void>{};
 }
 
@@ -120,7 +134,12 @@ bool client_limit(std::size_t requested, proxy::server_options& so, std::string&
 /// that walgate then exits non-zero, saying why).
 class stream_sink final : public proxy::replication_sink {
  public:
-  explicit stream_sink(proxy::gateway& g) : gw_(g), throw_(std::getenv("WALGATE_TEST_THROW_IN_STREAM") != nullptr) {}
+  stream_sink(proxy::gateway& g, proxy::initial_snapshot* initial)
+      : gw_(g), initial_(initial), throw_(std::getenv("WALGATE_TEST_THROW_IN_STREAM") != nullptr) {}
+  asio::awaitable<proxy::outcome<void>> on_slot_created(const proxy::stream_start_info& i) override {
+    if (!initial_ || !i.exported_snapshot) co_return proxy::outcome<void>{};
+    co_return co_await initial_->run(*i.exported_snapshot, i.consistent_point);
+  }
   void on_stream_start(const proxy::stream_start_info& i) override { gw_.on_stream_start(i); }
   boost::system::error_code on_xlog_data(const protocol::xlog_data& x) override {
     if (throw_) throw std::runtime_error("test hook: an exception in the stream path at " + x.wal_start.to_string());
@@ -132,6 +151,7 @@ class stream_sink final : public proxy::replication_sink {
 
  private:
   proxy::gateway& gw_;
+  proxy::initial_snapshot* initial_;
   bool throw_;
 };
 
@@ -218,7 +238,48 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
   rs.messages_when_supported = true;
   rs.streaming_when_supported = s.streaming;
   rs.status_interval = std::chrono::milliseconds(s.status_interval_ms);
-  stream_sink sink(gw);
+  // The initial snapshot: when walgate creates the slot (never for one that exists), its exported
+  // snapshot goes into the log before the first streamed transaction.
+  std::unique_ptr<proxy::initial_snapshot> initial;
+  if (s.initial_snapshot) {
+    proxy::initial_snapshot_options io_opts;
+    io_opts.conninfo = s.pg;
+    io_opts.publications = s.publications;
+    io_opts.workers = s.snapshot_workers;
+    io_opts.fsync = !s.no_fsync;
+    initial = std::make_unique<proxy::initial_snapshot>(io.get_executor(), *log, io_opts);
+    rs.export_snapshot = true;
+    rs.before_create_slot = [&s, fsync = !s.no_fsync]() -> std::string {
+      std::string e;
+      proxy::write_initial_state(s.data_dir, proxy::initial_state::pending, fsync, e);
+      return e;
+    };
+    so.extra_metrics.push_back([&initial](proxy::metrics_registry& m) { initial->register_metrics(m); });
+    // Cut off by a crash or a kill last time: the log holds none of it, and the slot made for it
+    // has lost its snapshot; it is dropped, and made again with a new one.
+    if (proxy::read_initial_state(s.data_dir) == proxy::initial_state::pending) {
+      if (log->next_seq() > 0) {   // it was logged whole (one transaction) before the cut
+        std::string e;
+        if (!proxy::write_initial_state(s.data_dir, proxy::initial_state::done, !s.no_fsync, e)) {
+          log_line(e);
+          return 1;
+        }
+      } else {
+        std::optional<proxy::outcome<void>> r;
+        asio::co_spawn(io, drop_unfinished_slot(*parsed.params, s.slot), [&](std::exception_ptr, proxy::outcome<void> v) {
+          r = std::move(v);
+        });
+        io.run();
+        io.restart();
+        if (!r || !*r) {
+          log_line("the initial snapshot was cut off last time, and its slot cannot be dropped: " +
+                   (r ? r->error().message : std::string("failed")));
+          return 1;
+        }
+      }
+    }
+  }
+  stream_sink sink(gw, initial.get());
   proxy::replication_client client(io.get_executor(), rs, sink);
   client.set_retry_handler([&gw](const proxy::failure& f, std::chrono::milliseconds d) {
     const bool refused = f.message.rfind("stream consumer failed", 0) == 0;   // the gateway refused what came

@@ -209,15 +209,7 @@ void event_log::commit(lsn commit_lsn, lsn end_lsn) {
     last_visible_id_ = seg.last_id;
     recent_commits_.emplace_back(txn_first_seq_, end_offset());
     if (recent_commits_.size() > 4096) recent_commits_.pop_front();
-    if (txn_xid_ != 0) {
-      recent_xids_.emplace_back(txn_xid_, txn_first_seq_);
-      xid_first_seq_[txn_xid_] = txn_first_seq_;
-      if (recent_xids_.size() > 65536) {
-        auto [x, seq] = recent_xids_.front();
-        recent_xids_.pop_front();
-        if (auto it = xid_first_seq_.find(x); it != xid_first_seq_.end() && it->second == seq) xid_first_seq_.erase(it);
-      }
-    }
+    remember_xid(txn_xid_, txn_first_seq_);
   }
   visible_seq_ = next_seq_;
   visible_offset_ = end_offset();
@@ -225,10 +217,16 @@ void event_log::commit(lsn commit_lsn, lsn end_lsn) {
   tail_.committed();
 }
 
-std::optional<std::uint64_t> event_log::recent_transaction(std::uint32_t xid) const {
-  auto it = xid_first_seq_.find(xid);
-  if (it == xid_first_seq_.end()) return std::nullopt;
-  return it->second;
+void event_log::remember_xid(std::uint32_t xid, std::uint64_t first_seq) {
+  if (xid == 0) return;   // (a non-transactional message)
+  recent_xids_.emplace_back(xid, first_seq);
+  if (recent_xids_.size() > 65536) recent_xids_.pop_front();
+}
+
+std::optional<std::uint64_t> event_log::first_recent_transaction(const std::function<bool(std::uint32_t)>& pred) const {
+  for (const auto& [xid, seq] : recent_xids_)
+    if (pred(xid)) return seq;
+  return std::nullopt;
 }
 
 bool event_log::append(const protocol::transaction_info& txn, const std::vector<transform::change>& changes) {

@@ -176,7 +176,11 @@ void event_log::prefill_tail() {
   while (seq < next_seq_) {
     auto batch = read_disk(seq, 512, 1u << 20, nullptr);
     if (batch.empty()) break;
-    for (auto& ev : batch) tail_.push(ev, false);
+    for (auto& ev : batch) {
+      // (the transactions read back, for snapshots: first_recent_transaction)
+      if (tail_.events().empty() || tail_.events().back()->id.commit_lsn != ev->id.commit_lsn) remember_xid(ev->xid, ev->seq);
+      tail_.push(ev, false);
+    }
     seq = tail_.events().back()->seq + 1;
   }
   if (seq != next_seq_) tail_.clear();   // the tail must reach the head; a fault here shows on reading

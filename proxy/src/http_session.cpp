@@ -14,6 +14,10 @@
 #include <boost/beast/ssl.hpp>
 #include <boost/beast/websocket/rfc6455.hpp>
 
+#include <sys/socket.h>
+
+#include <cerrno>
+
 namespace walgate::proxy {
 
 namespace asio = boost::asio;
@@ -207,6 +211,11 @@ awaitable<void> serve_http(server_core& core, Stream s) {
         co_return;
       }
       counted admitted(core.streams);
+      if (path == "/v1/ws" && !beast::websocket::is_upgrade(req)) {
+        co_await write_simple(core, s, req.version(), http::status::upgrade_required, "application/json",
+                              json_error("", "/v1/ws needs a WebSocket upgrade"), false, {}, cors);
+        co_return;
+      }
       // snapshot=true (and not resuming): the rows first. Its transaction is open and its
       // tables known before the response begins, so that what fails there is an answer (400
       // for a table not published, 503 while PostgreSQL cannot be reached or too many wait).
@@ -217,11 +226,28 @@ awaitable<void> serve_http(server_core& core, Stream s) {
         if (job) {
           asio::steady_timer t(core.executor);
           job->set_wake([&t] { t.cancel(); });
-          while (!job->started() && job->current() != snapshot_job::state::failed && !core.stopping) {
+          // A client that hangs up while its snapshot waits or is being taken is noticed at
+          // once: its job goes (cancelled), and its place in the queue with it.
+          auto gone = std::make_shared<bool>(false), watching = std::make_shared<bool>(true);
+          auto& sock = beast::get_lowest_layer(s).socket();
+          sock.async_wait(asio::ip::tcp::socket::wait_read, [gone, watching, &t, &sock](boost::system::error_code ec) {
+            if (ec || !*watching) return;
+            char b;
+            auto n = ::recv(sock.native_handle(), &b, 1, MSG_PEEK | MSG_DONTWAIT);
+            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+              *gone = true;
+              t.cancel();
+            }
+          });
+          while (!job->started() && job->current() != snapshot_job::state::failed && !core.stopping && !*gone) {
             t.expires_after(std::chrono::seconds(1));
             co_await t.async_wait(use_tuple);
           }
           job->set_wake({});
+          *watching = false;
+          boost::system::error_code ignored;
+          sock.cancel(ignored);   // (the watch ends; the transport watches from here on)
+          if (*gone) co_return;   // (the job is cancelled as it goes)
           if (!job->started()) {
             code = job->http_status() ? job->http_status() : 503;
             why = core.stopping ? "server shutting down" : job->error();
@@ -238,11 +264,6 @@ awaitable<void> serve_http(server_core& core, Stream s) {
         start.snapshot = std::move(job);
       }
       if (path == "/v1/ws") {
-        if (!beast::websocket::is_upgrade(req)) {
-          co_await write_simple(core, s, req.version(), http::status::upgrade_required, "application/json",
-                                json_error("", "/v1/ws needs a WebSocket upgrade"), false, {}, cors);
-          co_return;
-        }
         co_await serve_websocket(core, std::move(s), std::move(req), std::move(start));
         co_return;
       }

@@ -137,7 +137,9 @@ awaitable<outcome<stream_start_info>> prepare_replication(pg_connection& conn, c
   protocol::create_slot_options co;
   co.slot = s.slot;
   co.temporary = s.temporary_slot;
-  co.snapshot = protocol::snapshot_action::no_export;
+  co.snapshot = s.export_snapshot ? protocol::snapshot_action::export_snapshot : protocol::snapshot_action::no_export;
+  if (s.before_create_slot)
+    if (auto e = s.before_create_slot(); !e.empty()) co_return failure{{}, e, {}, false};
   co.two_phase = s.two_phase && start.server_major >= 15;
   auto cmd = protocol::build_create_slot(co, start.server_major);
   if (!cmd) co_return config_failure(cmd.error);
@@ -217,6 +219,17 @@ struct replication_client::impl : std::enable_shared_from_this<replication_clien
     auto prepared = co_await prepare_replication(*c, settings, sink.durable_lsn());
     if (!prepared) co_return prepared.error();
     stream_start_info info = *prepared;
+    if (settings.export_snapshot && info.exported_snapshot) {
+      // The replication connection stays idle (its exported snapshot lives while it runs
+      // nothing) until the sink has what the snapshot holds.
+      auto copied = co_await sink.on_slot_created(info);
+      if (!copied) {
+        auto dropped = co_await c->query("DROP_REPLICATION_SLOT " + protocol::quote_identifier(settings.slot));
+        failure f = copied.error();
+        if (!dropped) f.message += " (and the slot could not be dropped: " + dropped.error().message + ")";
+        co_return f;
+      }
+    }
 
     protocol::start_replication_options o;
     o.slot = settings.slot;
@@ -358,6 +371,8 @@ struct replication_client::impl : std::enable_shared_from_this<replication_clien
     }
   }
 };
+
+awaitable<outcome<void>> replication_sink::on_slot_created(const stream_start_info&) { co_return outcome<void>{}; }
 
 replication_client::replication_client(asio::any_io_executor ex, replication_settings settings, replication_sink& sink)
     : impl_(std::make_shared<impl>(ex, std::move(settings), sink)) {}

@@ -115,6 +115,7 @@ server_core::server_core(boost::asio::any_io_executor ex, server_options o, gate
   metrics.add_value("walgate_reconnects_total", "counter", "Reconnections to PostgreSQL.",
                     [this] { return status.reconnects ? status.reconnects() : 0; });
   snapshots.register_metrics(metrics);
+  for (const auto& f : opts.extra_metrics) f(metrics);
   listener_ = log.on_visible([this] { notify(); });
   gw.on_event_logged([this](const logged_event& e, const transform::change& c) { encodings.on_logged(e, c); });
 }

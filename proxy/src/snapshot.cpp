@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <thread>
 
 namespace walgate::proxy {
 
@@ -58,9 +59,22 @@ std::uint64_t snapshot_job::rows() const {
 }
 
 void snapshot_job::cancel() {
-  std::lock_guard lock(m_);
-  cancelled_ = true;
-  cv_.notify_all();
+  PGcancel* interrupt = nullptr;
+  {
+    std::lock_guard lock(m_);
+    if (cancelled_) return;
+    cancelled_ = true;
+    cv_.notify_all();
+    std::swap(interrupt, cancel_);
+  }
+  // A worker inside libpq (a COPY waiting for a lock, a slow scan) is interrupted by the
+  // server: the cancel request is a connection of its own, made off the event loop.
+  if (interrupt)
+    std::thread([interrupt] {
+      char why[256];
+      PQcancel(interrupt, why, sizeof why);
+      PQfreeCancel(interrupt);
+    }).detach();
 }
 
 bool snapshot_job::covers(const logged_event& e) const {
@@ -128,6 +142,23 @@ void snapshot_job::run() {
     fail(503, error);
     return;
   }
+  {
+    std::lock_guard lock(m_);
+    if (cancelled_) {
+      state_ = state::failed;
+      error_ = "cancelled";
+      return;
+    }
+    cancel_ = PQgetCancel(conn.c);
+  }
+  struct cancel_guard {   // freed here unless cancel() took it
+    snapshot_job& j;
+    ~cancel_guard() {
+      std::lock_guard lock(j.m_);
+      if (j.cancel_) PQfreeCancel(j.cancel_);
+      j.cancel_ = nullptr;
+    }
+  } freed{*this};
   if (!exec(conn.c, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", PGRES_COMMAND_OK, error)) {
     fail(503, error);
     return;
@@ -208,7 +239,7 @@ void snapshot_job::run() {
     o.include_schema = request_.compact && first_of_table;
     out.clear();
     transform::encode_change(out, c, f, o);
-    return payload::in_memory(out);
+    return payload::in_memory(std::move(out));
   };
   for (const auto& [key, t] : tables) {
     if (t.identity.columns.empty()) continue;   // nothing published of it (pgoutput sends no rows either)
@@ -315,7 +346,12 @@ std::shared_ptr<snapshot_job> snapshot_service::admit(const stream_request& r, c
   auto j = std::make_shared<snapshot_job>(loop_, r, enc, opts_);
   queue_.push_back(j);
   dispatch();
-  return j;
+  // What the request holds: when its last copy goes (the client gone, or never made: a failed
+  // handshake), the job is cancelled — the worker keeps only the job itself.
+  return std::shared_ptr<snapshot_job>(j.get(), [j](snapshot_job*) mutable {
+    j->cancel();
+    j.reset();
+  });
 }
 
 void snapshot_service::dispatch() {
@@ -337,8 +373,8 @@ void snapshot_service::dispatch() {
       asio::post(loop_, [this, j, alive] {
         if (!*alive) return;
         --running_count_;
-        rows_ += j->rows();
         if (j->current() == snapshot_job::state::failed) ++failed_;
+        else rows_ += j->rows();
         dispatch();
       });
     });
@@ -346,13 +382,15 @@ void snapshot_service::dispatch() {
 }
 
 void snapshot_service::on_taken(const std::shared_ptr<snapshot_job>& j) {
-  // Transactions the snapshot saw as running may have been logged already (their commit is in
-  // the WAL, decoded and sent, before they leave the server's list of running ones): the
-  // client's changes start at the first of them.
+  // Transactions the snapshot did not see may have been logged already: their commit is in the
+  // WAL, decoded and sent, before the server stops listing them as running (listed in xip, or
+  // at or past xmax when they are the newest). The client's changes start at the first of them.
+  // (Behind the oldest retained event, the subscription says so: not retained.)
   std::uint64_t start = j->queued_at_seq_;
-  for (auto x : j->snap_.xip)
-    if (auto seq = log_.recent_transaction(static_cast<std::uint32_t>(x)); seq && *seq < start) start = *seq;
-  j->start_seq_ = std::max(start, log_.first_seq());
+  const auto& snap = j->snap_;
+  if (auto seq = log_.first_recent_transaction([&snap](std::uint32_t xid) { return !snap.sees(xid); }); seq && *seq < start)
+    start = *seq;
+  j->start_seq_ = start;
   if (j->wake_) j->wake_();
   std::weak_ptr<snapshot_job> w = j;
   gw_.when_read_past(j->wal_bound_, [w](std::uint64_t seq, transform::event_id last) {

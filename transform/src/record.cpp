@@ -44,7 +44,8 @@ void read_tuple(cursor& c, std::vector<pg::tuple_column>& out) {
 }  // namespace
 
 // Byte1 version | Byte1 op | Int64 commit_lsn | Int64 end_lsn | Int64 commit_time | Int32 xid |
-// Int64 change_lsn | Int32 index | Str16 origin | Int64 origin_lsn | Str16 gid | Byte1 flags (1 streamed) |
+// Int64 change_lsn | Int32 index | Str16 origin | Int64 origin_lsn | Str16 gid | Byte1 flags (1 streamed,
+//   2 the last row of a snapshot) |
 // relation: Int32 oid | Str16 nsp | Str16 name | Byte1 identity | Int16 n | n × (Byte1 key | Str16 name |
 //           Int32 type | Int32 typmod) |
 // Int16 ntypes | ntypes × (Int32 oid | Str16 nsp | Str16 name) |
@@ -59,7 +60,7 @@ void write_header(writer& w, const change& c) {
   str16(w, t.origin.value_or(""));
   w.u64(t.origin_lsn.value);
   str16(w, t.gid);
-  w.u8(t.streamed ? 1 : 0);
+  w.u8((t.streamed ? 1 : 0) | (c.snapshot_last ? 2 : 0));
 }
 
 void write_relation(writer& w, const change& c) {
@@ -167,7 +168,9 @@ boost::system::result<void, protocol::decode_error> read_record(protocol::bytes_
   if (!origin.empty()) t.origin = std::string(origin);
   t.origin_lsn = protocol::lsn{c.u64()};
   t.gid.assign(read_str16(c, "record gid"));
-  t.streamed = c.u8() == 1;
+  const std::uint8_t flags = c.u8();
+  t.streamed = (flags & 1) != 0;
+  const bool snapshot_last = (flags & 2) != 0;
   auto& r = v->relation_;
   r.oid = c.u32("record relation");
   r.nspname.assign(read_str16(c, "record schema"));
@@ -223,6 +226,7 @@ boost::system::result<void, protocol::decode_error> read_record(protocol::bytes_
   ch.after = v->after_;
   ch.message = has_message ? &v->message_ : nullptr;
   ch.types = &v->types_;
+  ch.snapshot_last = snapshot_last;
   return {};
 }
 

@@ -144,7 +144,7 @@ class event_log final : public log_reader {
   }
   resume_point resume_after(const transform::event_id& id) const override;
   transform::event_id last_visible_id() const override { return last_visible_id_; }
-  std::optional<std::uint64_t> recent_transaction(std::uint32_t xid) const override;
+  std::optional<std::uint64_t> first_recent_transaction(const std::function<bool(std::uint32_t)>& pred) const override;
   /// resume_after(id).seq.
   std::optional<std::uint64_t> seq_after(const transform::event_id& id) const { return resume_after(id).seq; }
 
@@ -230,8 +230,8 @@ class event_log final : public log_reader {
   bool dropped_ = false;                   // retention dropped something in this process
   std::deque<std::pair<std::uint64_t, std::uint64_t>> recent_commits_;   // (first seq, end offset), seq order
   std::deque<std::pair<std::uint32_t, std::uint64_t>> recent_xids_;      // (xid, first seq), seq order
-  std::unordered_map<std::uint32_t, std::uint64_t> xid_first_seq_;       // the newest of recent_xids_ per xid
   std::uint32_t txn_xid_ = 0;                                            // of the open transaction
+  void remember_xid(std::uint32_t xid, std::uint64_t first_seq);
   transform::event_id txn_seg_first_id_, txn_seg_last_id_;   // the last segment's ids at begin()
   memory_tail tail_{0};   // the newest events in memory, and those out of it a reader holds
   std::function<void(const logged_event&, const transform::change&)> publish_;

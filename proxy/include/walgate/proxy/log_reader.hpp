@@ -90,11 +90,12 @@ class log_reader {
   virtual resume_point resume_after(const transform::event_id& id) const = 0;
   /// The id of the last event of the last committed transaction (invalid commit LSN: none).
   virtual transform::event_id last_visible_id() const = 0;
-  /// The seq of the first event of a recently committed transaction with this xid (the newest
-  /// such, among the last 65,536 transactions logged by this process); nullopt if none. A
-  /// snapshot finds here the transactions that were logged before it was taken but that it
-  /// did not see as committed.
-  virtual std::optional<std::uint64_t> recent_transaction(std::uint32_t xid) const = 0;
+  /// The seq of the first event of the oldest recently committed transaction whose xid
+  /// satisfies pred (among the last 65,536 transactions in the log: those this process logged,
+  /// and after a restart those it read back into memory); nullopt if none. A snapshot finds
+  /// here the transactions that were logged before it was taken but that it did not see as
+  /// committed (their commit was decoded before the server stopped listing them as running).
+  virtual std::optional<std::uint64_t> first_recent_transaction(const std::function<bool(std::uint32_t)>& pred) const = 0;
   /// Counts an encoding just cached on e against what the log keeps in memory for it.
   virtual void account_encoding(const logged_event& e, std::size_t bytes) = 0;
 

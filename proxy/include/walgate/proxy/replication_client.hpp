@@ -31,6 +31,11 @@ struct replication_settings {
   std::string slot;
   std::vector<std::string> publications;
   bool create_slot = true;           ///< Create the slot when it does not exist.
+  /// Create it with an exported snapshot (EXPORT_SNAPSHOT), handed to the sink's
+  /// on_slot_created before streaming starts (the initial snapshot).
+  bool export_snapshot = false;
+  /// Called right before the slot is created (with export_snapshot); an error stops it.
+  std::function<std::string()> before_create_slot;
   bool temporary_slot = false;       ///< Dropped by the server when the connection ends.
   std::uint32_t proto_version = 0;   ///< 0: the highest the server supports.
   bool messages = false;              ///< Logical decoding messages; PostgreSQL 14+ (an error before).
@@ -79,6 +84,10 @@ class replication_sink {
   /// this way does not reset. Default: no, streaming stops.
   virtual bool retry_after_failure() const { return false; }
   virtual void on_keepalive(const protocol::primary_keepalive&) {}
+  /// The slot was just created with an exported snapshot (settings.export_snapshot): called on
+  /// the idle replication connection, before START_REPLICATION. A failure drops the slot (so
+  /// the next attempt makes it, and its snapshot, again) and ends this connection.
+  virtual boost::asio::awaitable<outcome<void>> on_slot_created(const stream_start_info&);
   /// The position that is durable downstream; reported as flush and apply.
   virtual protocol::lsn durable_lsn() const = 0;
 };

@@ -21,6 +21,8 @@
 
 namespace walgate::proxy {
 
+class metrics_registry;
+
 struct server_options {
   std::string host = "127.0.0.1";
   std::uint16_t port = 8080;                       ///< 0: any free port (see server::port()).
@@ -54,6 +56,8 @@ struct server_options {
   std::size_t spill_bytes = 4u << 20;
   /// Per-client snapshots (snapshot=true): where from, and their limits.
   snapshot_options snapshot;
+  /// Registers further figures for /metrics (the initial snapshot's).
+  std::vector<std::function<void(metrics_registry&)>> extra_metrics;
 };
 
 /// What /readyz and /metrics need from the replication side.

@@ -41,6 +41,7 @@
 namespace boost::asio {
 class thread_pool;
 }
+struct pg_cancel;
 
 namespace walgate::proxy {
 
@@ -54,7 +55,7 @@ struct snapshot_options {
   std::size_t max_queued = 64;           ///< waiting for one of those; more: 503 with Retry-After
   std::chrono::milliseconds statement_timeout{300'000};   ///< per COPY (and idle in the transaction)
   std::size_t client_bytes = 4u << 20;   ///< encoded rows held for a client; the copy waits beyond it
-  std::chrono::milliseconds stream_wait{60'000};   ///< for the stream to be read past the snapshot
+  std::chrono::milliseconds stream_wait{300'000};   ///< for the stream to be read past the snapshot
 };
 
 /// One client's snapshot, shared by its worker and the event loop. The loop-side members are
@@ -119,6 +120,7 @@ class snapshot_job : public std::enable_shared_from_this<snapshot_job> {
   unsigned status_ = 0;
   bool cancelled_ = false;
   bool notify_posted_ = false;
+  pg_cancel* cancel_ = nullptr;   // the worker's connection's cancel key (libpq's PGcancel)
   // set by the worker before it reports "taken", read by the loop after
   protocol::pg_snapshot snap_;
   protocol::lsn wal_bound_;   // the stream must be read to here

@@ -1,0 +1,443 @@
+#include "walgate/proxy/initial_snapshot.hpp"
+
+#include "walgate/protocol/commands.hpp"
+#include "walgate/protocol/crc32c.hpp"
+#include "walgate/protocol/snapshot.hpp"
+#include "walgate/proxy/event_log.hpp"
+#include "walgate/proxy/metrics.hpp"
+#include "walgate/transform/change.hpp"
+
+#include "snapshot_sql.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <mutex>
+
+namespace walgate::proxy {
+
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+namespace pg = protocol::pgoutput;
+using namespace snapshot_sql;
+using protocol::errc;
+
+namespace {
+
+void say(const std::string& line) {
+  std::fprintf(stderr, "walgate: %s\n", line.c_str());
+  std::fflush(stderr);
+}
+
+/// A Prometheus label value: quoted, with \\, " and newlines escaped.
+std::string label(const std::string& v) {
+  std::string out = "\"";
+  for (char ch : v) {
+    if (ch == '\\' || ch == '"') out.push_back('\\');
+    if (ch == '\n') out += "\\n";
+    else out.push_back(ch);
+  }
+  return out + "\"";
+}
+
+std::string with_commas(std::uint64_t n) {
+  std::string s = std::to_string(n);
+  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<std::size_t>(i), ",");
+  return s;
+}
+
+}  // namespace
+
+initial_state read_initial_state(const fs::path& dir) {
+  std::ifstream in(dir / "SNAPSHOT");
+  std::string word;
+  if (!(in >> word)) return initial_state::none;
+  return word == "done" ? initial_state::done : initial_state::pending;   // anything else: not known to be done
+}
+
+bool write_initial_state(const fs::path& dir, initial_state s, bool fsync, std::string& error) {
+  const fs::path path = dir / "SNAPSHOT", tmp = dir / "SNAPSHOT.tmp";
+  const std::string text = s == initial_state::done ? "done\n" : "pending\n";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  bool ok = fd >= 0 && ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
+            (!fsync || ::fsync(fd) == 0);
+  int saved = errno;
+  if (fd >= 0) ::close(fd);
+  if (ok) {
+    ok = ::rename(tmp.c_str(), path.c_str()) == 0;
+    saved = errno;
+  }
+  if (ok && fsync) {
+    int d = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    ok = d >= 0 && ::fsync(d) == 0;
+    saved = errno;
+    if (d >= 0) ::close(d);
+  }
+  if (!ok) error = "cannot store the initial snapshot's state in " + path.string() + ": " + std::strerror(saved);
+  return ok;
+}
+
+struct initial_snapshot::state {
+  std::mutex m;
+  std::condition_variable cv;
+  // the plan (made on the planner thread before "planned"; read-only after)
+  table_map tables;
+  std::vector<const table_def*> defs;
+  std::vector<std::unique_ptr<table_progress>> progress;   // per def
+  struct unit {
+    std::size_t table;
+    std::string from, extra;
+  };
+  std::vector<unit> units;
+  std::int64_t commit_time = 0;
+  bool planned = false;
+  // under m
+  std::size_t next_unit = 0;
+  std::size_t in_flight = 0;   // batches posted to the loop and not yet appended
+  std::size_t workers_done = 0;
+  bool failed = false;
+  std::string error;
+  // loop only
+  asio::steady_timer* wake = nullptr;
+  bool plan_seen = false;   // planned, as the loop knows it (what /metrics reads)
+
+  void fail(std::string why) {
+    std::lock_guard lock(m);
+    if (!failed) error = std::move(why);
+    failed = true;
+    cv.notify_all();
+  }
+  bool stopped() {
+    std::lock_guard lock(m);
+    return failed;
+  }
+};
+
+initial_snapshot::initial_snapshot(asio::any_io_executor loop, event_log& log, initial_snapshot_options o)
+    : loop_(std::move(loop)), log_(log), opts_(std::move(o)), st_(std::make_shared<state>()) {
+  if (opts_.workers == 0) opts_.workers = 1;
+}
+
+initial_snapshot::~initial_snapshot() = default;
+
+namespace {
+
+/// A batch of COPY lines of one table, handed from a worker to the loop.
+struct batch {
+  std::size_t table = 0;
+  std::string lines;
+  std::vector<std::uint32_t> ends;
+};
+constexpr std::size_t batch_bytes = 256u << 10;
+constexpr std::size_t max_in_flight = 16;
+
+/// Opens a connection in the exported snapshot.
+PGconn* in_snapshot(const initial_snapshot_options& o, const std::string& exported, const char* name, std::string& error) {
+  PGconn* c = snapshot_sql::connect(o.conninfo, name, 0, error);
+  if (!c) return nullptr;
+  if (!exec(c, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", PGRES_COMMAND_OK, error) ||
+      !exec(c, "SET TRANSACTION SNAPSHOT " + protocol::quote_literal(exported), PGRES_COMMAND_OK, error)) {
+    PQfinish(c);
+    return nullptr;
+  }
+  return c;
+}
+
+}  // namespace
+
+asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, protocol::lsn consistent_point) {
+  auto fail = [](std::string why) { return failure{make_error_code(errc::server_error), "initial snapshot: " + why, {}, true}; };
+  if (log_.next_seq() != 0) co_return failure{{}, "initial snapshot: the event log is not empty", {}, false};
+  if (!log_.origin().valid() && !log_.set_origin(consistent_point)) co_return failure{{}, log_.error(), {}, false};
+  st_ = std::make_shared<state>();
+  auto st = st_;
+  running_ = true;
+  struct running_guard {
+    bool& r;
+    ~running_guard() { r = false; }
+  } guard{running_};
+  asio::steady_timer wake(loop_);
+  st->wake = &wake;
+  auto poke = [st, loop = loop_] {
+    asio::post(loop, [st] {
+      if (st->wake) st->wake->cancel();
+    });
+  };
+  auto pool = std::make_unique<asio::thread_pool>(opts_.workers);
+  const auto started = std::chrono::steady_clock::now();
+
+  // The plan: the tables, their columns, and the pieces to copy, read in the snapshot.
+  asio::post(*pool, [st, o = opts_, exported, poke] {
+    std::string error;
+    conn_guard conn;
+    conn.c = in_snapshot(o, exported, "walgate initial snapshot", error);
+    if (!conn.c) return st->fail(error), poke();
+    unsigned status = 0;
+    auto tables = published_tables(conn.c, o.publications, nullptr, status, error);
+    if (!tables) return st->fail(error), poke();
+    auto now = exec(conn.c, "SELECT (extract(epoch FROM now()) * 1000000)::bigint", PGRES_TUPLES_OK, error);
+    if (!now) return st->fail(error), poke();
+    st->commit_time = protocol::unix_us_to_pg(std::strtoll(PQgetvalue((*now)->r, 0, 0), nullptr, 10));
+    st->tables = std::move(*tables);
+    const bool ranges = PQserverVersion(conn.c) >= 140000;   // a ctid range is a TID range scan
+    for (auto& [key, t] : st->tables) {
+      if (t.identity.columns.empty()) continue;
+      t.identity.generation = pg::next_generation();
+      const std::size_t index = st->defs.size();
+      st->defs.push_back(&t);
+      auto p = std::make_unique<table_progress>();
+      p->name = t.schema + "." + t.name;
+      // Its heap: the table itself, or the leaves of a partitioned one.
+      auto leaves = exec(conn.c,
+                         "SELECT format('%I.%I', n.nspname, c.relname), "
+                         "pg_relation_size(c.oid) / current_setting('block_size')::bigint, greatest(c.reltuples, 0)::bigint "
+                         "FROM pg_catalog.pg_partition_tree(format('%I.%I', $1::text, $2::text)::regclass) pt "
+                         "JOIN pg_catalog.pg_class c ON c.oid = pt.relid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+                         "WHERE pt.isleaf AND c.relkind IN ('r', 'm')",
+                         PGRES_TUPLES_OK, error, {t.schema, t.name});
+      if (!leaves) return st->fail(error), poke();
+      for (int i = 0; i < PQntuples((*leaves)->r); ++i) {
+        std::string leaf = t.relkind == 'p' ? PQgetvalue((*leaves)->r, i, 0) : std::string();
+        const std::uint64_t pages = std::strtoull(PQgetvalue((*leaves)->r, i, 1), nullptr, 10);
+        p->estimate += std::strtoull(PQgetvalue((*leaves)->r, i, 2), nullptr, 10);
+        if (!ranges || pages <= o.range_pages) {
+          st->units.push_back({index, leaf, {}});
+          continue;
+        }
+        for (std::uint64_t from = 0; from < pages; from += o.range_pages) {
+          std::string extra = "ctid >= '(" + std::to_string(from) + ",0)'::tid";
+          if (from + o.range_pages < pages) extra += " AND ctid < '(" + std::to_string(from + o.range_pages) + ",0)'::tid";
+          st->units.push_back({index, leaf, extra});
+        }
+      }
+      st->progress.push_back(std::move(p));
+    }
+    {
+      std::lock_guard lock(st->m);
+      st->planned = true;
+    }
+    poke();
+  });
+  while (true) {
+    {
+      std::lock_guard lock(st->m);
+      if (st->planned || st->failed) break;
+    }
+    wake.expires_after(std::chrono::seconds(1));
+    co_await wake.async_wait(asio::as_tuple(asio::use_awaitable));
+  }
+  if (st->stopped()) {
+    pool->join();
+    st->wake = nullptr;
+    co_return fail(st->error);
+  }
+  st->plan_seen = true;
+  std::uint64_t estimate = 0;
+  for (const auto& p : st->progress) estimate += p->estimate;
+  say("initial snapshot: " + std::to_string(st->defs.size()) + " tables (about " + with_commas(estimate) + " rows) in " +
+      std::to_string(st->units.size()) + " pieces on " + std::to_string(opts_.workers) + " connections, at " +
+      consistent_point.to_string());
+
+  // The loop's side: each row a read event of the one transaction.
+  protocol::transaction_info txn;
+  txn.commit_lsn = consistent_point;
+  txn.end_lsn = consistent_point;
+  txn.commit_time = st->commit_time;
+  std::uint32_t index = 0;
+  std::string storage, held_line, append_error;
+  std::vector<pg::tuple_column> values;
+  std::size_t held_table = SIZE_MAX;
+  auto add = [&](std::size_t table, std::string_view line, bool last) {
+    const table_def& t = *st->defs[table];
+    if (!protocol::parse_copy_text_row(line, storage, values, append_error)) return false;
+    if (values.size() != t.identity.columns.size()) {
+      append_error = "a COPY row of " + std::to_string(values.size()) + " columns for " +
+                     std::to_string(t.identity.columns.size()) + " in " + t.schema + "." + t.name;
+      return false;
+    }
+    transform::change c;
+    c.kind = transform::op::read;
+    c.txn = &txn;
+    c.change_lsn = consistent_point;
+    c.index = index++;
+    c.relation = &t.identity;
+    c.after = values;
+    c.types = &t.types;
+    c.snapshot_last = last;
+    log_.add(c);
+    return log_.error().empty();
+  };
+  if (!log_.begin(consistent_point)) co_return failure{{}, "initial snapshot: the event log refused it", {}, false};
+
+  // The copies.
+  const std::size_t workers = std::min(opts_.workers, std::max<std::size_t>(1, st->units.size()));
+  for (std::size_t w = 0; w < workers; ++w)
+    asio::post(*pool, [st, o = opts_, exported, poke, loop = loop_, &add, &held_table, &held_line] {
+      std::string error;
+      conn_guard conn;
+      conn.c = in_snapshot(o, exported, "walgate initial snapshot", error);
+      auto done = [&] {
+        std::lock_guard lock(st->m);
+        ++st->workers_done;
+      };
+      if (!conn.c) {
+        st->fail(error);
+        done();
+        return poke();
+      }
+      while (!st->stopped()) {
+        state::unit u;
+        {
+          std::lock_guard lock(st->m);
+          if (st->next_unit == st->units.size()) break;
+          u = st->units[st->next_unit++];
+        }
+        if (!exec(conn.c, copy_sql(*st->defs[u.table], u.from, u.extra), PGRES_COPY_OUT, error)) {
+          st->fail(error);
+          break;
+        }
+        auto b = std::make_shared<batch>();
+        b->table = u.table;
+        auto hand_over = [&] {
+          if (b->ends.empty()) return true;
+          {
+            std::unique_lock lock(st->m);
+            st->cv.wait(lock, [&] { return st->failed || st->in_flight < max_in_flight; });
+            if (st->failed) return false;
+            ++st->in_flight;
+          }
+          // Appended on the loop, in the order handed over (the loop is the only writer).
+          asio::post(loop, [st, b, &add, &held_table, &held_line] {
+            bool ok = !st->stopped();
+            for (std::size_t i = 0, from = 0; ok && i < b->ends.size(); from = b->ends[i++]) {
+              std::string_view line(b->lines.data() + from, b->ends[i] - from);
+              // Debezium's "last": a row goes in once the next one shows it was not the last.
+              if (held_table != SIZE_MAX) ok = add(held_table, held_line, false);
+              held_table = b->table;
+              held_line.assign(line);
+            }
+            st->progress[b->table]->rows += b->ends.size();
+            if (!ok) st->fail("cannot log a row");
+            std::lock_guard lock(st->m);
+            --st->in_flight;
+            st->cv.notify_all();
+            if (st->wake) st->wake->cancel();
+          });
+          b = std::make_shared<batch>();
+          b->table = u.table;
+          return true;
+        };
+        bool ok = true;
+        for (;;) {
+          char* buf = nullptr;
+          int n = PQgetCopyData(conn.c, &buf, 0);
+          if (n == -1) break;
+          if (n < 0) {
+            st->fail(one_line(PQerrorMessage(conn.c)));
+            ok = false;
+            break;
+          }
+          b->lines.append(buf, static_cast<std::size_t>(n));
+          b->ends.push_back(static_cast<std::uint32_t>(b->lines.size()));
+          PQfreemem(buf);
+          if (b->lines.size() >= batch_bytes && !(ok = hand_over())) break;
+        }
+        if (ok) ok = hand_over();
+        if (!ok) break;
+        result_guard end(PQgetResult(conn.c));
+        if (PQresultStatus(end.r) != PGRES_COMMAND_OK) {
+          st->fail(one_line(PQresultErrorMessage(end.r)));
+          break;
+        }
+        while (PGresult* more = PQgetResult(conn.c)) PQclear(more);
+      }
+      done();
+      poke();
+    });
+
+  // Wait for the copies, saying how far they are every 5 s.
+  auto last_report = std::chrono::steady_clock::now();
+  std::uint64_t last_rows = 0;
+  while (true) {
+    {
+      std::lock_guard lock(st->m);
+      if (st->workers_done == workers && st->in_flight == 0) break;
+    }
+    wake.expires_after(std::chrono::seconds(1));
+    co_await wake.async_wait(asio::as_tuple(asio::use_awaitable));
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_report >= std::chrono::seconds(5) && !st->stopped()) {
+      const double secs = std::chrono::duration<double>(now - last_report).count();
+      std::uint64_t rows = 0;
+      for (const auto& p : st->progress) rows += p->rows;
+      const double rate = static_cast<double>(rows - last_rows) / secs;
+      for (const auto& p : st->progress) {
+        const std::uint64_t r = p->rows;
+        if (r == 0 || (p->estimate && r >= p->estimate)) continue;
+        std::string line = "initial snapshot: " + p->name + " " + with_commas(r) + " rows";
+        if (p->estimate) line += " of about " + with_commas(p->estimate);
+        line += " (" + with_commas(static_cast<std::uint64_t>(rate)) + " rows/s in all";
+        if (p->estimate && rate > 0)
+          line += ", about " + std::to_string(static_cast<long>((p->estimate - r) / rate) + 1) + " s to go";
+        say(line + ")");
+      }
+      last_report = now;
+      last_rows = rows;
+    }
+  }
+  pool->join();
+  st->wake = nullptr;
+  if (!append_error.empty()) st->fail(append_error);
+  if (st->stopped()) {
+    log_.abort();
+    co_return fail(st->error);
+  }
+  if (held_table != SIZE_MAX && !add(held_table, held_line, true)) {
+    log_.abort();
+    co_return fail(append_error.empty() ? log_.error() : append_error);
+  }
+  log_.commit(consistent_point, consistent_point);
+  // Durable before the stream starts (and before the SNAPSHOT file says so): the first
+  // acknowledgement PostgreSQL gets is past it.
+  if (!log_.sync()) co_return failure{{}, log_.error(), {}, false};
+  std::string error;
+  if (!write_initial_state(log_.options().dir, initial_state::done, opts_.fsync, error))
+    co_return failure{{}, error, {}, false};
+  std::uint64_t rows = 0;
+  for (const auto& p : st->progress) rows += p->rows;
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  char took[32];
+  std::snprintf(took, sizeof took, "%.1f", secs);
+  say("initial snapshot: " + with_commas(rows) + " rows of " + std::to_string(st->defs.size()) + " tables in " + took +
+      " s (" +
+      with_commas(static_cast<std::uint64_t>(static_cast<double>(rows) / std::max(secs, 1e-3))) +
+      " rows/s), logged as " + consistent_point.to_string() + ":0 to :" + std::to_string(rows ? rows - 1 : 0));
+  co_return outcome<void>{};
+}
+
+void initial_snapshot::register_metrics(metrics_registry& r) {
+  r.add_value("walgate_initial_snapshot_running", "gauge", "1 while the initial snapshot is being copied into the log.",
+              [this] { return running_ ? 1 : 0; });
+  r.add("walgate_initial_snapshot_rows", "gauge", "Rows of each table copied by the initial snapshot.", [this](auto& out) {
+    if (!st_->plan_seen) return;
+    for (const auto& p : st_->progress) out.push_back({"{table=" + label(p->name) + "}", std::to_string(p->rows.load())});
+  });
+  r.add("walgate_initial_snapshot_rows_estimated", "gauge",
+        "Rows of each table the initial snapshot expects (the catalog's statistics; 0: unknown).", [this](auto& out) {
+          if (!st_->plan_seen) return;
+          for (const auto& p : st_->progress) out.push_back({"{table=" + label(p->name) + "}", std::to_string(p->estimate)});
+        });
+}
+
+}  // namespace walgate::proxy

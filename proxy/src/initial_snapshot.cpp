@@ -52,9 +52,13 @@ std::string label(const std::string& v) {
 }
 
 std::string with_commas(std::uint64_t n) {
-  std::string s = std::to_string(n);
-  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<std::size_t>(i), ",");
-  return s;
+  const std::string digits = std::to_string(n);
+  std::string out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i && (digits.size() - i) % 3 == 0) out.push_back(',');
+    out.push_back(digits[i]);
+  }
+  return out;
 }
 
 }  // namespace
@@ -202,9 +206,11 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
       auto leaves = exec(conn.c,
                          "SELECT format('%I.%I', n.nspname, c.relname), "
                          "pg_relation_size(c.oid) / current_setting('block_size')::bigint, greatest(c.reltuples, 0)::bigint "
-                         "FROM pg_catalog.pg_partition_tree(format('%I.%I', $1::text, $2::text)::regclass) pt "
-                         "JOIN pg_catalog.pg_class c ON c.oid = pt.relid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
-                         "WHERE pt.isleaf AND c.relkind IN ('r', 'm')",
+                         "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+                         "WHERE c.relkind IN ('r', 'm') AND c.oid IN ("
+                         "  SELECT format('%I.%I', $1::text, $2::text)::regclass::oid UNION "
+                         "  SELECT relid FROM pg_catalog.pg_partition_tree(format('%I.%I', $1::text, $2::text)::regclass) "
+                         "  WHERE isleaf) ORDER BY 1",
                          PGRES_TUPLES_OK, error, {t.schema, t.name});
       if (!leaves) return st->fail(error), poke();
       for (int i = 0; i < PQntuples((*leaves)->r); ++i) {
@@ -422,7 +428,7 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
   say("initial snapshot: " + with_commas(rows) + " rows of " + std::to_string(st->defs.size()) + " tables in " + took +
       " s (" +
       with_commas(static_cast<std::uint64_t>(static_cast<double>(rows) / std::max(secs, 1e-3))) +
-      " rows/s), logged as " + consistent_point.to_string() + ":0 to :" + std::to_string(rows ? rows - 1 : 0));
+      " rows/s)" + (rows ? ", logged as " + consistent_point.to_string() + ":0 to :" + std::to_string(rows - 1) : std::string()));
   co_return outcome<void>{};
 }
 

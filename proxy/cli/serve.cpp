@@ -63,12 +63,21 @@ asio::awaitable<proxy::outcome<void>> ensure_publication(proxy::conn_params conn
 asio::awaitable<proxy::outcome<void>> drop_unfinished_slot(proxy::conn_params conn, std::string slot) {
   proxy::pg_connection c(co_await asio::this_coro::executor);
   if (auto r = co_await c.connect(conn, false); !r) co_return r.error();
-  auto q = co_await c.query("SELECT pg_drop_replication_slot(slot_name) FROM pg_catalog.pg_replication_slots "
-                            "WHERE slot_name = " + protocol::quote_literal(slot));
-  if (!q) co_return q.error();
-  if (!q->rows.empty())
-    log_line("the initial snapshot was cut off last time: dropped slot " + slot + " to take it again");
-  co_return proxy::outcome<void>{};
+  // The walsender of the process that was killed may hold the slot a moment longer (55006:
+  // active): tried again for up to 30 s.
+  asio::steady_timer t(co_await asio::this_coro::executor);
+  for (int attempt = 0;; ++attempt) {
+    auto q = co_await c.query("SELECT pg_drop_replication_slot(slot_name) FROM pg_catalog.pg_replication_slots "
+                              "WHERE slot_name = " + protocol::quote_literal(slot));
+    if (q) {
+      if (!q->rows.empty())
+        log_line("the initial snapshot was cut off last time: dropped slot " + slot + " to take it again");
+      co_return proxy::outcome<void>{};
+    }
+    if (q.error().sqlstate != "55006" || attempt >= 150) co_return q.error();
+    t.expires_after(std::chrono::milliseconds(200));
+    co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+  }
 }
 
 // Reads the slot's retained WAL every 10 s for /metrics (a plain SQL connection). It starts a

@@ -185,6 +185,7 @@ void gateway::read_to(protocol::lsn l) {
   if (read_waiters_.empty()) return;
   std::vector<read_waiter> due;
   std::erase_if(read_waiters_, [&](read_waiter& w) {
+    if (w.owner.expired()) return true;
     if (w.w > read_through_) return false;
     due.push_back(std::move(w));
     return true;
@@ -192,16 +193,18 @@ void gateway::read_to(protocol::lsn l) {
   for (auto& w : due) w.f(log_.visible_seq(), log_.last_visible_id());
 }
 
-void gateway::when_read_past(protocol::lsn w, std::function<void(std::uint64_t, transform::event_id)> f) {
+void gateway::when_read_past(protocol::lsn w, std::weak_ptr<const void> owner,
+                             std::function<void(std::uint64_t, transform::event_id)> f) {
   if (w <= read_through_) {
     f(log_.visible_seq(), log_.last_visible_id());
     return;
   }
-  read_waiters_.push_back({w, std::move(f)});
+  read_waiters_.push_back({w, std::move(owner), std::move(f)});
   poke();
 }
 
 void gateway::poke() {
+  std::erase_if(read_waiters_, [](const read_waiter& w) { return w.owner.expired(); });
   if (poking_ || read_waiters_.empty()) return;
   if (request_reply_) request_reply_();
   poking_ = true;

@@ -393,7 +393,7 @@ void snapshot_service::on_taken(const std::shared_ptr<snapshot_job>& j) {
   j->start_seq_ = start;
   if (j->wake_) j->wake_();
   std::weak_ptr<snapshot_job> w = j;
-  gw_.when_read_past(j->wal_bound_, [w](std::uint64_t seq, transform::event_id last) {
+  gw_.when_read_past(j->wal_bound_, std::weak_ptr<const void>(j), [w](std::uint64_t seq, transform::event_id last) {
     auto j = w.lock();
     if (!j) return;
     j->end_seq_ = seq;

@@ -28,14 +28,7 @@
 #include <thread>
 
 using namespace walgate;
-using namespace walgate::proxy;
-namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
-namespace websocket = beast::websocket;
-namespace json = boost::json;
-using tcp = asio::ip::tcp;
-using namespace walgate::test::harness;
+using namespace walgate::test::harness;   // (walgate::proxy, and the asio, beast, http, websocket, json, tcp names)
 
 namespace {
 void setup_tables(const std::string& prefix) {

@@ -1,8 +1,8 @@
 // Per-client snapshots (snapshot=true) on a real PostgreSQL: the rows in every format and
 // transport, values byte-equal to the live stream's, then the changes with no gap and no
-// duplicate while a writer commits inserts, updates, deletes and key changes (and a long-running
-// writer stays open across the snapshots); the concurrency limit; a client cut off during its
-// snapshot; a resume after it.
+// duplicate while a writer commits inserts, updates, deletes and key changes (a long-running
+// writer stays open across the snapshots, and the replication connection is cut twice); the
+// concurrency limit; a client cut off during its snapshot; a resume after it.
 #include "gateway_harness.hpp"
 #include "test_cluster.hpp"
 #include "type_cases.hpp"
@@ -36,18 +36,6 @@ std::vector<std::string> until_marker(stream_client& c, std::size_t limit = 10'0
     if (l[0].rfind("{\"snapshot\":\"end\"", 0) == 0) break;
   }
   return out;
-}
-
-/// The raw JSON text of a top-level member of doc.
-std::string raw_member(const std::string& doc, const std::string& name) {
-  std::string key = "\"" + name + "\":";
-  auto p = doc.find(key);
-  if (p == std::string::npos) return "<missing>";
-  p += key.size();
-  json::stream_parser sp;
-  boost::system::error_code ec;
-  std::size_t n = sp.write_some(doc.data() + p, doc.size() - p, ec);
-  return doc.substr(p, n);
 }
 
 /// A table's rows as native JSON objects would give them, from SELECT row_to_json.
@@ -443,7 +431,7 @@ TEST_CASE("snapshot rows are byte-equal to the live stream's rows, every type, e
       auto b = json::parse(rows[k]).as_object().at(member);
       CHECK(json::serialize(a) == json::serialize(b));
       // and the text itself, byte for byte (numbers too: 1.50 stays 1.50)
-      CHECK(raw_member(inserts[k], member) == raw_member(rows[k], member));
+      CHECK(test::raw_member(inserts[k], member) == test::raw_member(rows[k], member));
     }
   }
 }
@@ -466,6 +454,7 @@ TEST_CASE("snapshots while a writer commits: every client's rows then changes eq
   std::vector<model> models(clients);
   std::vector<std::thread> readers;
   std::atomic<int> markers{0};
+  int terminated = 0;
   for (int i = 0; i < clients; ++i) {
     readers.emplace_back([&, i] {
       auto& m = models[i];
@@ -500,7 +489,19 @@ TEST_CASE("snapshots while a writer commits: every client's rows then changes eq
       }
     });
     std::this_thread::sleep_for(std::chrono::milliseconds(300));   // staggered, under the writers
+    // The replication connection cut twice meanwhile (a transaction half received is dropped
+    // and sent again): snapshots waiting for the stream's position wait through the reconnect.
+    if (i == 1 || i == 4) {
+      auto active = [] {
+        return test::cluster().sql("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'snap_slot' AND active")[0][0] ==
+               "1";
+      };
+      test::wait_until(active);
+      terminated += std::stoi(*test::cluster().sql("SELECT count(pg_terminate_backend(active_pid)) FROM pg_replication_slots "
+                                                   "WHERE slot_name = 'snap_slot' AND active")[0][0]);
+    }
   }
+  CHECK(terminated == 2);
   REQUIRE(test::wait_until([&] { return markers == clients; }, std::chrono::seconds(120)));
   REQUIRE(longrun.exec("COMMIT") == "");
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -509,7 +510,8 @@ TEST_CASE("snapshots while a writer commits: every client's rows then changes eq
   w2.join();
   test::cluster().sql("INSERT INTO snap_done VALUES (1)");
   for (auto& r : readers) r.join();
-  MESSAGE("writer transactions committed: " << committed.load());
+  MESSAGE("writer transactions committed: " << committed.load() << ", replication reconnects: " << g.client->reconnects());
+  CHECK(g.client->reconnects() >= 2);
   std::size_t changes_in_window = 0;
   for (int i = 0; i < clients; ++i) {
     check_model(models[i], "client " + std::to_string(i) + " (" + (i % 3 == 0 ? "ndjson" : i % 3 == 1 ? "sse" : "ws") + ")");
@@ -530,9 +532,7 @@ TEST_CASE("100 clients ask for a snapshot at once: at most --snapshot-concurrenc
   pg.sql("CREATE TABLE snap_many(id int PRIMARY KEY, v int); INSERT INTO snap_many SELECT g, 0 FROM generate_series(1, 2000) g;"
          "CREATE TABLE snap_many_done(id int PRIMARY KEY);"
          "CREATE PUBLICATION snap_many_pub FOR TABLE snap_many, snap_many_done");
-  server_options so;
-  so.snapshot.conninfo = pg.conninfo();
-  so.snapshot.publications = {"snap_many_pub"};
+  server_options so;   // (the harness points snapshots at the test database and the publication)
   so.snapshot.max_running = 4;
   so.snapshot.max_queued = 200;
   running_gateway g("snap_many_slot", "snap_many_pub", so);
@@ -622,8 +622,6 @@ TEST_CASE("over the snapshot queue: 503 with Retry-After; a client gone while qu
          "INSERT INTO snap_big SELECT g, repeat('x', 100) FROM generate_series(1, 100000) g;"
          "CREATE PUBLICATION snap_big_pub FOR TABLE snap_big");
   server_options so;
-  so.snapshot.conninfo = pg.conninfo();
-  so.snapshot.publications = {"snap_big_pub"};
   so.snapshot.max_running = 1;
   so.snapshot.max_queued = 1;
   so.snapshot.client_bytes = 64 << 10;

@@ -29,6 +29,7 @@ namespace {
 
 using test::column_case;
 using test::cases;
+using test::raw_member;
 
 
 /// Every encoded change, per format, in order.
@@ -70,31 +71,6 @@ std::vector<test::frame_record> capture(const std::string& slot) {
   t.join();
   REQUIRE_MESSAGE(ok, "the end marker never arrived");
   return sink.frames();
-}
-
-/// The raw JSON of member `name` in an encoded row (found as "name":<value>).
-std::string raw_member(const std::string& doc, const std::string& name, bool wal2json) {
-  if (wal2json) {
-    std::string key = "{\"name\":\"" + name + "\",\"type\":";
-    auto p = doc.find(key);
-    if (p == std::string::npos) return "<missing>";
-    p = doc.find(",\"value\":", p);
-    if (p == std::string::npos) return "<missing>";
-    p += 9;
-    // the value runs to the closing brace of this column object
-    json::stream_parser sp;
-    boost::system::error_code ec;
-    std::size_t n = sp.write_some(doc.data() + p, doc.size() - p, ec);
-    return doc.substr(p, n);
-  }
-  std::string key = "\"" + name + "\":";
-  auto p = doc.find(key);
-  if (p == std::string::npos) return "<missing>";
-  p += key.size();
-  json::stream_parser sp;
-  boost::system::error_code ec;
-  std::size_t n = sp.write_some(doc.data() + p, doc.size() - p, ec);
-  return doc.substr(p, n);
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 // domain and composite types are made by case_types_sql.
 #pragma once
 
+#include <boost/json/stream_parser.hpp>
+
 #include <string>
 
 namespace walgate::test {
@@ -77,5 +79,24 @@ inline const char* case_types_sql =
     "DO $$ BEGIN CREATE TYPE t_mood AS ENUM ('sad', 'happy'); EXCEPTION WHEN duplicate_object THEN NULL; END $$;"
     "DO $$ BEGIN CREATE DOMAIN t_positive AS int CHECK (VALUE > 0); EXCEPTION WHEN duplicate_object THEN NULL; END $$;"
     "DO $$ BEGIN CREATE TYPE t_pair AS (n int, s text); EXCEPTION WHEN duplicate_object THEN NULL; END $$;";
+
+/// The raw JSON text of member `name` in an encoded event (found as "name":<value>); with
+/// wal2json, of the "value" of the column object named so. "<missing>" when there is none.
+inline std::string raw_member(const std::string& doc, const std::string& name, bool wal2json = false) {
+  std::string key = wal2json ? "{\"name\":\"" + name + "\",\"type\":" : "\"" + name + "\":";
+  auto p = doc.find(key);
+  if (p == std::string::npos) return "<missing>";
+  if (wal2json) {
+    p = doc.find(",\"value\":", p);
+    if (p == std::string::npos) return "<missing>";
+    p += 9;
+  } else {
+    p += key.size();
+  }
+  boost::json::stream_parser sp;
+  boost::system::error_code ec;
+  std::size_t n = sp.write_some(doc.data() + p, doc.size() - p, ec);
+  return doc.substr(p, n);
+}
 
 }  // namespace walgate::test

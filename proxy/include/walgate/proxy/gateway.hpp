@@ -74,7 +74,10 @@ class gateway final : public replication_sink, public protocol::transaction_hand
   /// gets the log's visible seq and last visible id at that moment. While someone waits, the
   /// walsender is asked for a reply (set_reply_request) every 100 ms, so an idle stream gets
   /// there too: its keepalive carries the position it has read up to.
-  void when_read_past(protocol::lsn w, std::function<void(std::uint64_t seq, transform::event_id last)> f);
+  /// A waiter whose owner has gone is dropped uncalled (a snapshot whose client left while the
+  /// stream was down).
+  void when_read_past(protocol::lsn w, std::weak_ptr<const void> owner,
+                      std::function<void(std::uint64_t seq, transform::event_id last)> f);
   /// How the gateway asks the walsender for a keepalive now (the replication client's 'r'
   /// with reply requested).
   void set_reply_request(std::function<void()> f) { request_reply_ = std::move(f); }
@@ -124,6 +127,7 @@ class gateway final : public replication_sink, public protocol::transaction_hand
   protocol::lsn read_through_;
   struct read_waiter {
     protocol::lsn w;
+    std::weak_ptr<const void> owner;
     std::function<void(std::uint64_t, transform::event_id)> f;
   };
   std::vector<read_waiter> read_waiters_;

@@ -92,9 +92,7 @@ awaitable<void> serve(server_core& core, Stream& s, unsigned version, stream_sta
   auto& sock = beast::get_lowest_layer(s).socket();
   sock.async_wait(asio::ip::tcp::socket::wait_read, [alive, &c, &sock](boost::system::error_code ec) {
     if (!*alive || ec) return;
-    char b;
-    auto n = ::recv(sock.native_handle(), &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+    if (peer_closed(sock.native_handle())) {
       c.sub.close(subscription::end::client_gone, "the client closed the connection");
       c.wake.cancel();
     }

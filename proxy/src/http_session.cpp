@@ -14,10 +14,6 @@
 #include <boost/beast/ssl.hpp>
 #include <boost/beast/websocket/rfc6455.hpp>
 
-#include <sys/socket.h>
-
-#include <cerrno>
-
 namespace walgate::proxy {
 
 namespace asio = boost::asio;
@@ -232,9 +228,7 @@ awaitable<void> serve_http(server_core& core, Stream s) {
           auto& sock = beast::get_lowest_layer(s).socket();
           sock.async_wait(asio::ip::tcp::socket::wait_read, [gone, watching, &t, &sock](boost::system::error_code ec) {
             if (ec || !*watching) return;
-            char b;
-            auto n = ::recv(sock.native_handle(), &b, 1, MSG_PEEK | MSG_DONTWAIT);
-            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+            if (peer_closed(sock.native_handle())) {
               *gone = true;
               t.cancel();
             }

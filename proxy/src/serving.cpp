@@ -2,12 +2,21 @@
 
 #include "walgate/transform/json.hpp"
 
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <cstdio>
 
 namespace walgate::proxy {
 
 const char* transport_name(transport t) {
   return t == transport::ndjson ? "ndjson" : t == transport::sse ? "sse" : "websocket";
+}
+
+bool peer_closed(int fd) {
+  char b;
+  auto n = ::recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 std::string json_error(std::string_view parameter, std::string_view message) {

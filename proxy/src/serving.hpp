@@ -119,6 +119,11 @@ struct counted {
   counted& operator=(const counted&) = delete;
 };
 
+/// Whether the peer of a socket that just turned readable has closed it (nothing to read: its
+/// end, or an error), rather than sent bytes. The client sends nothing after its request, so
+/// that is how a hang-up is noticed while it waits.
+bool peer_closed(int fd);
+
 /// The body of a JSON error answer or line: {"error":…,"parameter":…}.
 std::string json_error(std::string_view parameter, std::string_view message);
 /// The last line of a stream that ends: {"error":reason,"resume_from":id or null}.

@@ -209,9 +209,8 @@ void snapshot_job::run() {
 
   // The rows, table by table (in name order).
   const std::string snapshot_id = snap->to_string();
-  txn.xid = 0;
   const auto f = request_.fmt;
-  std::string storage, line_copy, out;
+  std::string storage, out;
   std::vector<pg::tuple_column> values;
   std::uint64_t ordinal = 0;
   payload_ptr held;   // Debezium: the previous row, sent once the next one shows it was not the last

@@ -62,32 +62,29 @@ bool parse_copy_text_row(std::string_view line, std::string& storage, std::vecto
   storage.clear();
   out.clear();
   if (!line.empty() && line.back() == '\n') line.remove_suffix(1);
+  // The values unescaped into storage, which never grows past the line (unescaping only
+  // shortens): it does not move once reserved, and the views are made as each value ends.
   storage.reserve(line.size());
-  // First the values unescaped into storage, with (offset, length, null) per column; the views
-  // are made at the end (storage does not move after that).
-  struct span {
-    std::size_t off, len;
-    bool null;
-  };
-  std::vector<span> spans;
+  const char* const base = storage.data();
   std::size_t i = 0;
   for (;;) {
-    if (spans.size() >= pgoutput::max_columns) {
+    if (out.size() >= pgoutput::max_columns) {
       error = "a COPY row with more than " + std::to_string(pgoutput::max_columns) + " columns";
       return false;
     }
-    std::size_t start = storage.size();
-    bool null = false;
+    const std::size_t start = storage.size();
     if (line.substr(i, 2) == "\\N" && (i + 2 == line.size() || line[i + 2] == '\t')) {
-      null = true;
+      out.push_back({pgoutput::column_kind::null, {}});
       i += 2;
     } else {
       while (i < line.size() && line[i] != '\t') {
-        char ch = line[i++];
-        if (ch != '\\') {
-          storage.push_back(ch);
-          continue;
-        }
+        // A run without escapes at once.
+        std::size_t run = i;
+        while (run < line.size() && line[run] != '\t' && line[run] != '\\') ++run;
+        storage.append(line.data() + i, run - i);
+        i = run;
+        if (i == line.size() || line[i] == '\t') break;
+        ++i;   // the backslash
         if (i == line.size()) {
           error = "a COPY row ends in a backslash";
           return false;
@@ -122,8 +119,8 @@ bool parse_copy_text_row(std::string_view line, std::string& storage, std::vecto
             }
         }
       }
+      out.push_back({pgoutput::column_kind::text, as_bytes(std::string_view(base + start, storage.size() - start))});
     }
-    spans.push_back({start, storage.size() - start, null});
     if (i == line.size()) break;
     if (line[i] != '\t') {   // (cannot happen: a field ends at a tab or the end)
       error = "a malformed COPY row";
@@ -131,11 +128,10 @@ bool parse_copy_text_row(std::string_view line, std::string& storage, std::vecto
     }
     ++i;
   }
-  out.reserve(spans.size());
-  const std::string_view all(storage);
-  for (const auto& s : spans)
-    out.push_back(s.null ? pgoutput::tuple_column{pgoutput::column_kind::null, {}}
-                         : pgoutput::tuple_column{pgoutput::column_kind::text, as_bytes(all.substr(s.off, s.len))});
+  if (storage.data() != base) {   // (cannot happen: see above)
+    error = "a COPY row's values moved";
+    return false;
+  }
   return true;
 }
 

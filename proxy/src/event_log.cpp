@@ -112,6 +112,7 @@ bool event_log::begin(lsn commit_lsn) {
 void event_log::abort() {
   if (!open_) return;
   open_ = false;
+  unheld_ = false;
   if (skipping_) {
     skipping_ = false;
     return;
@@ -134,7 +135,6 @@ void event_log::abort() {
 
 void event_log::add(const transform::change& c) {
   if (!open_ || skipping_) return;
-  auto& seg = segments_.back();
   scratch_.clear();
   // Room for the values at once: a record of a huge value is not grown by doubling (which
   // would hold it about twice for a moment).
@@ -144,11 +144,53 @@ void event_log::add(const transform::change& c) {
   if (values >= large_record) scratch_.reserve(values + 4096);
   protocol::writer(scratch_).u64(next_seq_);
   record_writer_.write(scratch_, c);
+  txn_xid_ = c.txn->xid;
+  const event_ptr ev = place(transform::event_id{c.txn->commit_lsn, c.index}, c.kind, c.txn->xid,
+                                 c.relation ? std::string_view(c.relation->nspname) : std::string_view(),
+                                 c.relation ? std::string_view(c.relation->relname) : std::string_view());
+  if (publish_) publish_(*ev, c);
+}
+
+void event_log::add_record(std::string_view record, transform::event_id id, transform::op kind, std::uint32_t xid,
+                           std::string_view schema, std::string_view table, bool hold) {
+  if (!open_ || skipping_) return;
+  if (!hold && record.size() + 8 < large_record) {
+    // Framed where it goes, and not held in memory: the tail (which must reach the head) starts
+    // again after it, and readers find it in the file, which has it by the commit.
+    if (!tail_.empty()) {
+      if (!write_pending()) return;
+      tail_.clear();
+    }
+    auto& seg = segments_.back();
+    const std::size_t start = pending_.size();
+    protocol::writer w(pending_);
+    w.u8('E').u32(static_cast<std::uint32_t>(record.size() + 8)).u64(next_seq_).raw(record);
+    w.u32(protocol::crc32c(std::string_view(pending_).substr(start)));
+    if (index_due(seg.index, next_seq_, seg.bytes + start, false)) seg.index.push_back({next_seq_, seg.bytes + start, id, false});
+    if (next_seq_ == seg.first_seq) seg.first_id = id;
+    seg.last_id = id;
+    ++next_seq_;
+    txn_xid_ = xid;
+    unheld_ = true;
+    if (pending_.size() > (1u << 20)) write_pending();
+    return;
+  }
+  scratch_.clear();
+  if (record.size() + 8 >= large_record) scratch_.reserve(record.size() + 8);
+  protocol::writer(scratch_).u64(next_seq_);
+  scratch_.append(record);
+  txn_xid_ = xid;
+  place(id, kind, xid, schema, table);
+}
+
+event_ptr event_log::place(transform::event_id id, transform::op kind, std::uint32_t xid, std::string_view schema,
+                                     std::string_view table) {
+  auto& seg = segments_.back();
   std::size_t offset = seg.bytes + pending_.size();
   const bool large = scratch_.size() >= large_record;
   auto ev = std::make_shared<logged_event>();
   ev->seq = next_seq_;
-  if (scratch_.size() < large_record) {
+  if (!large) {
     frame(pending_, 'E', scratch_);
     ev->record.assign(scratch_, 8);
   } else {
@@ -159,14 +201,11 @@ void event_log::add(const transform::change& c) {
     ev->record = std::move(scratch_);
     scratch_ = std::string();
   }
-  ev->id = transform::event_id{c.txn->commit_lsn, c.index};
-  ev->kind = c.kind;
-  ev->xid = c.txn->xid;
-  txn_xid_ = c.txn->xid;
-  if (c.relation) {
-    ev->schema = c.relation->nspname;
-    ev->table = c.relation->relname;
-  }
+  ev->id = id;
+  ev->kind = kind;
+  ev->xid = xid;
+  ev->schema = schema;
+  ev->table = table;
   ev->end_offset = end_offset();
   if (index_due(seg.index, next_seq_, offset, large)) seg.index.push_back({next_seq_, offset, ev->id, large});
   if (next_seq_ == seg.first_seq) seg.first_id = ev->id;   // the segment's first event
@@ -177,7 +216,7 @@ void event_log::add(const transform::change& c) {
   // A large transaction goes to the file as it comes (without fsync: it is not durable until
   // its end frame is, and recovery cuts unterminated transactions).
   if (pending_.size() > (1u << 20)) write_pending();
-  if (publish_) publish_(*ev, c);
+  return ev;
 }
 
 void event_log::evict() {
@@ -202,6 +241,10 @@ void event_log::commit(lsn commit_lsn, lsn end_lsn) {
   frame(pending_, 'C', end);
   auto& seg = segments_.back();
   seg.end_seq = next_seq_;
+  if (unheld_) {
+    unheld_ = false;
+    write_pending();   // (events not held in memory are read from the file)
+  }
   last_commit_ = commit_lsn;
   pending_durable_ = end_lsn;
   // Visible to clients from here on, all of it at once.

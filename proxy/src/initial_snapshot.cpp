@@ -6,6 +6,7 @@
 #include "walgate/proxy/event_log.hpp"
 #include "walgate/proxy/metrics.hpp"
 #include "walgate/transform/change.hpp"
+#include "walgate/transform/record.hpp"
 
 #include "snapshot_sql.hpp"
 
@@ -137,10 +138,10 @@ initial_snapshot::~initial_snapshot() = default;
 
 namespace {
 
-/// A batch of COPY lines of one table, handed from a worker to the loop.
+/// A batch of records of one table's rows, made by a worker and handed to the loop.
 struct batch {
   std::size_t table = 0;
-  std::string lines;
+  std::string records;
   std::vector<std::uint32_t> ends;
 };
 constexpr std::size_t batch_bytes = 256u << 10;
@@ -255,33 +256,25 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
       std::to_string(st->units.size()) + " pieces on " + std::to_string(opts_.workers) + " connections, at " +
       consistent_point.to_string());
 
-  // The loop's side: each row a read event of the one transaction.
+  // Each row a read event of the one transaction: its record made on the copying thread (with
+  // index 0), its index and Debezium's "last" set on the loop, which appends them in the order
+  // handed over (the loop is the only writer).
   protocol::transaction_info txn;
   txn.commit_lsn = consistent_point;
   txn.end_lsn = consistent_point;
   txn.commit_time = st->commit_time;
   std::uint32_t index = 0;
-  std::string storage, held_line, append_error;
-  std::vector<pg::tuple_column> values;
+  std::string append_error, held;
   std::size_t held_table = SIZE_MAX;
-  auto add = [&](std::size_t table, std::string_view line, bool last) {
-    const table_def& t = *st->defs[table];
-    if (!protocol::parse_copy_text_row(line, storage, values, append_error)) return false;
-    if (values.size() != t.identity.columns.size()) {
-      append_error = "a COPY row of " + std::to_string(values.size()) + " columns for " +
-                     std::to_string(t.identity.columns.size()) + " in " + t.schema + "." + t.name;
+  auto append = [&](std::size_t table, std::span<char> record, bool last) {
+    if (!transform::place_record(record, index, last)) {
+      append_error = "a row's record is malformed";
       return false;
     }
-    transform::change c;
-    c.kind = transform::op::read;
-    c.txn = &txn;
-    c.change_lsn = consistent_point;
-    c.index = index++;
-    c.relation = &t.identity;
-    c.after = values;
-    c.types = &t.types;
-    c.snapshot_last = last;
-    log_.add(c);
+    const auto& id = st->defs[table]->identity;
+    log_.add_record(std::string_view(record.data(), record.size()), transform::event_id{consistent_point, index},
+                    transform::op::read, 0, id.nspname, id.relname, false);
+    ++index;
     return log_.error().empty();
   };
   if (!log_.begin(consistent_point)) co_return failure{{}, "initial snapshot: the event log refused it", {}, false};
@@ -289,7 +282,7 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
   // The copies.
   const std::size_t workers = std::min(opts_.workers, std::max<std::size_t>(1, st->units.size()));
   for (std::size_t w = 0; w < workers; ++w)
-    asio::post(*pool, [st, o = opts_, exported, poke, loop = loop_, &add, &held_table, &held_line] {
+    asio::post(*pool, [st, o = opts_, exported, poke, loop = loop_, txn, &append, &held_table, &held] {
       std::string error;
       conn_guard conn;
       conn.c = in_snapshot(o, exported, "walgate initial snapshot", error);
@@ -302,6 +295,9 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
         done();
         return poke();
       }
+      transform::record_writer records;
+      std::string storage;
+      std::vector<pg::tuple_column> values;
       while (!st->stopped()) {
         state::unit u;
         {
@@ -309,7 +305,8 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
           if (st->next_unit == st->units.size()) break;
           u = st->units[st->next_unit++];
         }
-        if (!exec(conn.c, copy_sql(*st->defs[u.table], u.from, u.extra), PGRES_COPY_OUT, error)) {
+        const table_def& t = *st->defs[u.table];
+        if (!exec(conn.c, copy_sql(t, u.from, u.extra), PGRES_COPY_OUT, error)) {
           st->fail(error);
           break;
         }
@@ -323,17 +320,19 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
             if (st->failed) return false;
             ++st->in_flight;
           }
-          // Appended on the loop, in the order handed over (the loop is the only writer).
-          asio::post(loop, [st, b, &add, &held_table, &held_line] {
+          asio::post(loop, [st, b, &append, &held_table, &held] {
             bool ok = !st->stopped();
-            for (std::size_t i = 0, from = 0; ok && i < b->ends.size(); from = b->ends[i++]) {
-              std::string_view line(b->lines.data() + from, b->ends[i] - from);
-              // Debezium's "last": a row goes in once the next one shows it was not the last.
-              if (held_table != SIZE_MAX) ok = add(held_table, held_line, false);
+            // Debezium's "last": a row goes in once the next one shows it was not the last.
+            if (ok && held_table != SIZE_MAX) ok = append(held_table, held, false);
+            const std::size_t n = b->ends.size();
+            for (std::size_t i = 0, from = 0; ok && i + 1 < n; from = b->ends[i++])
+              ok = append(b->table, std::span<char>(b->records.data() + from, b->ends[i] - from), false);
+            if (ok) {
+              const std::size_t from = n > 1 ? b->ends[n - 2] : 0;
+              held.assign(b->records, from, b->ends[n - 1] - from);
               held_table = b->table;
-              held_line.assign(line);
             }
-            st->progress[b->table]->rows += b->ends.size();
+            st->progress[b->table]->rows += n;
             if (!ok) st->fail("cannot log a row");
             std::lock_guard lock(st->m);
             --st->in_flight;
@@ -354,10 +353,27 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
             ok = false;
             break;
           }
-          b->lines.append(buf, static_cast<std::size_t>(n));
-          b->ends.push_back(static_cast<std::uint32_t>(b->lines.size()));
+          ok = protocol::parse_copy_text_row(std::string_view(buf, static_cast<std::size_t>(n)), storage, values, error);
           PQfreemem(buf);
-          if (b->lines.size() >= batch_bytes && !(ok = hand_over())) break;
+          if (ok && values.size() != t.identity.columns.size()) {
+            error = "a COPY row of " + std::to_string(values.size()) + " columns for " +
+                    std::to_string(t.identity.columns.size()) + " in " + t.schema + "." + t.name;
+            ok = false;
+          }
+          if (!ok) {
+            st->fail(error);
+            break;
+          }
+          transform::change c;
+          c.kind = transform::op::read;
+          c.txn = &txn;
+          c.change_lsn = txn.commit_lsn;
+          c.relation = &t.identity;
+          c.after = values;
+          c.types = &t.types;
+          records.write(b->records, c);
+          b->ends.push_back(static_cast<std::uint32_t>(b->records.size()));
+          if (b->records.size() >= batch_bytes && !(ok = hand_over())) break;
         }
         if (ok) ok = hand_over();
         if (!ok) break;
@@ -409,7 +425,7 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
     log_.abort();
     co_return fail(st->error);
   }
-  if (held_table != SIZE_MAX && !add(held_table, held_line, true)) {
+  if (held_table != SIZE_MAX && !append(held_table, held, true)) {
     log_.abort();
     co_return fail(append_error.empty() ? log_.error() : append_error);
   }

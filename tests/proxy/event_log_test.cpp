@@ -1,4 +1,5 @@
 #include "walgate/proxy/event_log.hpp"
+#include "walgate/transform/record.hpp"
 
 #include "split_helpers.hpp"
 #include "temp_dir.hpp"
@@ -534,4 +535,83 @@ TEST_CASE("a record of megabytes: written from where it is made, read back from 
   CHECK(why.empty());
   REQUIRE(rest.size() == 4);
   CHECK(rest.back()->id == (transform::event_id{lsn{0x2000}, 0}));
+}
+
+TEST_CASE("events added without the memory tail: from the file once committed, the tail again after them, gone on abort") {
+  temp_dir d;
+  std::string error;
+  log_options o;
+  o.dir = d.path;
+  o.fsync = false;
+  auto log = event_log::open(o, error);
+  REQUIRE_MESSAGE(log, error);
+  txn_builder b;
+  protocol::transaction_info t1, bulk, t3, t4;
+  REQUIRE(b.append(*log, 0x100, 3, t1));
+  CHECK(log->tail().size() == 3);   // held, not yet in the file
+  // Records made elsewhere (as the initial snapshot's copying threads make them).
+  bulk.commit_lsn = lsn{0x200};
+  bulk.end_lsn = lsn{0x200};
+  std::vector<std::string> records;
+  for (int i = 0; i < 5; ++i) {
+    std::string v = "row" + std::to_string(i);
+    std::vector<pg::tuple_column> row{{pg::column_kind::text, protocol::as_bytes(v)}};
+    transform::change c;
+    c.kind = transform::op::read;
+    c.txn = &bulk;
+    c.change_lsn = bulk.commit_lsn;
+    c.index = static_cast<std::uint32_t>(i);
+    c.relation = &b.rel;
+    c.after = row;
+    records.emplace_back();
+    transform::write_record(records.back(), c);
+  }
+  REQUIRE(log->begin(lsn{0x200}));
+  for (std::uint32_t i = 0; i < 5; ++i)
+    log->add_record(records[i], {lsn{0x200}, i}, transform::op::read, 0, "public", "items", false);
+  CHECK(log->tail().empty());          // the held events went to the file first
+  CHECK(log->read(3, 10).empty());     // not visible before the commit
+  log->commit(lsn{0x200}, lsn{0x200});
+  CHECK(log->error().empty());
+  auto all = log->read(0, 100);
+  REQUIRE(all.size() == 8);
+  for (std::size_t i = 0; i < 8; ++i) CHECK(all[i]->seq == i);
+  CHECK(all[2]->id.to_string() == "0/100:2");
+  for (std::uint32_t i = 0; i < 5; ++i) {
+    CHECK(all[3 + i]->id == transform::event_id{lsn{0x200}, i});
+    CHECK(all[3 + i]->record == records[i]);
+    CHECK(all[3 + i]->kind == transform::op::read);
+    CHECK(all[3 + i]->table == "items");
+  }
+  all.clear();
+  // The tail starts again after them: the next transaction is read from memory, at its seqs.
+  REQUIRE(b.append(*log, 0x300, 2, t3));
+  REQUIRE(log->tail().size() == 2);
+  auto next = log->read(8, 10);
+  REQUIRE(next.size() == 2);
+  CHECK(next[0] == log->tail().front());
+  CHECK(next[0]->seq == 8);
+  CHECK(next[1]->id.to_string() == "0/300:1");
+  // Cut off before its commit: nothing of it stays, and its seqs are used again.
+  REQUIRE(log->begin(lsn{0x400}));
+  log->add_record(records[0], {lsn{0x400}, 0}, transform::op::read, 0, "public", "items", false);
+  log->add_record(records[1], {lsn{0x400}, 1}, transform::op::read, 0, "public", "items", false);
+  log->abort();
+  REQUIRE(b.append(*log, 0x400, 1, t4));
+  auto last = log->read(10, 10);
+  REQUIRE(last.size() == 1);
+  CHECK(last[0]->id.to_string() == "0/400:0");
+  CHECK(last[0]->kind == transform::op::insert);
+  auto resumed = log->resume_after({lsn{0x200}, 2});
+  REQUIRE(resumed.seq);
+  CHECK(*resumed.seq == 6);
+  // And after a restart, all of it from the file.
+  REQUIRE(log->sync());
+  log.reset();
+  log = event_log::open(o, error);
+  REQUIRE_MESSAGE(log, error);
+  auto again = log->read(0, 100);
+  REQUIRE(again.size() == 11);
+  for (std::uint32_t i = 0; i < 5; ++i) CHECK(again[3 + i]->record == records[i]);
+  CHECK(again[10]->id.to_string() == "0/400:0");
 }

@@ -527,6 +527,35 @@ TEST_CASE("kill -9 of walgate at random moments: the resuming client's replay eq
   CHECK(client.connections >= static_cast<std::uint64_t>(n));
 }
 
+namespace {
+/// The first n lines of a stream's body (NDJSON), or fewer when nothing more comes for 10 s.
+std::vector<std::string> first_lines(std::uint16_t port, const std::string& target, std::size_t n) {
+  asio::io_context io;
+  tcp::socket s(io);
+  s.connect({asio::ip::make_address("127.0.0.1"), port});
+  asio::write(s, asio::buffer("GET " + target + " HTTP/1.1\r\nHost: localhost\r\n\r\n"));
+  beast::flat_buffer buf;
+  http::response_parser<http::string_body> parser;
+  parser.body_limit(boost::none);
+  std::vector<std::string> out;
+  boost::system::error_code ec;
+  http::read_header(s, buf, parser, ec);
+  std::size_t used = 0;
+  while (!ec && out.size() < n) {
+    auto& body = parser.get().body();
+    for (auto nl = body.find('\n', used); nl != std::string::npos && out.size() < n; nl = body.find('\n', used)) {
+      out.push_back(body.substr(used, nl - used));
+      used = nl + 1;
+    }
+    if (out.size() >= n) break;
+    pollfd p{s.native_handle(), POLLIN, 0};
+    if (buf.size() == 0 && ::poll(&p, 1, 10000) <= 0) break;
+    http::read_some(s, buf, parser, ec);
+  }
+  return out;
+}
+}  // namespace
+
 TEST_CASE("the initial snapshot under a writer, kill -9 in the middle of it: the replay from 0/0:0 equals SELECT") {
   scenario sc("fs");
   auto& pg = test::cluster();
@@ -554,6 +583,28 @@ TEST_CASE("the initial snapshot under a writer, kill -9 in the middle of it: the
   sc.verify(w, client);
   // The model began with the snapshot's rows: more events than the writer's changes alone.
   CHECK(client.events >= 400'000);
+  // Debezium: source.snapshot "true" on the rows, "last" on the final one, none on the changes.
+  const std::string log = sc.gw.log();
+  const auto logged = log.find("logged as ");
+  REQUIRE_MESSAGE(logged != std::string::npos, log);
+  const std::string cp = log.substr(logged + 10, log.find(':', logged + 10) - logged - 10);
+  const auto to = log.find(" to :", logged);
+  REQUIRE(to != std::string::npos);
+  const long last = std::strtol(log.c_str() + to + 5, nullptr, 10);
+  REQUIRE(last >= 400'000 - 1);
+  auto lines = first_lines(sc.port, "/v1/stream?format=debezium&from=" + cp + ":" + std::to_string(last - 2), 3);
+  REQUIRE(lines.size() == 3);
+  std::vector<std::string> marks;
+  for (const auto& l : lines) {
+    auto v = boost::json::parse(l).as_object();
+    const auto& payload = v.contains("payload") ? v.at("payload").as_object() : v;
+    const auto* snap = payload.at("source").as_object().if_contains("snapshot");
+    marks.push_back(snap ? std::string(snap->as_string()) : std::string("(none)"));
+  }
+  CHECK(marks[0] == "true");
+  CHECK(marks[1] == "last");
+  CHECK(marks[2] != "true");
+  CHECK(marks[2] != "last");
 }
 
 TEST_CASE("PostgreSQL stopped -m immediate and restarted: the resuming client's replay equals SELECT") {

@@ -293,6 +293,48 @@ TEST_CASE("record_writer: a relation's new definition (a new generation) is writ
   CHECK(a.find("note2") != std::string::npos);
 }
 
+TEST_CASE("place_record: a record made ahead gets its index and snapshot_last, byte for byte as if made with them") {
+  sample s;
+  for (bool with_origin : {false, true}) {
+    s.txn.origin = with_origin ? std::optional<std::string>("node_a") : std::nullopt;
+    s.txn.gid = with_origin ? "gid-1" : "";
+    for (bool last : {false, true}) {
+      auto c = s.make(op::read);
+      std::string ahead;
+      write_record(ahead, c);
+      c.index = 0x01020304;
+      c.snapshot_last = last;
+      std::string direct;
+      write_record(direct, c);
+      REQUIRE(place_record(ahead, 0x01020304, last));
+      CHECK(ahead == direct);
+      auto back = read_record(protocol::as_bytes(ahead));
+      REQUIRE(back.has_value());
+      CHECK((*back)->get().index == 0x01020304);
+      CHECK((*back)->get().snapshot_last == last);
+      // And back: the flag cleared again.
+      REQUIRE(place_record(ahead, 7, false));
+      CHECK_FALSE((*read_record(protocol::as_bytes(ahead)))->get().snapshot_last);
+    }
+  }
+  // Not a record: refused at every length of a header cut short, and nothing is touched.
+  s.txn.origin = std::nullopt;
+  s.txn.gid.clear();
+  auto c = s.make(op::read);
+  std::string rec;
+  write_record(rec, c);
+  for (std::size_t n = 0; n < 60 && n < rec.size(); ++n) {
+    std::string cut = rec.substr(0, n), before = cut;
+    const bool placed = place_record(cut, 9, true);
+    // (the header: version, op, 3 LSNs, time, xid, index, Str16, LSN, Str16, flags: 55 bytes)
+    CHECK(placed == (n >= 55));
+    CHECK((placed || cut == before));
+  }
+  std::string other = rec;
+  other[0] = 99;   // an unknown version
+  CHECK_FALSE(place_record(other, 9, true));
+}
+
 TEST_CASE("record: a message prefix longer than 64 KiB is kept whole; version 1 records still read") {
   sample s;
   pg::message m;

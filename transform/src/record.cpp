@@ -135,6 +135,29 @@ void record_writer::write(std::string& out, const change& c) {
   write_rest(w, c);
 }
 
+bool place_record(std::span<char> record, std::uint32_t index, bool snapshot_last) {
+  cursor c(protocol::bytes_view(reinterpret_cast<const std::byte*>(record.data()), record.size()));
+  const std::uint8_t version = c.u8();
+  c.u8();
+  c.u64();
+  c.u64();
+  c.i64();
+  c.u32();
+  c.u64();
+  const std::size_t index_at = c.offset();
+  c.u32();
+  read_str16(c, "record origin");
+  c.u64();
+  read_str16(c, "record gid");
+  const std::size_t flags_at = c.offset();
+  c.u8();
+  if (!c.ok() || version != record_version) return false;
+  for (int i = 0; i < 4; ++i) record[index_at + i] = static_cast<char>((index >> (24 - 8 * i)) & 0xff);
+  auto& flags = reinterpret_cast<std::uint8_t&>(record[flags_at]);
+  flags = static_cast<std::uint8_t>(snapshot_last ? flags | 2 : flags & ~2);
+  return true;
+}
+
 boost::system::result<std::unique_ptr<record_view>, protocol::decode_error> read_record(protocol::bytes_view bytes) {
   auto v = std::make_unique<record_view>();
   auto r = read_record(bytes, *v);

@@ -183,8 +183,9 @@ class writer {
   std::string& buf() { return out_ ? *out_ : own_; }
   template <class U>
   writer& be(U v) {
-    for (int i = static_cast<int>(sizeof(U)) - 1; i >= 0; --i)
-      buf().push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+    char b[sizeof(U)];
+    for (std::size_t i = 0; i < sizeof(U); ++i) b[i] = static_cast<char>((v >> (8 * (sizeof(U) - 1 - i))) & 0xff);
+    buf().append(b, sizeof b);
     return *this;
   }
 

@@ -62,6 +62,13 @@ class event_log final : public log_reader {
   /// transaction has committed on the server; a crash before commit() makes the server resend
   /// it with the same ids). Large transactions go to disk as they come: memory stays bounded.
   void add(const transform::change& c);
+  /// add() of a record already made (transform::record_writer, on another thread: the initial
+  /// snapshot's rows), with its event's id, kind, xid and table as the record says. Nothing is
+  /// published: a client's encoding is made from the record when it is asked for. Without hold,
+  /// the event is not kept in the memory tail (a bulk of events no live reader waits for: the
+  /// initial snapshot); readers read it from the file.
+  void add_record(std::string_view record, transform::event_id id, transform::op kind, std::uint32_t xid,
+                  std::string_view schema, std::string_view table, bool hold = true);
   /// Ends the transaction; it becomes durable at the next sync().
   void commit(protocol::lsn commit_lsn, protocol::lsn end_lsn);
   bool in_transaction() const { return open_; }
@@ -199,6 +206,9 @@ class event_log final : public log_reader {
   bool write_frame_now(char type, std::string_view body);   // what is pending, then this frame
   void enforce_retention();
   void evict();
+  /// Frames scratch_ (seq and record) and makes it the next event.
+  event_ptr place(transform::event_id id, transform::op kind, std::uint32_t xid, std::string_view schema,
+                  std::string_view table);
   std::vector<event_ptr> read_disk(std::uint64_t seq, std::size_t max, std::size_t max_bytes, std::string* error,
                                    bool* fetching = nullptr) const;
   /// A large record being read in the background (by seq), and what came of it.
@@ -235,6 +245,7 @@ class event_log final : public log_reader {
   transform::event_id txn_seg_first_id_, txn_seg_last_id_;   // the last segment's ids at begin()
   memory_tail tail_{0};   // the newest events in memory, and those out of it a reader holds
   std::function<void(const logged_event&, const transform::change&)> publish_;
+  bool unheld_ = false;   // the open transaction has events not in the memory tail
   std::string error_;
   bool open_ = false, skipping_ = false;
   int syncing_ = 0;   // sync jobs begun and not ended

@@ -9,6 +9,7 @@
 #include <boost/system/result.hpp>
 
 #include <memory>
+#include <span>
 #include <unordered_map>
 #include <string>
 #include <vector>
@@ -32,6 +33,11 @@ class record_writer {
   };
   std::unordered_map<const void*, block> blocks_;
 };
+
+/// A record made before its place in the log is known (the initial snapshot's rows, made on the
+/// copying threads with index 0): sets its event index, and its snapshot_last flag. False (and
+/// nothing changed) when the bytes do not begin with a record's header.
+bool place_record(std::span<char> record, std::uint32_t index, bool snapshot_last);
 
 /// A parsed record: owns the relation, type names and tuple storage; values are views into the
 /// record bytes, which must outlive it.

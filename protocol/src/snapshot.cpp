@@ -62,8 +62,8 @@ bool parse_copy_text_row(std::string_view line, std::string& storage, std::vecto
   storage.clear();
   out.clear();
   if (!line.empty() && line.back() == '\n') line.remove_suffix(1);
-  // The values unescaped into storage, which never grows past the line (unescaping only
-  // shortens): it does not move once reserved, and the views are made as each value ends.
+  // Values with escapes unescaped into storage, which never grows past the line (unescaping
+  // only shortens): it does not move once reserved, and the views are made as each value ends.
   storage.reserve(line.size());
   const char* const base = storage.data();
   std::size_t i = 0;
@@ -77,6 +77,16 @@ bool parse_copy_text_row(std::string_view line, std::string& storage, std::vecto
       out.push_back({pgoutput::column_kind::null, {}});
       i += 2;
     } else {
+      // A value without escapes is a view into the line itself.
+      std::size_t end = i;
+      while (end < line.size() && line[end] != '\t' && line[end] != '\\') ++end;
+      if (end == line.size() || line[end] == '\t') {
+        out.push_back({pgoutput::column_kind::text, as_bytes(line.substr(i, end - i))});
+        i = end;
+        if (i == line.size()) break;
+        ++i;
+        continue;
+      }
       while (i < line.size() && line[i] != '\t') {
         // A run without escapes at once.
         std::size_t run = i;

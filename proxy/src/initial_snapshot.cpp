@@ -93,6 +93,16 @@ bool write_initial_state(const fs::path& dir, initial_state s, bool fsync, std::
   return ok;
 }
 
+namespace {
+/// A batch of records of one table's rows, made by a worker and handed to the loop; used again
+/// once appended (its buffers kept: no large allocation per batch).
+struct batch {
+  std::size_t table = 0;
+  std::string records;
+  std::vector<std::uint32_t> ends;
+};
+}  // namespace
+
 struct initial_snapshot::state {
   std::mutex m;
   std::condition_variable cv;
@@ -110,6 +120,23 @@ struct initial_snapshot::state {
   // under m
   std::size_t next_unit = 0;
   std::size_t in_flight = 0;   // batches posted to the loop and not yet appended
+  std::vector<std::shared_ptr<batch>> spare;   // appended batches, to be filled again
+
+  std::shared_ptr<batch> take_batch(std::size_t table) {
+    std::shared_ptr<batch> b;
+    {
+      std::lock_guard lock(m);
+      if (!spare.empty()) {
+        b = std::move(spare.back());
+        spare.pop_back();
+      }
+    }
+    if (!b) b = std::make_shared<batch>();
+    b->table = table;
+    b->records.clear();
+    b->ends.clear();
+    return b;
+  }
   std::size_t workers_done = 0;
   bool failed = false;
   std::string error;
@@ -138,12 +165,6 @@ initial_snapshot::~initial_snapshot() = default;
 
 namespace {
 
-/// A batch of records of one table's rows, made by a worker and handed to the loop.
-struct batch {
-  std::size_t table = 0;
-  std::string records;
-  std::vector<std::uint32_t> ends;
-};
 constexpr std::size_t batch_bytes = 256u << 10;
 constexpr std::size_t max_in_flight = 16;
 
@@ -310,8 +331,7 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
           st->fail(error);
           break;
         }
-        auto b = std::make_shared<batch>();
-        b->table = u.table;
+        auto b = st->take_batch(u.table);
         auto hand_over = [&] {
           if (b->ends.empty()) return true;
           {
@@ -335,12 +355,12 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
             st->progress[b->table]->rows += n;
             if (!ok) st->fail("cannot log a row");
             std::lock_guard lock(st->m);
+            st->spare.push_back(b);
             --st->in_flight;
             st->cv.notify_all();
             if (st->wake) st->wake->cancel();
           });
-          b = std::make_shared<batch>();
-          b->table = u.table;
+          b = st->take_batch(u.table);
           return true;
         };
         bool ok = true;
@@ -440,7 +460,7 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
   for (const auto& p : st->progress) rows += p->rows;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   char took[32];
-  std::snprintf(took, sizeof took, "%.1f", secs);
+  std::snprintf(took, sizeof took, "%.2f", secs);
   say("initial snapshot: " + with_commas(rows) + " rows of " + std::to_string(st->defs.size()) + " tables in " + took +
       " s (" +
       with_commas(static_cast<std::uint64_t>(static_cast<double>(rows) / std::max(secs, 1e-3))) +

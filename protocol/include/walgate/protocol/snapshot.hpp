@@ -37,7 +37,8 @@ struct pg_snapshot {
 std::optional<pg_snapshot> parse_pg_snapshot(std::string_view text);
 
 /// Parses one COPY text-format row (without or with its trailing newline) into out, whose values
-/// are views into storage (cleared and refilled: the row's values unescaped). false with error
+/// are views into line (a value without escapes) or into storage (cleared and refilled: the
+/// values with escapes, unescaped): both must outlive out's use. false with error
 /// when malformed (a backslash at the end, more columns than max_columns).
 bool parse_copy_text_row(std::string_view line, std::string& storage, std::vector<pgoutput::tuple_column>& out,
                          std::string& error);

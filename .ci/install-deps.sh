@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   g++ cmake ninja-build ccache pkg-config
   libboost1.81-dev libboost-system1.81-dev libboost-json1.81-dev libboost-url1.81-dev
-  libssl-dev openssl libpq-dev libicu-dev doctest-dev libcli11-dev libtomlplusplus-dev
+  libssl-dev openssl zlib1g-dev libpq-dev libicu-dev doctest-dev libcli11-dev libtomlplusplus-dev
   postgresql-15 postgresql-15-wal2json
   nodejs npm
 )

@@ -74,29 +74,30 @@ class corked_stream {
 
   void cork() { corked_ = true; }
 
-  /// Appends an unmasked, uncompressed WebSocket text frame (FIN set) holding payload: a
-  /// server's data frame exactly as Beast would write it without permessage-deflate, made here
-  /// so a batch costs no composed operation per event. Only between Beast's own frames: Beast
+  /// Appends an unmasked WebSocket text frame (FIN set) holding payload — compressed: a
+  /// permessage-deflate message (RSV1), made once for every client (deflate.hpp) — made here so
+  /// a batch costs no composed operation per event. Only between Beast's own frames: Beast
   /// writes each control frame whole, so frames never interleave mid-frame.
-  void append_text_frame(std::string_view payload) {
+  void append_text_frame(std::string_view payload, bool compressed = false) {
     if (failed_) return;
     char head[10];
-    std::size_t h = websocket_text_frame_header(head, payload.size());
+    std::size_t h = websocket_text_frame_header(head, payload.size(), true, true, compressed);
     append_owned({head, h});
     append_owned(payload);
     if (!corked_) start_send();
   }
   /// The same, the payload's bytes sent from where they are (kept alive by keep), not copied.
-  void append_text_frame(std::shared_ptr<const void> keep, std::string_view payload) {
-    append_text_fragment(std::move(keep), payload, true, true);
+  void append_text_frame(std::shared_ptr<const void> keep, std::string_view payload, bool compressed = false) {
+    append_text_fragment(std::move(keep), payload, true, true, compressed);
   }
   /// One fragment of a text message sent in pieces (RFC 6455 5.4), its bytes sent from where
   /// they are: first opens the message, last ends it. Beast's frames (pings, pongs, a close)
   /// go between fragments, so a message that takes minutes to send does not starve them.
-  void append_text_fragment(std::shared_ptr<const void> keep, std::string_view bytes, bool first, bool last) {
+  void append_text_fragment(std::shared_ptr<const void> keep, std::string_view bytes, bool first, bool last,
+                            bool compressed = false) {
     if (failed_) return;
     char head[10];
-    std::size_t h = websocket_text_frame_header(head, bytes.size(), first, last);
+    std::size_t h = websocket_text_frame_header(head, bytes.size(), first, last, compressed);
     append_owned({head, h});
     append_ref(std::move(keep), bytes);
     if (!corked_) start_send();

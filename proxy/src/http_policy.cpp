@@ -67,8 +67,9 @@ bool origin_allowed(std::string_view origin, std::string_view host, const std::v
   return iequal(origin.substr(scheme_end + 3), host);
 }
 
-std::size_t websocket_text_frame_header(char (&out)[10], std::uint64_t n, bool first, bool fin) {
-  out[0] = static_cast<char>((fin ? 0x80 : 0x00) | (first ? 0x01 : 0x00));   // FIN | text, or continuation
+std::size_t websocket_text_frame_header(char (&out)[10], std::uint64_t n, bool first, bool fin, bool compressed) {
+  // FIN | RSV1 (compressed, on a message's first frame) | text, or continuation
+  out[0] = static_cast<char>((fin ? 0x80 : 0x00) | (first && compressed ? 0x40 : 0x00) | (first ? 0x01 : 0x00));
   if (n < 126) {
     out[1] = static_cast<char>(n);
     return 2;

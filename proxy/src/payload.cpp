@@ -1,5 +1,7 @@
 #include "walgate/proxy/payload.hpp"
 
+#include "walgate/proxy/deflate.hpp"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -39,6 +41,26 @@ std::shared_ptr<const payload> payload::spill(const std::filesystem::path& dir, 
   p->fd_ = fd;
   p->size_ = bytes.size();
   return p;
+}
+
+std::size_t payload::memory() const {
+  std::size_t n = sizeof(*this) + 32 + bytes_.size();
+  if (deflated_)
+    for (const auto& f : *deflated_) n += sizeof(f) + f.bytes.size();
+  return n;
+}
+
+const std::string* payload::deflated(int window_bits, std::size_t* made) const {
+  if (made) *made = 0;
+  if (spilled() || size_ < deflate_min_bytes || size_ >= deflate_max_bytes) return nullptr;
+  if (!deflated_) deflated_ = std::make_unique<std::deque<deflated_form>>();
+  for (const auto& f : *deflated_)
+    if (f.window_bits == window_bits) return f.compressed ? &f.bytes : nullptr;
+  deflated_form f{window_bits, false, {}};
+  f.compressed = deflate_message(bytes_, window_bits, f.bytes);
+  if (made) *made = sizeof(f) + f.bytes.size();
+  deflated_->push_back(std::move(f));
+  return deflated_->back().compressed ? &deflated_->back().bytes : nullptr;
 }
 
 payload::~payload() {

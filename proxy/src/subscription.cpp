@@ -127,6 +127,11 @@ void subscription::read_some(std::vector<item>& out) {
       break;
     }
     if (p->empty()) continue;   // the format has no such event
+    if (deflate_bits_) {
+      std::size_t made = 0;
+      p->deflated(deflate_bits_, &made);
+      if (made) encodings_.account(*e, made);
+    }
     if (want == encoding::pgoutput2json_schema) *sent = std::move(signature);
     bytes += p->size();
     const auto what = window ? kind::snapshot_change : kind::event;

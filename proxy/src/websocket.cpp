@@ -1,9 +1,13 @@
-// WebSocket (GET /v1/ws): one text message per event. Without permessage-deflate the frames are
-// made here and a batch goes out in one write (corked_stream.hpp); with it, Beast compresses
-// each message. Beast's own pings keep an idle connection alive (and find a dead one); the end
-// is a close frame whose reason says why and where to resume.
+// WebSocket (GET /v1/ws): one text message per event, the frames made here and a batch sent in
+// one write (corked_stream.hpp). With permessage-deflate, walgate answers
+// server_no_context_takeover and sends each event's compressed form, made once and shared by
+// every client of that window (payload::deflated); small and large messages go uncompressed.
+// Beast negotiates, reads (and inflates) the client's messages, and keeps an idle connection
+// alive with its pings; the end is a close frame whose reason says why and where to resume.
 #include "corked_stream.hpp"
 #include "serving.hpp"
+
+#include "walgate/proxy/deflate.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -39,6 +43,7 @@ struct ws_session {
   websocket::stream<corked_stream<Stream>> ws;
   std::optional<client> c;
   bool reading = true;
+  std::string extensions;   // the Sec-WebSocket-Extensions walgate answered
 };
 
 }  // namespace
@@ -55,16 +60,19 @@ awaitable<void> serve_websocket(server_core& core, Stream s, http::request<http:
   t.keep_alive_pings = true;
   ws.set_option(t);
   websocket::permessage_deflate pmd;
-  pmd.server_enable = true;   // used when the client offers it
+  pmd.server_enable = true;                // used when the client offers it
+  pmd.server_no_context_takeover = true;   // each message on its own: one compressed form for all
   ws.set_option(pmd);
   ws.read_message_max(opts.ws_message_limit);
-  ws.set_option(websocket::stream_base::decorator([](websocket::response_type& res) { res.set(http::field::server, "walgate"); }));
-  // Without permessage-deflate a frame is a header and the bytes: the batch's frames are made
-  // here. With it, Beast compresses each message.
-  auto ext = req[http::field::sec_websocket_extensions];
-  bool raw_frames = std::string_view(ext.data(), ext.size()).find("permessage-deflate") == std::string_view::npos;
+  ws.set_option(websocket::stream_base::decorator([ext = &session->extensions](websocket::response_type& res) {
+    res.set(http::field::server, "walgate");
+    *ext = std::string(res[http::field::sec_websocket_extensions]);   // (Beast's answer is made by now)
+  }));
   auto [aec] = co_await ws.async_accept(req, use_tuple);
   if (aec) co_return;
+  // The window walgate compresses with: the one it answered (0: none negotiated).
+  int deflate_bits = 0;
+  if (auto a = parse_pmd_answer(session->extensions); a && a->server_no_context_takeover) deflate_bits = a->server_max_window_bits;
 
   session->c.emplace(core, transport::websocket, std::move(start));
   struct release {   // the writer's end, however it ends: the client leaves the server
@@ -73,6 +81,7 @@ awaitable<void> serve_websocket(server_core& core, Stream s, http::request<http:
   } released{*session};
   auto& c = *session->c;
   auto& sub = c.sub;
+  if (deflate_bits) sub.set_deflate(deflate_bits);
   c.force_close = [&ws] {
     boost::system::error_code ec;
     beast::get_lowest_layer(ws).socket().close(ec);
@@ -128,23 +137,25 @@ awaitable<void> serve_websocket(server_core& core, Stream s, http::request<http:
     std::size_t bytes = 0;
     for (const auto& item : batch) {
       const auto& p = item.bytes;
-      if (raw_frames && !ws.is_open()) {   // Beast has begun closing (a protocol error from the client)
+      if (!ws.is_open()) {   // Beast has begun closing (a protocol error from the client)
         failed = true;
         break;
       }
-      if (raw_frames && !p->spilled() && p->size() < large_payload) {
+      const std::string* z = deflate_bits ? p->deflated(deflate_bits) : nullptr;
+      if (z && z->size() < 1024) {
+        ws.next_layer().append_text_frame(*z, true);
+      } else if (z) {
+        ws.next_layer().append_text_frame(p, *z, true);   // sent from the shared compressed form
+      } else if (!p->spilled() && p->size() < large_payload) {
         ws.next_layer().append_text_frame(p->bytes());
-      } else if (raw_frames && !p->spilled() && p->size() < opts.spill_bytes) {
+      } else if (!p->spilled() && p->size() < opts.spill_bytes) {
         ws.next_layer().append_text_frame(p, p->bytes());   // sent from the shared encoding
-      } else if (!raw_frames && !p->spilled() && p->size() < large_payload) {
-        auto [ec, n] = co_await ws.async_write(asio::buffer(p->bytes().data(), p->size()), use_tuple);
-        if (ec) failed = true;
       } else {
-        // In pieces, each sent before the next is made (read from the spill file, or, when
-        // Beast compresses, deflated): a message in fragments, pings and pongs between them.
+        // In pieces, each sent before the next is read from the spill file: a message in
+        // fragments, pings and pongs between them.
         auto piece = std::make_shared<std::string>();
         for (std::size_t off = 0; off < p->size() && !failed; off += piece_bytes) {
-          if (raw_frames && !ws.is_open()) {   // Beast closed meanwhile: no data frame after its close
+          if (!ws.is_open()) {   // Beast closed meanwhile: no data frame after its close
             failed = true;
             break;
           }
@@ -162,15 +173,9 @@ awaitable<void> serve_websocket(server_core& core, Stream s, http::request<http:
           } else {
             view = p->bytes().substr(off, n);
           }
-          if (raw_frames) {
-            std::shared_ptr<const void> keep = p;
-            if (p->spilled()) keep = piece;
-            ws.next_layer().append_text_fragment(std::move(keep), view, off == 0, off + n == p->size());
-          } else {
-            auto [ec, w] =
-                co_await ws.async_write_some(off + n == p->size(), asio::buffer(view.data(), view.size()), use_tuple);
-            if (ec) failed = true;
-          }
+          std::shared_ptr<const void> keep = p;
+          if (p->spilled()) keep = piece;
+          ws.next_layer().append_text_fragment(std::move(keep), view, off == 0, off + n == p->size());
           auto [pec] = co_await ws.next_layer().async_drain(use_tuple);
           if (pec) failed = true;
           ws.next_layer().cork();
@@ -178,7 +183,7 @@ awaitable<void> serve_websocket(server_core& core, Stream s, http::request<http:
         }
       }
       if (failed) break;
-      bytes += p->size();
+      bytes += z ? z->size() : p->size();
     }
     auto [dec] = co_await ws.next_layer().async_drain(use_tuple);
     c.watchdog.cancel();

@@ -41,6 +41,9 @@ class encoding_cache {
   /// A reader that wants every event in enc (no filter) comes and goes: while one does, each
   /// event is encoded so as it is logged (on_logged).
   void want_all(encoding enc, int delta) { eager_[static_cast<std::size_t>(enc)] += delta; }
+  /// bytes more held for e's encodings (a compressed form made on a payload): counted against
+  /// the log's memory tail as its encodings are.
+  void account(const logged_event& e, std::size_t bytes) { log_.account_encoding(e, bytes); }
   /// The log's publish hook: e was just logged from c.
   void on_logged(const logged_event& e, const transform::change& c);
 

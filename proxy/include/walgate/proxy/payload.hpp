@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <deque>
 
 namespace walgate::proxy {
 
@@ -33,11 +34,23 @@ class payload {
   /// Reads out.size() bytes at offset of a spilled payload into out; false with error (the
   /// file is read back whole or not at all: a short read is an error too).
   bool read(std::size_t offset, std::span<char> out, std::string& error) const;
-  /// What it costs in memory.
-  std::size_t memory() const { return sizeof(*this) + 32 + bytes_.size(); }
+  /// What it costs in memory (with its compressed forms).
+  std::size_t memory() const;
+
+  /// Its permessage-deflate form for a window of window_bits (deflate.hpp), made on first
+  /// demand and kept (single-threaded: whoever shares the payload shares this): null when it
+  /// goes uncompressed (spilled, outside deflate_min_bytes..deflate_max_bytes, or not smaller).
+  /// made says what the call added in memory (0 when it was there already).
+  const std::string* deflated(int window_bits, std::size_t* made = nullptr) const;
 
  private:
   payload() = default;
+  struct deflated_form {
+    int window_bits;
+    bool compressed;
+    std::string bytes;
+  };
+  mutable std::unique_ptr<std::deque<deflated_form>> deflated_;   // (null until asked; a deque: a form does not move)
   std::string bytes_;
   int fd_ = -1;
   std::size_t size_ = 0;

@@ -98,7 +98,9 @@ bool loopback_host_allowed(std::string_view host, const std::vector<std::string>
 /// Writes the header of a server's WebSocket text frame (FIN, opcode 1, unmasked, RFC 6455 5.2)
 /// for a payload of n bytes into out; returns its length (2, 4 or 10). A message in fragments
 /// (5.4): the first frame is opcode 1 without FIN, the others continuation frames (opcode 0),
-/// the last with FIN.
-std::size_t websocket_text_frame_header(char (&out)[10], std::uint64_t n, bool first = true, bool fin = true);
+/// the last with FIN. compressed: the message is permessage-deflate's (RFC 7692 6: RSV1 on its
+/// first frame).
+std::size_t websocket_text_frame_header(char (&out)[10], std::uint64_t n, bool first = true, bool fin = true,
+                                        bool compressed = false);
 
 }  // namespace walgate::proxy

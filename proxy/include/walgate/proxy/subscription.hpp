@@ -83,6 +83,9 @@ class subscription {
 
   const stream_request& request() const { return request_; }
   encoding wanted() const { return enc_; }
+  /// A WebSocket client with permessage-deflate (that window): each event's compressed form is
+  /// made as it is read (once per event, shared: payload::deflated) and counted in the tail.
+  void set_deflate(int window_bits) { deflate_bits_ = window_bits; }
   /// No table or op filter: it takes every event in its encoding.
   bool unfiltered() const { return unfiltered_; }
   /// Caught up with what was visible at least once (lag counts from then on).
@@ -101,6 +104,7 @@ class subscription {
   stream_request request_;
   limits limits_;
   encoding enc_;
+  int deflate_bits_ = 0;
   bool unfiltered_;
   std::uint64_t cursor_;         // seq of the next event to look at
   std::uint64_t offset_ = 0;     // the log's end offset at the cursor (while live): lag in bytes

@@ -1,0 +1,38 @@
+// WebSocket permessage-deflate (RFC 7692) as walgate sends it: every message compressed on its
+// own (server_no_context_takeover), so one compressed form of an event serves every client
+// that negotiated the same window — made once, like the event's encoding, and written as the
+// same frame to each of them. No socket here, no Beast.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace walgate::proxy {
+
+/// What walgate answered to a client's permessage-deflate offer (its Sec-WebSocket-Extensions
+/// response): whether it was accepted, and the server's window (9..15) — the server compresses
+/// with no larger one. Nullopt when the response holds no permessage-deflate.
+struct pmd_answer {
+  int server_max_window_bits = 15;
+  bool server_no_context_takeover = false;
+};
+std::optional<pmd_answer> parse_pmd_answer(std::string_view sec_websocket_extensions);
+
+/// Messages smaller than this go uncompressed (RSV1 clear) on a compressing connection: they
+/// barely shrink (docs/benchmarks.md, "WebSocket compression"), and a client inflates for nothing.
+inline constexpr std::size_t deflate_min_bytes = 256;
+/// Nor do messages of this size or more (compressing them would be CPU-heavy work on the event
+/// loop); they go uncompressed, in fragments when large.
+inline constexpr std::size_t deflate_max_bytes = 64u << 10;
+
+/// One message compressed with a fresh context and the given window (9..15): raw DEFLATE,
+/// flushed to a byte boundary, without the final 00 00 ff ff (RFC 7692 7.2.1). False (out
+/// untouched) when the result is not smaller than the message, or zlib fails.
+bool deflate_message(std::string_view message, int window_bits, std::string& out);
+/// The receiving side, for tests and for a client's compressed messages: inflates one message
+/// (the 00 00 ff ff appended again) into out, refusing more than max bytes. False when malformed.
+bool inflate_message(std::string_view compressed, int window_bits, std::size_t max, std::string& out);
+
+}  // namespace walgate::proxy

@@ -1,0 +1,121 @@
+#include "walgate/proxy/deflate.hpp"
+
+#include <zlib.h>
+
+#include <array>
+#include <cctype>
+#include <memory>
+
+namespace walgate::proxy {
+
+namespace {
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+bool iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
+  return true;
+}
+
+/// One deflate context per window size and thread, reset for each message.
+struct deflater {
+  z_stream z{};
+  bool ok = false;
+  explicit deflater(int bits) {
+    // Level 6 (zlib's default) with a full memory level: made once per process, not per client.
+    ok = deflateInit2(&z, 6, Z_DEFLATED, -bits, 8, Z_DEFAULT_STRATEGY) == Z_OK;
+  }
+  ~deflater() {
+    if (ok) deflateEnd(&z);
+  }
+};
+
+}  // namespace
+
+std::optional<pmd_answer> parse_pmd_answer(std::string_view header) {
+  // extension *( "," extension ), each name *( ";" param [ "=" value ] )
+  while (!header.empty()) {
+    auto comma = header.find(',');
+    std::string_view ext = header.substr(0, comma);
+    header = comma == std::string_view::npos ? std::string_view() : header.substr(comma + 1);
+    auto semi = ext.find(';');
+    if (!iequals(trim(ext.substr(0, semi)), "permessage-deflate")) continue;
+    pmd_answer a;
+    std::string_view params = semi == std::string_view::npos ? std::string_view() : ext.substr(semi + 1);
+    while (!params.empty()) {
+      auto next = params.find(';');
+      std::string_view p = params.substr(0, next);
+      params = next == std::string_view::npos ? std::string_view() : params.substr(next + 1);
+      auto eq = p.find('=');
+      std::string_view key = trim(p.substr(0, eq));
+      std::string_view value = eq == std::string_view::npos ? std::string_view() : trim(p.substr(eq + 1));
+      if (value.size() >= 2 && value.front() == '"' && value.back() == '"') value = value.substr(1, value.size() - 2);
+      if (iequals(key, "server_no_context_takeover")) a.server_no_context_takeover = true;
+      if (iequals(key, "server_max_window_bits")) {
+        int bits = 0;
+        for (char ch : value) bits = ch >= '0' && ch <= '9' && bits < 100 ? bits * 10 + (ch - '0') : 100;
+        if (value.empty() || bits < 8 || bits > 15) return std::nullopt;   // (never answered so)
+        a.server_max_window_bits = bits < 9 ? 9 : bits;
+      }
+    }
+    return a;
+  }
+  return std::nullopt;
+}
+
+bool deflate_message(std::string_view message, int window_bits, std::string& out) {
+  if (window_bits < 9 || window_bits > 15 || message.empty()) return false;
+  thread_local std::array<std::unique_ptr<deflater>, 16> contexts;
+  auto& d = contexts[static_cast<std::size_t>(window_bits)];
+  if (!d) d = std::make_unique<deflater>(window_bits);
+  if (!d->ok || deflateReset(&d->z) != Z_OK) return false;
+  std::string buf;
+  // Never larger than the message (a result as large is refused), plus the sync flush's tail.
+  buf.resize(message.size() + 16);
+  d->z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(message.data()));
+  d->z.avail_in = static_cast<uInt>(message.size());
+  d->z.next_out = reinterpret_cast<Bytef*>(buf.data());
+  d->z.avail_out = static_cast<uInt>(buf.size());
+  int rc = deflate(&d->z, Z_SYNC_FLUSH);
+  if (rc != Z_OK || d->z.avail_in != 0 || d->z.avail_out == 0) return false;   // (no room: not smaller)
+  std::size_t n = buf.size() - d->z.avail_out;
+  if (n < 4 || buf.compare(n - 4, 4, std::string_view("\x00\x00\xff\xff", 4)) != 0) return false;
+  n -= 4;
+  if (n >= message.size()) return false;
+  buf.resize(n);
+  out = std::move(buf);
+  return true;
+}
+
+bool inflate_message(std::string_view compressed, int window_bits, std::size_t max, std::string& out) {
+  z_stream z{};
+  if (inflateInit2(&z, -window_bits) != Z_OK) return false;
+  std::string in(compressed);
+  in.append("\x00\x00\xff\xff", 4);
+  z.next_in = reinterpret_cast<Bytef*>(in.data());
+  z.avail_in = static_cast<uInt>(in.size());
+  out.clear();
+  bool ok = true;
+  char chunk[16384];
+  while (ok && z.avail_in > 0) {
+    z.next_out = reinterpret_cast<Bytef*>(chunk);
+    z.avail_out = sizeof chunk;
+    int rc = inflate(&z, Z_SYNC_FLUSH);
+    if (rc != Z_OK && rc != Z_STREAM_END && rc != Z_BUF_ERROR) ok = false;
+    out.append(chunk, sizeof chunk - z.avail_out);
+    if (out.size() > max) ok = false;
+    if (rc == Z_BUF_ERROR && z.avail_out != 0) break;   // no progress possible
+    if (rc == Z_STREAM_END) break;
+  }
+  ok = ok && z.avail_in == 0;
+  inflateEnd(&z);
+  return ok;
+}
+
+}  // namespace walgate::proxy

@@ -373,14 +373,15 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
             ok = false;
             break;
           }
+          // (values are views into buf, or into storage: buf is freed once the record is made)
           ok = protocol::parse_copy_text_row(std::string_view(buf, static_cast<std::size_t>(n)), storage, values, error);
-          PQfreemem(buf);
           if (ok && values.size() != t.identity.columns.size()) {
             error = "a COPY row of " + std::to_string(values.size()) + " columns for " +
                     std::to_string(t.identity.columns.size()) + " in " + t.schema + "." + t.name;
             ok = false;
           }
           if (!ok) {
+            PQfreemem(buf);
             st->fail(error);
             break;
           }
@@ -392,6 +393,7 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
           c.after = values;
           c.types = &t.types;
           records.write(b->records, c);
+          PQfreemem(buf);
           b->ends.push_back(static_cast<std::uint32_t>(b->records.size()));
           if (b->records.size() >= batch_bytes && !(ok = hand_over())) break;
         }

@@ -1,0 +1,267 @@
+// WebSocket fan-out benchmark (docs/benchmarks.md, "WebSocket compression"): one transaction of
+// 2,000 one-row inserts to N WebSocket clients, with and without permessage-deflate offered
+// (as browsers offer it), and the memory of 5,000 idle clients each way; against every walgate
+// binary given, side by side in one run (the one before a change and the one after).
+//   usage: walgate-bench-fanout PATH/TO/walgate [PATH/TO/other-walgate ...]
+// Clients are raw sockets in this process (one poll loop): each text frame is counted, and
+// whether it came compressed (RSV1); a sample is checked to be the last row.
+#include "walgate/proxy/local_cluster.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace walgate;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+double since(clock_type::time_point t) { return std::chrono::duration<double>(clock_type::now() - t).count(); }
+
+double cpu_seconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto close = s.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream rest(s.substr(close + 2));
+  std::string field;
+  unsigned long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::stoul(field);
+    if (i == 15) stime = std::stoul(field);
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+long rss_kib(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  return -1;
+}
+
+std::uint16_t free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+struct client {
+  int fd = -1;
+  std::string buf;
+  std::size_t frames = 0, compressed = 0;
+  bool closed = false;
+  ~client() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+/// Connects and upgrades; nonblocking after the handshake. Null when refused.
+std::unique_ptr<client> connect_ws(std::uint16_t port, bool deflate, int n) {
+  auto c = std::make_unique<client>();
+  c->fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in src{}, a{};
+  // Spread over 127.0.0.0/8 sources: ports per source address are what runs out.
+  src.sin_family = AF_INET;
+  src.sin_addr.s_addr = htonl(0x7f000000u | static_cast<std::uint32_t>(2 + n / 20000));
+  ::bind(c->fd, reinterpret_cast<sockaddr*>(&src), sizeof src);
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(c->fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return nullptr;
+  std::string req = "GET /v1/ws?format=native HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n";
+  if (deflate) req += "Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n";
+  req += "\r\n";
+  if (::send(c->fd, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) return nullptr;
+  while (c->buf.find("\r\n\r\n") == std::string::npos) {
+    char chunk[4096];
+    ssize_t r = ::recv(c->fd, chunk, sizeof chunk, 0);
+    if (r <= 0) return nullptr;
+    c->buf.append(chunk, static_cast<std::size_t>(r));
+  }
+  if (c->buf.compare(0, 12, "HTTP/1.1 101") != 0) return nullptr;
+  c->buf.erase(0, c->buf.find("\r\n\r\n") + 4);
+  ::fcntl(c->fd, F_SETFL, ::fcntl(c->fd, F_GETFL) | O_NONBLOCK);
+  return c;
+}
+
+/// Counts the complete data frames at the front of c's buffer.
+void take(client& c) {
+  std::size_t at = 0;
+  while (c.buf.size() - at >= 2) {
+    const auto b0 = static_cast<unsigned char>(c.buf[at]), b1 = static_cast<unsigned char>(c.buf[at + 1]);
+    std::uint64_t len = b1 & 0x7f;
+    std::size_t head = 2;
+    if (len == 126) {
+      if (c.buf.size() - at < 4) break;
+      len = (static_cast<unsigned char>(c.buf[at + 2]) << 8) | static_cast<unsigned char>(c.buf[at + 3]);
+      head = 4;
+    } else if (len == 127) {
+      if (c.buf.size() - at < 10) break;
+      len = 0;
+      for (int i = 0; i < 8; ++i) len = (len << 8) | static_cast<unsigned char>(c.buf[at + 2 + i]);
+      head = 10;
+    }
+    if (c.buf.size() - at - head < len) break;
+    if ((b0 & 0x0f) == 1) {
+      ++c.frames;
+      if (b0 & 0x40) ++c.compressed;
+    }
+    if ((b0 & 0x0f) == 8) c.closed = true;
+    at += head + len;
+  }
+  c.buf.erase(0, at);
+}
+
+/// Reads every client until each has `want` frames (or 120 s pass, or all that are left closed).
+void pump(std::vector<std::unique_ptr<client>>& cs, std::size_t want) {
+  std::vector<pollfd> fds(cs.size());
+  for (std::size_t i = 0; i < cs.size(); ++i) fds[i] = {cs[i]->fd, POLLIN, 0};
+  std::size_t done = 0;
+  for (auto& c : cs) done += c->frames >= want;
+  const auto start = clock_type::now();
+  while (done < cs.size() && since(start) < 120) {
+    if (::poll(fds.data(), fds.size(), 500) <= 0) continue;
+    for (std::size_t i = 0; i < cs.size(); ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      auto& c = *cs[i];
+      char chunk[65536];
+      ssize_t r;
+      while ((r = ::recv(c.fd, chunk, sizeof chunk, 0)) > 0) c.buf.append(chunk, static_cast<std::size_t>(r));
+      take(c);
+      if (r == 0) c.closed = true;
+      if (c.frames >= want || c.closed) {
+        ++done;
+        fds[i].fd = -1;
+      }
+    }
+  }
+}
+
+pid_t spawn(const std::vector<std::string>& argv, const std::string& err) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    FILE* f = std::fopen(err.c_str(), "w");
+    if (f) dup2(fileno(f), 2);
+    std::vector<char*> a;
+    for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+    a.push_back(nullptr);
+    execv(a[0], a.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s PATH/TO/walgate [PATH/TO/other-walgate ...]\n", argv[0]);
+    return 2;
+  }
+  rlimit rl{};
+  getrlimit(RLIMIT_NOFILE, &rl);
+  rl.rlim_cur = rl.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &rl);
+  std::string error;
+  proxy::cluster_options o;
+  o.name = "walgate-bench-fanout";
+  auto pg = proxy::local_cluster::start(o, error);
+  if (!pg) {
+    std::fprintf(stderr, "%s\n", error.c_str());
+    return 1;
+  }
+  pg->sql("CREATE TABLE fan_items(id int PRIMARY KEY, note text); CREATE PUBLICATION fan_pub FOR TABLE fan_items");
+  int next_id = 0;
+  std::printf("one transaction of 2,000 one-row inserts (events of about 300 bytes) to N WebSocket clients\n");
+  std::printf("%-28s %6s %5s %11s %8s %12s %11s %9s %8s\n", "walgate", "N", "pmd", "deliveries", "time s", "deliveries/s",
+              "walgate CPU", "us each", "closed");
+  for (int b = 1; b < argc; ++b) {
+    const std::string bin = argv[b];
+    const std::uint16_t port = free_port();
+    const std::string data = (pg->dir() / ("fan-data-" + std::to_string(b))).string();
+    const std::string err = (pg->dir() / ("fan-" + std::to_string(b) + ".log")).string();
+    pid_t gw = spawn({bin, "--pg", pg->conninfo(), "--slot", "fan_" + std::to_string(b), "--publication", "fan_pub",
+                      "--data-dir", data, "--listen", "127.0.0.1:" + std::to_string(port), "--no-fsync", "--snapshot",
+                      "never", "--max-clients", "20000"},
+                     err);
+    std::unique_ptr<client> probe;
+    for (int i = 0; i < 400 && !(probe = connect_ws(port, false, 0)); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (!probe) {
+      std::fprintf(stderr, "walgate did not start:\n");
+      return 1;
+    }
+    probe.reset();
+    struct run {
+      std::size_t n;
+      bool deflate;
+    };
+    for (run r : {run{100, false}, run{1000, false}, run{200, true}, run{1000, true}}) {
+      std::vector<std::unique_ptr<client>> cs;
+      for (std::size_t i = 0; i < r.n; ++i)
+        if (auto c = connect_ws(port, r.deflate, static_cast<int>(i))) cs.push_back(std::move(c));
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      const double cpu0 = cpu_seconds(gw);
+      auto t = clock_type::now();
+      pg->sql("INSERT INTO fan_items SELECT g, 'note ' || repeat(md5(g::text), 4) FROM generate_series(" +
+              std::to_string(next_id + 1) + ", " + std::to_string(next_id + 2000) + ") g");
+      next_id += 2000;
+      pump(cs, 2000);
+      const double secs = since(t), cpu = cpu_seconds(gw) - cpu0;
+      std::size_t frames = 0, closed = 0, compressed = 0;
+      for (auto& c : cs) frames += c->frames, closed += c->closed, compressed += c->compressed;
+      std::printf("%-28s %6zu %5s %11zu %8.2f %12.0f %9.2f s %9.1f %8zu%s\n", bin.substr(bin.size() > 28 ? bin.size() - 28 : 0).c_str(),
+                  cs.size(), r.deflate ? "on" : "off", frames, secs, frames / secs, cpu, frames ? cpu * 1e6 / frames : 0.0,
+                  closed, r.deflate && compressed != frames ? " (some uncompressed)" : "");
+      std::fflush(stdout);
+      cs.clear();
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+    // Idle clients' memory: 5,000 each way, each given one event.
+    for (bool deflate : {false, true}) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      const long before = rss_kib(gw);
+      std::vector<std::unique_ptr<client>> cs;
+      for (int i = 0; i < 5000; ++i)
+        if (auto c = connect_ws(port, deflate, i)) cs.push_back(std::move(c));
+      pg->sql("INSERT INTO fan_items VALUES (" + std::to_string(++next_id) + ", 'note ' || repeat(md5('x'), 4))");
+      pump(cs, 1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      const long after = rss_kib(gw);
+      std::size_t got = 0;
+      for (auto& c : cs) got += c->frames >= 1;
+      std::printf("%-28s 5,000 idle clients, pmd %s: %zu connected and given an event, RSS +%.1f KiB each\n",
+                  bin.substr(bin.size() > 28 ? bin.size() - 28 : 0).c_str(), deflate ? "on" : "off", got,
+                  static_cast<double>(after - before) / 5000.0);
+      std::fflush(stdout);
+    }
+    kill(gw, SIGINT);
+    waitpid(gw, nullptr, 0);
+  }
+  return 0;
+}

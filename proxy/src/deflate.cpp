@@ -3,10 +3,13 @@
 #include <zlib.h>
 
 #include <array>
+#include <atomic>
 #include <cctype>
 #include <memory>
 
 namespace walgate::proxy {
+
+std::atomic<std::uint64_t> deflated_total{0};
 
 namespace {
 
@@ -60,8 +63,8 @@ std::optional<pmd_answer> parse_pmd_answer(std::string_view header) {
       if (iequals(key, "server_max_window_bits")) {
         int bits = 0;
         for (char ch : value) bits = ch >= '0' && ch <= '9' && bits < 100 ? bits * 10 + (ch - '0') : 100;
-        if (value.empty() || bits < 8 || bits > 15) return std::nullopt;   // (never answered so)
-        a.server_max_window_bits = bits < 9 ? 9 : bits;
+        if (value.empty() || bits < 8 || bits > 15) return std::nullopt;
+        a.server_max_window_bits = bits;
       }
     }
     return a;
@@ -75,9 +78,9 @@ bool deflate_message(std::string_view message, int window_bits, std::string& out
   auto& d = contexts[static_cast<std::size_t>(window_bits)];
   if (!d) d = std::make_unique<deflater>(window_bits);
   if (!d->ok || deflateReset(&d->z) != Z_OK) return false;
-  std::string buf;
-  // Never larger than the message (a result as large is refused), plus the sync flush's tail.
-  buf.resize(message.size() + 16);
+  // Made in a buffer kept for the next message, and copied out at its exact size.
+  thread_local std::string buf;
+  buf.resize(message.size() + 16);   // (a result as large as the message is refused anyway)
   d->z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(message.data()));
   d->z.avail_in = static_cast<uInt>(message.size());
   d->z.next_out = reinterpret_cast<Bytef*>(buf.data());
@@ -88,8 +91,9 @@ bool deflate_message(std::string_view message, int window_bits, std::string& out
   if (n < 4 || buf.compare(n - 4, 4, std::string_view("\x00\x00\xff\xff", 4)) != 0) return false;
   n -= 4;
   if (n >= message.size()) return false;
-  buf.resize(n);
-  out = std::move(buf);
+  out.assign(buf.data(), n);
+  if (buf.capacity() > (1u << 20)) buf = std::string();
+  ++deflated_total;
   return true;
 }
 
@@ -101,7 +105,7 @@ bool inflate_message(std::string_view compressed, int window_bits, std::size_t m
   z.next_in = reinterpret_cast<Bytef*>(in.data());
   z.avail_in = static_cast<uInt>(in.size());
   out.clear();
-  bool ok = true;
+  bool ok = true, ended = false;
   char chunk[16384];
   while (ok && z.avail_in > 0) {
     z.next_out = reinterpret_cast<Bytef*>(chunk);
@@ -111,9 +115,12 @@ bool inflate_message(std::string_view compressed, int window_bits, std::size_t m
     out.append(chunk, sizeof chunk - z.avail_out);
     if (out.size() > max) ok = false;
     if (rc == Z_BUF_ERROR && z.avail_out != 0) break;   // no progress possible
-    if (rc == Z_STREAM_END) break;
+    if (rc == Z_STREAM_END) {   // a final block: the 00 00 ff ff after it is not read
+      ended = true;
+      break;
+    }
   }
-  ok = ok && z.avail_in == 0;
+  ok = ok && (z.avail_in == 0 || (ended && z.avail_in <= 4));
   inflateEnd(&z);
   return ok;
 }

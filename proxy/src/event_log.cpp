@@ -240,11 +240,13 @@ void event_log::commit(lsn commit_lsn, lsn end_lsn) {
   protocol::writer(end).u64(commit_lsn.value).u64(end_lsn.value);
   frame(pending_, 'C', end);
   auto& seg = segments_.back();
-  seg.end_seq = next_seq_;
   if (unheld_) {
+    // Events not held in memory are read from the file: there before they are visible. A
+    // write that fails leaves them invisible (error() says why; the log stops being used).
     unheld_ = false;
-    write_pending();   // (events not held in memory are read from the file)
+    if (!write_pending()) return;
   }
+  seg.end_seq = next_seq_;
   last_commit_ = commit_lsn;
   pending_durable_ = end_lsn;
   // Visible to clients from here on, all of it at once.

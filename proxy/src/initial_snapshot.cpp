@@ -355,7 +355,7 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
             st->progress[b->table]->rows += n;
             if (!ok) st->fail("cannot log a row");
             std::lock_guard lock(st->m);
-            st->spare.push_back(b);
+            if (b->records.capacity() <= 2 * batch_bytes) st->spare.push_back(b);   // (not one grown by a huge row)
             --st->in_flight;
             st->cv.notify_all();
             if (st->wake) st->wake->cancel();
@@ -442,6 +442,7 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
   }
   pool->join();
   st->wake = nullptr;
+  st->spare.clear();   // (the state outlives the copy: /metrics reads its progress)
   if (!append_error.empty()) st->fail(append_error);
   if (st->stopped()) {
     log_.abort();
@@ -452,6 +453,7 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
     co_return fail(append_error.empty() ? log_.error() : append_error);
   }
   log_.commit(consistent_point, consistent_point);
+  if (!log_.error().empty()) co_return failure{{}, log_.error(), {}, false};
   // Durable before the stream starts (and before the SNAPSHOT file says so): the first
   // acknowledgement PostgreSQL gets is past it.
   if (!log_.sync()) co_return failure{{}, log_.error(), {}, false};

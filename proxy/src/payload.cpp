@@ -45,22 +45,22 @@ std::shared_ptr<const payload> payload::spill(const std::filesystem::path& dir, 
 
 std::size_t payload::memory() const {
   std::size_t n = sizeof(*this) + 32 + bytes_.size();
-  if (deflated_)
-    for (const auto& f : *deflated_) n += sizeof(f) + f.bytes.size();
+  for (auto* f = deflated_.get(); f; f = f->next.get()) n += sizeof(*f) + 32 + f->bytes.capacity();
   return n;
 }
 
 const std::string* payload::deflated(int window_bits, std::size_t* made) const {
   if (made) *made = 0;
   if (spilled() || size_ < deflate_min_bytes || size_ >= deflate_max_bytes) return nullptr;
-  if (!deflated_) deflated_ = std::make_unique<std::deque<deflated_form>>();
-  for (const auto& f : *deflated_)
-    if (f.window_bits == window_bits) return f.compressed ? &f.bytes : nullptr;
-  deflated_form f{window_bits, false, {}};
-  f.compressed = deflate_message(bytes_, window_bits, f.bytes);
-  if (made) *made = sizeof(f) + f.bytes.size();
-  deflated_->push_back(std::move(f));
-  return deflated_->back().compressed ? &deflated_->back().bytes : nullptr;
+  auto* slot = &deflated_;
+  for (; *slot; slot = &(*slot)->next)
+    if ((*slot)->window_bits == window_bits) return (*slot)->compressed ? &(*slot)->bytes : nullptr;
+  auto f = std::make_unique<deflated_form>();
+  f->window_bits = window_bits;
+  f->compressed = deflate_message(bytes_, window_bits, f->bytes);
+  if (made) *made = sizeof(*f) + 32 + f->bytes.capacity();   // (as memory() counts it)
+  *slot = std::move(f);
+  return (*slot)->compressed ? &(*slot)->bytes : nullptr;
 }
 
 payload::~payload() {

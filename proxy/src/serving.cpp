@@ -1,5 +1,7 @@
 #include "serving.hpp"
 
+#include "walgate/proxy/deflate.hpp"
+
 #include "walgate/transform/json.hpp"
 
 #include <sys/socket.h>
@@ -84,7 +86,11 @@ server_core::server_core(boost::asio::any_io_executor ex, server_options o, gate
   gw.register_metrics(metrics);
   gw.log().register_metrics(metrics);
   metrics.add_value("walgate_events_out_total", "counter", "Events written to clients.", [this] { return events_out; });
-  metrics.add_value("walgate_bytes_out_total", "counter", "Bytes of events written to clients.", [this] { return bytes_out; });
+  metrics.add_value("walgate_bytes_out_total", "counter", "Bytes of events written to clients (as sent: compressed ones compressed).",
+                    [this] { return bytes_out; });
+  metrics.add_value("walgate_ws_deflated_total", "counter",
+                    "Messages compressed for WebSocket permessage-deflate (once per event and window, shared by the clients).",
+                    [] { return deflated_total.load(); });
   metrics.add("walgate_clients", "gauge", "Connected stream clients by transport.", [this](auto& out) {
     for (auto t : {transport::ndjson, transport::sse, transport::websocket})
       out.push_back({std::string("{transport=\"") + transport_name(t) + "\"}",

@@ -60,7 +60,10 @@ awaitable<void> serve_websocket(server_core& core, Stream s, http::request<http:
   t.keep_alive_pings = true;
   ws.set_option(t);
   websocket::permessage_deflate pmd;
-  pmd.server_enable = true;                // used when the client offers it
+  // Used when the client offers it — except a server window of 8 bits, which zlib does not
+  // have and an answer may not exceed (RFC 7692 7.1.2.1): declined, the messages go plain.
+  auto offer = parse_pmd_answer(std::string_view(req[http::field::sec_websocket_extensions]));
+  pmd.server_enable = !(offer && offer->server_max_window_bits < 9);
   pmd.server_no_context_takeover = true;   // each message on its own: one compressed form for all
   ws.set_option(pmd);
   ws.read_message_max(opts.ws_message_limit);

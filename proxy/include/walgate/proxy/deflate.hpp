@@ -4,16 +4,19 @@
 // same frame to each of them. No socket here, no Beast.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
 
 namespace walgate::proxy {
 
-/// What walgate answered to a client's permessage-deflate offer (its Sec-WebSocket-Extensions
-/// response): whether it was accepted, and the server's window (9..15) — the server compresses
-/// with no larger one. Nullopt when the response holds no permessage-deflate.
+/// The first permessage-deflate in a Sec-WebSocket-Extensions header — walgate's answer (the
+/// server's window, 9..15, the server compresses with no larger one), or a client's offer (8
+/// is declined: RFC 7692 7.1.2.1 allows no larger answer, and zlib has no 8-bit window).
+/// Nullopt when the header holds no permessage-deflate, or a window outside 8..15.
 struct pmd_answer {
   int server_max_window_bits = 15;
   bool server_no_context_takeover = false;
@@ -31,8 +34,10 @@ inline constexpr std::size_t deflate_max_bytes = 64u << 10;
 /// flushed to a byte boundary, without the final 00 00 ff ff (RFC 7692 7.2.1). False (out
 /// untouched) when the result is not smaller than the message, or zlib fails.
 bool deflate_message(std::string_view message, int window_bits, std::string& out);
-/// The receiving side, for tests and for a client's compressed messages: inflates one message
-/// (the 00 00 ff ff appended again) into out, refusing more than max bytes. False when malformed.
+/// Messages deflate_message compressed (walgate_ws_deflated_total): once per event and window.
+extern std::atomic<std::uint64_t> deflated_total;
+/// The receiving side, for tests (Beast inflates what clients send): one message (the
+/// 00 00 ff ff appended again) into out, refusing more than max bytes. False when malformed.
 bool inflate_message(std::string_view compressed, int window_bits, std::size_t max, std::string& out);
 
 }  // namespace walgate::proxy

@@ -10,7 +10,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <deque>
 
 namespace walgate::proxy {
 
@@ -46,11 +45,12 @@ class payload {
  private:
   payload() = default;
   struct deflated_form {
-    int window_bits;
-    bool compressed;
+    int window_bits = 0;
+    bool compressed = false;
     std::string bytes;
+    std::unique_ptr<deflated_form> next;   // another window's (rare: browsers all ask for 15)
   };
-  mutable std::unique_ptr<std::deque<deflated_form>> deflated_;   // (null until asked; a deque: a form does not move)
+  mutable std::unique_ptr<deflated_form> deflated_;   // (null until asked; a form never moves)
   std::string bytes_;
   int fd_ = -1;
   std::size_t size_ = 0;

@@ -1,7 +1,7 @@
 // Headless Chromium (Debian's chromium, driven by playwright-core) against `walgate demo`: the
 // live page shows changes, and a table's rows from its snapshot kept equal to SELECT through a
 // burst of changes (the screenshot, when asked for, is of that page); an EventSource and a
-// WebSocket opened in the page each receive a
+// WebSocket opened in the page (permessage-deflate negotiated) each receive a
 // change made by SQL (the demo's trickle of INSERT/UPDATE/DELETE statements); an EventSource
 // opened with from= in its URL gets every change exactly once across a gateway killed and
 // restarted in the middle (a second walgate on the demo's database).
@@ -58,14 +58,21 @@ try {
     if (!/^[0-9A-F]+\/[0-9A-F]+:\d+$/.test(ev.id)) throw new Error(`bad id ${ev.id}`);
     if (ev.data.source.connector !== 'postgresql') throw new Error('not a Debezium event');
   });
-  await check('a WebSocket receives a change', async () => {
-    const msg = await page.evaluate((p) => new Promise((resolve, reject) => {
+  await check('a WebSocket receives changes, with the permessage-deflate Chromium offers (no server context takeover)', async () => {
+    const got = await page.evaluate((p) => new Promise((resolve, reject) => {
       const ws = new WebSocket(`ws://127.0.0.1:${p}/v1/ws?format=waltail`);
-      const t = setTimeout(() => reject(new Error('no message in 30 s')), 30000);
-      ws.onmessage = (m) => { clearTimeout(t); ws.close(); resolve(JSON.parse(m.data)); };
+      const t = setTimeout(() => reject(new Error('no messages in 30 s')), 30000);
+      const msgs = [];
+      ws.onmessage = (m) => {
+        msgs.push(JSON.parse(m.data));
+        if (msgs.length === 5) { clearTimeout(t); const extensions = ws.extensions; ws.close(); resolve({ msgs, extensions }); }
+      };
       ws.onerror = () => reject(new Error('WebSocket error'));
     }), port);
-    if (!msg.idempotency_key || !msg.table.startsWith('public.')) throw new Error(JSON.stringify(msg));
+    for (const msg of got.msgs)
+      if (!msg.idempotency_key || !msg.table.startsWith('public.')) throw new Error(JSON.stringify(msg));
+    if (!got.extensions.includes('permessage-deflate') || !got.extensions.includes('server_no_context_takeover'))
+      throw new Error(`negotiated: "${got.extensions}"`);
   });
   await check('the live page lists a logical decoding message under its prefix, not as a table', async () => {
     const seen = await page.evaluate(() => {

@@ -201,22 +201,35 @@ int main(int argc, char** argv) {
   std::printf("one transaction of 2,000 one-row inserts (events of about 300 bytes) to N WebSocket clients\n");
   std::printf("%-28s %6s %5s %11s %8s %12s %11s %9s %8s\n", "walgate", "N", "pmd", "deliveries", "time s", "deliveries/s",
               "walgate CPU", "us each", "closed");
-  for (int b = 1; b < argc; ++b) {
-    const std::string bin = argv[b];
-    const std::uint16_t port = free_port();
-    const std::string data = (pg->dir() / ("fan-data-" + std::to_string(b))).string();
-    const std::string err = (pg->dir() / ("fan-" + std::to_string(b) + ".log")).string();
-    pid_t gw = spawn({bin, "--pg", pg->conninfo(), "--slot", "fan_" + std::to_string(b), "--publication", "fan_pub",
+  int started = 0;
+  // A walgate of its own (its own slot and data directory), listening when this returns.
+  auto start = [&](const std::string& bin, std::uint16_t& port) -> pid_t {
+    const int k = ++started;
+    port = free_port();
+    const std::string data = (pg->dir() / ("fan-data-" + std::to_string(k))).string();
+    const std::string err = (pg->dir() / ("fan-" + std::to_string(k) + ".log")).string();
+    pid_t gw = spawn({bin, "--pg", pg->conninfo(), "--slot", "fan_" + std::to_string(k), "--publication", "fan_pub",
                       "--data-dir", data, "--listen", "127.0.0.1:" + std::to_string(port), "--no-fsync", "--snapshot",
-                      "never", "--max-clients", "20000"},
+                      "never", "--max-clients", "12000"},
                      err);
     std::unique_ptr<client> probe;
     for (int i = 0; i < 400 && !(probe = connect_ws(port, false, 0)); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     if (!probe) {
-      std::fprintf(stderr, "walgate did not start:\n");
-      return 1;
+      std::ifstream in(err);
+      std::fprintf(stderr, "walgate did not start:\n%s\n", std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()).c_str());
+      std::exit(1);
     }
-    probe.reset();
+    return gw;
+  };
+  auto stop = [](pid_t gw) {
+    kill(gw, SIGINT);
+    waitpid(gw, nullptr, 0);
+  };
+  for (int b = 1; b < argc; ++b) {
+    const std::string bin = argv[b];
+    const std::string name = bin.substr(bin.size() > 28 ? bin.size() - 28 : 0);
+    std::uint16_t port = 0;
+    pid_t gw = start(bin, port);
     struct run {
       std::size_t n;
       bool deflate;
@@ -235,15 +248,17 @@ int main(int argc, char** argv) {
       const double secs = since(t), cpu = cpu_seconds(gw) - cpu0;
       std::size_t frames = 0, closed = 0, compressed = 0;
       for (auto& c : cs) frames += c->frames, closed += c->closed, compressed += c->compressed;
-      std::printf("%-28s %6zu %5s %11zu %8.2f %12.0f %9.2f s %9.1f %8zu%s\n", bin.substr(bin.size() > 28 ? bin.size() - 28 : 0).c_str(),
-                  cs.size(), r.deflate ? "on" : "off", frames, secs, frames / secs, cpu, frames ? cpu * 1e6 / frames : 0.0,
-                  closed, r.deflate && compressed != frames ? " (some uncompressed)" : "");
+      std::printf("%-28s %6zu %5s %11zu %8.2f %12.0f %9.2f s %9.1f %8zu%s\n", name.c_str(), cs.size(), r.deflate ? "on" : "off",
+                  frames, secs, frames / secs, cpu, frames ? cpu * 1e6 / frames : 0.0, closed,
+                  r.deflate && compressed != frames ? " (some uncompressed)" : "");
       std::fflush(stdout);
       cs.clear();
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
     }
-    // Idle clients' memory: 5,000 each way, each given one event.
+    stop(gw);
+    // Idle clients' memory, each way in a fresh walgate: 5,000 clients, each given one event.
     for (bool deflate : {false, true}) {
+      gw = start(bin, port);
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
       const long before = rss_kib(gw);
       std::vector<std::unique_ptr<client>> cs;
@@ -255,13 +270,12 @@ int main(int argc, char** argv) {
       const long after = rss_kib(gw);
       std::size_t got = 0;
       for (auto& c : cs) got += c->frames >= 1;
-      std::printf("%-28s 5,000 idle clients, pmd %s: %zu connected and given an event, RSS +%.1f KiB each\n",
-                  bin.substr(bin.size() > 28 ? bin.size() - 28 : 0).c_str(), deflate ? "on" : "off", got,
-                  static_cast<double>(after - before) / 5000.0);
+      std::printf("%-28s 5,000 idle clients, pmd %-3s: %zu connected and given an event, RSS +%.1f KiB each\n", name.c_str(),
+                  deflate ? "on" : "off", got, static_cast<double>(after - before) / 5000.0);
       std::fflush(stdout);
+      cs.clear();
+      stop(gw);
     }
-    kill(gw, SIGINT);
-    waitpid(gw, nullptr, 0);
   }
   return 0;
 }

@@ -615,3 +615,65 @@ TEST_CASE("events added without the memory tail: from the file once committed, t
   for (std::uint32_t i = 0; i < 5; ++i) CHECK(again[3 + i]->record == records[i]);
   CHECK(again[10]->id.to_string() == "0/400:0");
 }
+
+TEST_CASE("a record of megabytes added without hold: written at once as large records are, read back") {
+  temp_dir d;
+  std::string error;
+  log_options o;
+  o.dir = d.path;
+  o.fsync = false;
+  auto log = event_log::open(o, error);
+  REQUIRE_MESSAGE(log, error);
+  txn_builder b;
+  protocol::transaction_info bulk;
+  bulk.commit_lsn = lsn{0x300};
+  bulk.end_lsn = lsn{0x300};
+  std::string big(3u << 20, 'v'), small = "s";
+  std::vector<std::string> records(3);
+  const std::string* values[] = {&small, &big, &small};
+  for (int i = 0; i < 3; ++i) {
+    std::vector<pg::tuple_column> row{{pg::column_kind::text, protocol::as_bytes(*values[i])}};
+    transform::change c;
+    c.kind = transform::op::read;
+    c.txn = &bulk;
+    c.change_lsn = bulk.commit_lsn;
+    c.index = static_cast<std::uint32_t>(i);
+    c.relation = &b.rel;
+    c.after = row;
+    transform::write_record(records[i], c);
+  }
+  REQUIRE(log->begin(lsn{0x300}));
+  log->add_record(records[0], {lsn{0x300}, 0}, transform::op::read, 0, "public", "items", false);
+  log->add_record(records[1], {lsn{0x300}, 1}, transform::op::read, 0, "public", "items", false);
+  REQUIRE(log->tail().size() == 1);   // the large one, written at once and held as large events are
+  CHECK(log->tail().front()->seq == 1);
+  log->add_record(records[2], {lsn{0x300}, 2}, transform::op::read, 0, "public", "items", false);
+  CHECK(log->tail().empty());   // until the next one not held: the tail starts again after it
+  log->commit(lsn{0x300}, lsn{0x300});
+  REQUIRE(log->error().empty());
+  // All of it from the file.
+  std::vector<event_ptr> all;
+  for (std::uint64_t seq = 0; seq < 3 && all.size() == seq;) {
+    auto got = log->read(seq, 10);
+    REQUIRE_FALSE(got.empty());
+    for (auto& e : got) all.push_back(e);
+    seq = all.size();
+  }
+  REQUIRE(all.size() == 3);
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    CHECK(all[i]->seq == i);
+    CHECK(all[i]->record == records[i]);
+  }
+  REQUIRE(log->sync());
+  log.reset();
+  log = event_log::open(o, error);
+  REQUIRE_MESSAGE(log, error);
+  std::vector<event_ptr> again;
+  while (again.size() < 3) {
+    auto got = log->read(again.size(), 10);
+    REQUIRE_FALSE(got.empty());
+    for (auto& e : got) again.push_back(e);
+  }
+  CHECK(again[1]->record == records[1]);
+  CHECK(again[2]->record == records[2]);
+}

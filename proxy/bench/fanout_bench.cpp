@@ -7,6 +7,8 @@
 // whether it came compressed (RSV1); a sample is checked to be the last row.
 #include "walgate/proxy/local_cluster.hpp"
 
+#include "bench_process.hpp"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -29,46 +31,9 @@
 #include <vector>
 
 using namespace walgate;
-using clock_type = std::chrono::steady_clock;
+using namespace walgate::bench;
 
 namespace {
-
-double since(clock_type::time_point t) { return std::chrono::duration<double>(clock_type::now() - t).count(); }
-
-double cpu_seconds(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto close = s.rfind(')');
-  if (close == std::string::npos) return -1;
-  std::istringstream rest(s.substr(close + 2));
-  std::string field;
-  unsigned long utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && rest >> field; ++i) {
-    if (i == 14) utime = std::stoul(field);
-    if (i == 15) stime = std::stoul(field);
-  }
-  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
-long rss_kib(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
-  return -1;
-}
-
-std::uint16_t free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 struct client {
   int fd = -1;
@@ -163,20 +128,6 @@ void pump(std::vector<std::unique_ptr<client>>& cs, std::size_t want) {
   }
 }
 
-pid_t spawn(const std::vector<std::string>& argv, const std::string& err) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    FILE* f = std::fopen(err.c_str(), "w");
-    if (f) dup2(fileno(f), 2);
-    std::vector<char*> a;
-    for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
-    a.push_back(nullptr);
-    execv(a[0], a.data());
-    _exit(127);
-  }
-  return pid;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -208,15 +159,14 @@ int main(int argc, char** argv) {
     port = free_port();
     const std::string data = (pg->dir() / ("fan-data-" + std::to_string(k))).string();
     const std::string err = (pg->dir() / ("fan-" + std::to_string(k) + ".log")).string();
-    pid_t gw = spawn({bin, "--pg", pg->conninfo(), "--slot", "fan_" + std::to_string(k), "--publication", "fan_pub",
+    pid_t gw = spawn_logged({bin, "--pg", pg->conninfo(), "--slot", "fan_" + std::to_string(k), "--publication", "fan_pub",
                       "--data-dir", data, "--listen", "127.0.0.1:" + std::to_string(port), "--no-fsync", "--snapshot",
                       "never", "--max-clients", "12000"},
                      err);
     std::unique_ptr<client> probe;
     for (int i = 0; i < 400 && !(probe = connect_ws(port, false, 0)); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     if (!probe) {
-      std::ifstream in(err);
-      std::fprintf(stderr, "walgate did not start:\n%s\n", std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()).c_str());
+      std::fprintf(stderr, "walgate did not start:\n%s\n", slurp(err).c_str());
       std::exit(1);
     }
     return gw;

@@ -15,6 +15,8 @@
 #include "walgate/proxy/local_cluster.hpp"
 #include "walgate/proxy/replication_client.hpp"
 
+#include "bench_process.hpp"
+
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
@@ -44,32 +46,12 @@ namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace websocket = beast::websocket;
 using tcp = asio::ip::tcp;
-using clock_type = std::chrono::steady_clock;
+using walgate::bench::clock_type;
+using walgate::bench::cpu_seconds;
+using walgate::bench::free_port;
+using walgate::bench::rss_kib;
 
 namespace {
-
-double cpu_seconds(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto close = s.rfind(')');
-  if (close == std::string::npos) return -1;
-  std::istringstream rest(s.substr(close + 2));
-  std::string field;
-  unsigned long utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && rest >> field; ++i) {
-    if (i == 14) utime = std::stoul(field);
-    if (i == 15) stime = std::stoul(field);
-  }
-  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
-long rss_kib(pid_t pid, const char* field = "VmRSS:") {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(field, 0) == 0) return std::stol(line.substr(std::strlen(field)));
-  return -1;
-}
 
 pid_t spawn(const std::vector<std::string>& argv, const std::string& out = "/dev/null") {
   std::fflush(stdout);   // or the child prints our buffered output again
@@ -137,12 +119,6 @@ struct walsender_watch {
     return cpu;
   }
 };
-
-std::uint16_t free_port() {
-  asio::io_context io;
-  tcp::acceptor a(io, {asio::ip::make_address("127.0.0.1"), 0});
-  return a.local_endpoint().port();
-}
 
 bool wait_ready(std::uint16_t port) {
   for (int i = 0; i < 3000; ++i) {

@@ -8,6 +8,8 @@
 // usage: walgate-bench-snapshot PATH/TO/walgate [SHARED_BENCH_DIR]
 #include "walgate/proxy/local_cluster.hpp"
 
+#include "bench_process.hpp"
+
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -31,52 +33,7 @@
 using namespace walgate;
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
-using clock_type = std::chrono::steady_clock;
-
-namespace {
-
-double since(clock_type::time_point t) { return std::chrono::duration<double>(clock_type::now() - t).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-long rss_kib(pid_t pid, const char* field) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(field, 0) == 0) return std::stol(line.substr(std::strlen(field)));
-  return -1;
-}
-
-std::uint16_t free_port() {
-  asio::io_context io;
-  tcp::acceptor a(io, {asio::ip::make_address("127.0.0.1"), 0});
-  return a.local_endpoint().port();
-}
-
-/// walgate with stderr to a file.
-pid_t spawn(const std::vector<std::string>& argv, const std::string& err) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    FILE* f = std::fopen(err.c_str(), "w");
-    if (f) dup2(fileno(f), 2);
-    std::vector<char*> a;
-    for (const auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
-    a.push_back(nullptr);
-    execv(a[0], a.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-}  // namespace
+using namespace walgate::bench;
 
 int main(int argc, char** argv) {
   if (argc < 2) {
@@ -122,7 +79,7 @@ int main(int argc, char** argv) {
     const std::string data = (pg->dir() / ("walgate-data-" + std::to_string(round))).string();
     const std::string err = (pg->dir() / ("walgate-" + std::to_string(round) + ".log")).string();
     const std::uint16_t port = free_port();
-    pid_t gw = spawn({walgate, "--pg", pg->conninfo(), "--slot", "bench_snap_" + std::to_string(round), "--publication",
+    pid_t gw = spawn_logged({walgate, "--pg", pg->conninfo(), "--slot", "bench_snap_" + std::to_string(round), "--publication",
                       "bench_pub", "--data-dir", data, "--listen", "127.0.0.1:" + std::to_string(port), "--no-fsync"},
                      err);
     std::string log;

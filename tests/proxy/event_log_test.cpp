@@ -50,6 +50,21 @@ struct txn_builder {
     }
     return log.append(txn, changes);
   }
+  /// The record of a read event (a snapshot row) of value at index, made as the initial
+  /// snapshot's copying threads make them: for add_record.
+  std::string read_record(const protocol::transaction_info& txn, std::string_view value, std::uint32_t index) const {
+    std::vector<pg::tuple_column> row{{pg::column_kind::text, protocol::as_bytes(value)}};
+    transform::change c;
+    c.kind = transform::op::read;
+    c.txn = &txn;
+    c.change_lsn = txn.commit_lsn;
+    c.index = index;
+    c.relation = &rel;
+    c.after = row;
+    std::string out;
+    transform::write_record(out, c);
+    return out;
+  }
 };
 }  // namespace
 
@@ -553,19 +568,7 @@ TEST_CASE("events added without the memory tail: from the file once committed, t
   bulk.commit_lsn = lsn{0x200};
   bulk.end_lsn = lsn{0x200};
   std::vector<std::string> records;
-  for (int i = 0; i < 5; ++i) {
-    std::string v = "row" + std::to_string(i);
-    std::vector<pg::tuple_column> row{{pg::column_kind::text, protocol::as_bytes(v)}};
-    transform::change c;
-    c.kind = transform::op::read;
-    c.txn = &bulk;
-    c.change_lsn = bulk.commit_lsn;
-    c.index = static_cast<std::uint32_t>(i);
-    c.relation = &b.rel;
-    c.after = row;
-    records.emplace_back();
-    transform::write_record(records.back(), c);
-  }
+  for (std::uint32_t i = 0; i < 5; ++i) records.push_back(b.read_record(bulk, "row" + std::to_string(i), i));
   REQUIRE(log->begin(lsn{0x200}));
   for (std::uint32_t i = 0; i < 5; ++i)
     log->add_record(records[i], {lsn{0x200}, i}, transform::op::read, 0, "public", "items", false);
@@ -628,20 +631,8 @@ TEST_CASE("a record of megabytes added without hold: written at once as large re
   protocol::transaction_info bulk;
   bulk.commit_lsn = lsn{0x300};
   bulk.end_lsn = lsn{0x300};
-  std::string big(3u << 20, 'v'), small = "s";
-  std::vector<std::string> records(3);
-  const std::string* values[] = {&small, &big, &small};
-  for (int i = 0; i < 3; ++i) {
-    std::vector<pg::tuple_column> row{{pg::column_kind::text, protocol::as_bytes(*values[i])}};
-    transform::change c;
-    c.kind = transform::op::read;
-    c.txn = &bulk;
-    c.change_lsn = bulk.commit_lsn;
-    c.index = static_cast<std::uint32_t>(i);
-    c.relation = &b.rel;
-    c.after = row;
-    transform::write_record(records[i], c);
-  }
+  const std::string big(3u << 20, 'v');
+  const std::vector<std::string> records{b.read_record(bulk, "s", 0), b.read_record(bulk, big, 1), b.read_record(bulk, "s", 2)};
   REQUIRE(log->begin(lsn{0x300}));
   log->add_record(records[0], {lsn{0x300}, 0}, transform::op::read, 0, "public", "items", false);
   log->add_record(records[1], {lsn{0x300}, 1}, transform::op::read, 0, "public", "items", false);

@@ -16,6 +16,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <future>
 #include <map>
 #include <random>
 
@@ -284,6 +285,19 @@ TEST_CASE("WebSocket with permessage-deflate: one compressed frame per event for
   }
   // Compressed once per event and window: events 2 and 4, for 15 bits (a and b) and 10 (narrow).
   CHECK(deflated_total.load() - deflated_before == 4);
+  // And counted in the memory tail: each event's count is what it holds, compressed forms too.
+  std::promise<std::pair<std::size_t, std::size_t>> tail;
+  asio::post(g.io, [&] {
+    std::size_t events = 0, counted_right = 0;
+    for (const auto& e : g.log->tail()) {
+      ++events;
+      counted_right += e->accounted == e->memory();
+    }
+    tail.set_value({events, counted_right});
+  });
+  auto [in_tail, counted_right] = tail.get_future().get();
+  CHECK(in_tail == 4);
+  CHECK(counted_right == in_tail);
   // The rows of a snapshot by the same rule, then its end marker (small: plain).
   raw_ws snap(g.port(), "/v1/ws?snapshot=true&tables=public.wsz_items", "permessage-deflate");
   std::map<std::string, bool> rows;   // id -> compressed

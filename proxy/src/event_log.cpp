@@ -184,7 +184,7 @@ void event_log::add_record(std::string_view record, transform::event_id id, tran
 }
 
 event_ptr event_log::place(transform::event_id id, transform::op kind, std::uint32_t xid, std::string_view schema,
-                                     std::string_view table) {
+                           std::string_view table) {
   auto& seg = segments_.back();
   std::size_t offset = seg.bytes + pending_.size();
   const bool large = scratch_.size() >= large_record;

@@ -1,6 +1,7 @@
 // WebSocket fan-out benchmark (docs/benchmarks.md, "WebSocket compression"): one transaction of
 // 2,000 one-row inserts to N WebSocket clients, with and without permessage-deflate offered
-// (as browsers offer it), and the memory of 5,000 idle clients each way; against every walgate
+// (as browsers offer it), and the memory of 5,000 idle clients each way (and of 5,000 idle
+// Server-Sent Events clients); against every walgate
 // binary given, side by side in one run (the one before a change and the one after).
 //   usage: walgate-bench-fanout PATH/TO/walgate [PATH/TO/other-walgate ...]
 // Clients are raw sockets in this process (one poll loop): each text frame is counted, and
@@ -37,6 +38,7 @@ namespace {
 
 struct client {
   int fd = -1;
+  bool sse = false;   // an EventSource's request (events counted by their data: lines)
   std::string buf;
   std::size_t frames = 0, compressed = 0;
   bool closed = false;
@@ -45,8 +47,9 @@ struct client {
   }
 };
 
-/// Connects and upgrades; nonblocking after the handshake. Null when refused.
-std::unique_ptr<client> connect_ws(std::uint16_t port, bool deflate, int n) {
+/// Connects and upgrades (sse: asks for Server-Sent Events instead); nonblocking after the
+/// response head. Null when refused.
+std::unique_ptr<client> connect_ws(std::uint16_t port, bool deflate, int n, bool sse = false) {
   auto c = std::make_unique<client>();
   c->fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in src{}, a{};
@@ -62,6 +65,8 @@ std::unique_ptr<client> connect_ws(std::uint16_t port, bool deflate, int n) {
                     "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n";
   if (deflate) req += "Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n";
   req += "\r\n";
+  if (sse) req = "GET /v1/stream?format=native HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\n\r\n";
+  c->sse = sse;
   if (::send(c->fd, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) return nullptr;
   while (c->buf.find("\r\n\r\n") == std::string::npos) {
     char chunk[4096];
@@ -69,14 +74,23 @@ std::unique_ptr<client> connect_ws(std::uint16_t port, bool deflate, int n) {
     if (r <= 0) return nullptr;
     c->buf.append(chunk, static_cast<std::size_t>(r));
   }
-  if (c->buf.compare(0, 12, "HTTP/1.1 101") != 0) return nullptr;
+  if (c->buf.compare(0, 12, sse ? "HTTP/1.1 200" : "HTTP/1.1 101") != 0) return nullptr;
   c->buf.erase(0, c->buf.find("\r\n\r\n") + 4);
   ::fcntl(c->fd, F_SETFL, ::fcntl(c->fd, F_GETFL) | O_NONBLOCK);
   return c;
 }
 
-/// Counts the complete data frames at the front of c's buffer.
+/// Counts the complete data frames at the front of c's buffer (an EventSource's: its events).
 void take(client& c) {
+  if (c.sse) {
+    std::size_t at = 0, found;
+    while ((found = c.buf.find("\ndata: ", at)) != std::string::npos) {
+      ++c.frames;
+      at = found + 7;
+    }
+    c.buf.erase(0, std::max(at, c.buf.size() > 8 ? c.buf.size() - 8 : 0));
+    return;
+  }
   std::size_t at = 0;
   while (c.buf.size() - at >= 2) {
     const auto b0 = static_cast<unsigned char>(c.buf[at]), b1 = static_cast<unsigned char>(c.buf[at + 1]);
@@ -206,22 +220,24 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
     }
     stop(gw);
-    // Idle clients' memory, each way in a fresh walgate: 5,000 clients, each given one event.
-    for (bool deflate : {false, true}) {
+    // Idle clients' memory, each way in a fresh walgate: 5,000 clients, each given one event
+    // (WebSocket without and with permessage-deflate, and Server-Sent Events).
+    for (int kind = 0; kind < 3; ++kind) {
+      const bool deflate = kind == 1, sse = kind == 2;
       gw = start(bin, port);
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
       const long before = rss_kib(gw);
       std::vector<std::unique_ptr<client>> cs;
       for (int i = 0; i < 5000; ++i)
-        if (auto c = connect_ws(port, deflate, i)) cs.push_back(std::move(c));
+        if (auto c = connect_ws(port, deflate, i, sse)) cs.push_back(std::move(c));
       pg->sql("INSERT INTO fan_items VALUES (" + std::to_string(++next_id) + ", 'note ' || repeat(md5('x'), 4))");
       pump(cs, 1);
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
       const long after = rss_kib(gw);
       std::size_t got = 0;
       for (auto& c : cs) got += c->frames >= 1;
-      std::printf("%-28s 5,000 idle clients, pmd %-3s: %zu connected and given an event, RSS +%.1f KiB each\n", name.c_str(),
-                  deflate ? "on" : "off", got, static_cast<double>(after - before) / 5000.0);
+      std::printf("%-28s 5,000 idle clients, %-13s: %zu connected and given an event, RSS +%.1f KiB each\n", name.c_str(),
+                  sse ? "SSE" : deflate ? "WS, pmd on" : "WS, pmd off", got, static_cast<double>(after - before) / 5000.0);
       std::fflush(stdout);
       cs.clear();
       stop(gw);

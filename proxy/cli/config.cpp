@@ -200,6 +200,8 @@ const std::vector<setting>& settings() {
                        &config::tail_mb, 1, 65'536));
     s.push_back(number("max-clients", "stream clients at once (more get 503); 0: 10000, or what the open-file limit allows",
                        &config::max_clients, 0, 1'000'000));
+    s.push_back(number("ws-max-subscriptions", "subscriptions on one multiplexed WebSocket, /v1/mux (1-10000)",
+                       &config::ws_max_subscriptions, 1, 10'000));
     s.push_back(list("allow-origin", "origin (scheme://host[:port], or *) whose pages may read the stream across origins",
                      &config::allow_origins, on_serve, [](const std::string& o) -> std::string {
                        bool ok = o == "*" || ((o.rfind("http://", 0) == 0 || o.rfind("https://", 0) == 0) &&

@@ -28,6 +28,7 @@ struct config {
   std::size_t retention_mb = 1024;
   std::size_t tail_mb = 16;
   std::size_t max_clients = 0;          ///< 0: 10,000, or fewer if the open-file limit cannot hold them
+  std::size_t ws_max_subscriptions = 64;   ///< subscriptions on one multiplexed WebSocket (/v1/mux)
   std::vector<std::string> allow_origins;
   std::vector<std::string> allow_hosts;
   std::string debezium_name = "walgate";

@@ -188,6 +188,7 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
   so.tls_cert = s.tls_cert;
   so.tls_key = s.tls_key;
   so.client_lag_bytes = s.client_lag_mb << 20;
+  so.ws_max_subscriptions = s.ws_max_subscriptions;
   so.encoder.server_name = s.debezium_name;
   so.encoder.database = parsed.params->dbname;
   so.encoder.decimal = s.decimal;

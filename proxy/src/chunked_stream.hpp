@@ -58,24 +58,32 @@ awaitable<boost::system::error_code> write_payload_chunks(server_core& core, Str
   co_return boost::system::error_code{};
 }
 
-template <class Framing, class Stream>
-awaitable<void> serve(server_core& core, Stream& s, unsigned version, stream_start start, std::string_view cors,
-                      const Framing& framing) {
-  client c(core, Framing::kind, std::move(start));
-  c.force_close = [&s] { beast::get_lowest_layer(s).close(); };
-  auto& sub = c.sub;
-
+/// The response head (chunked), within the write timeout: a coroutine of its own, so that the
+/// response and its serializer are not kept in the frame of the stream's loop for its life.
+template <class Stream>
+awaitable<boost::system::error_code> write_head(server_core& core, Stream& s, unsigned version, const char* content_type,
+                                                std::string_view cors) {
   http::response<http::empty_body> res{http::status::ok, version};
   res.set(http::field::server, "walgate");
-  res.set(http::field::content_type, Framing::content_type);
+  res.set(http::field::content_type, content_type);
   res.set(http::field::cache_control, "no-cache");
   res.set("X-Accel-Buffering", "no");
   set_cors(res, cors);
   res.chunked(true);
   http::response_serializer<http::empty_body> sr{res};
   beast::get_lowest_layer(s).expires_after(core.opts.write_timeout);
-  auto [hec, hn] = co_await http::async_write_header(s, sr, use_tuple);
-  if (hec) co_return;
+  auto [ec, n] = co_await http::async_write_header(s, sr, use_tuple);
+  co_return ec;
+}
+
+template <class Framing, class Stream>
+awaitable<void> serve(server_core& core, Stream& s, unsigned version, stream_start start, std::string_view cors,
+                      Framing framing) {   // (by value: the entry points return this coroutine itself)
+  client c(core, Framing::kind, std::move(start));
+  c.force_close = [&s] { beast::get_lowest_layer(s).close(); };
+  auto& sub = c.sub;
+
+  if (co_await write_head(core, s, version, Framing::content_type, cors)) co_return;
   if (auto pre = framing.preamble(); !pre.empty()) {
     auto ec = co_await write_chunk(core, s, pre);
     if (ec) co_return;

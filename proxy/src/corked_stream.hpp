@@ -73,6 +73,11 @@ class corked_stream {
   }
 
   void cork() { corked_ = true; }
+  /// Writes go out as they come again (what was buffered starts sending now), without waiting.
+  void uncork() {
+    corked_ = false;
+    start_send();
+  }
 
   /// Appends an unmasked WebSocket text frame (FIN set) holding payload — compressed: a
   /// permessage-deflate message (RSV1), made once for every client (deflate.hpp) — made here so
@@ -89,6 +94,20 @@ class corked_stream {
   /// The same, the payload's bytes sent from where they are (kept alive by keep), not copied.
   void append_text_frame(std::shared_ptr<const void> keep, std::string_view payload, bool compressed = false) {
     append_text_fragment(std::move(keep), payload, true, true, compressed);
+  }
+  /// One text frame of head, body and tail (a multiplexed subscription's envelope around an
+  /// event): head and tail copied, body sent from where it is when keep holds it (else copied).
+  void append_text_frame(std::string_view head, std::shared_ptr<const void> keep, std::string_view body,
+                         std::string_view tail, bool compressed = false) {
+    if (failed_) return;
+    char frame_head[10];
+    std::size_t h = websocket_text_frame_header(frame_head, head.size() + body.size() + tail.size(), true, true, compressed);
+    append_owned({frame_head, h});
+    append_owned(head);
+    if (keep) append_ref(std::move(keep), body);
+    else append_owned(body);
+    append_owned(tail);
+    if (!corked_) start_send();
   }
   /// One fragment of a text message sent in pieces (RFC 6455 5.4), its bytes sent from where
   /// they are: first opens the message, last ends it. Beast's frames (pings, pongs, a close)

@@ -2,6 +2,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cctype>
@@ -95,6 +96,32 @@ bool deflate_message(std::string_view message, int window_bits, std::string& out
   if (buf.capacity() > (1u << 20)) buf = std::string();
   ++deflated_total;
   return true;
+}
+
+namespace {
+void append_stored_length(std::string& out, std::size_t n) {
+  // LEN and NLEN (its one's complement), little-endian (RFC 1951 3.2.4).
+  const auto len = static_cast<std::uint16_t>(n), nlen = static_cast<std::uint16_t>(~len);
+  out += static_cast<char>(len & 0xff);
+  out += static_cast<char>(len >> 8);
+  out += static_cast<char>(nlen & 0xff);
+  out += static_cast<char>(nlen >> 8);
+}
+}  // namespace
+
+std::string deflate_stored_head(std::string_view bytes) {
+  std::string out(1, '\0');   // BFINAL 0, BTYPE 00, and the bits to the byte's end
+  append_stored_length(out, std::min<std::size_t>(bytes.size(), 0xffff));
+  out.append(bytes.substr(0, 0xffff));
+  return out;
+}
+
+std::string deflate_stored_tail(std::string_view bytes) {
+  std::string out;
+  append_stored_length(out, std::min<std::size_t>(bytes.size(), 0xffff));
+  out.append(bytes.substr(0, 0xffff));
+  out += '\0';   // the next stored block's header: the receiver's 00 00 ff ff are its LEN and NLEN
+  return out;
 }
 
 bool inflate_message(std::string_view compressed, int window_bits, std::size_t max, std::string& out) {

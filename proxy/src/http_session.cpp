@@ -43,63 +43,10 @@ awaitable<void> write_simple(server_core& core, Stream& s, unsigned version, htt
   co_await http::async_write(s, res, use_tuple);
 }
 
-/// The answer to a request that is not served: its status and JSON body.
-struct refusal {
-  http::status status;
-  std::string body;
-  std::string_view retry_after;
-};
-
-/// Where a stream request starts in the log, or why it cannot (400, 410, 500, 503).
-std::optional<refusal> position(server_core& core, const http::request<http::empty_body>& req, std::string_view target,
-                                stream_start& out) {
-  request_error err;
-  auto r = parse_stream_query(target, err);
-  if (!r) return refusal{http::status::bad_request, json_error(err.parameter, err.message), {}};
-  // Only a reconnecting EventSource sends Last-Event-ID, and it is always later than the from=
-  // its page put in the URL (which the browser sends again unchanged): it wins.
-  auto last_event_id = req["Last-Event-ID"];
-  if (!last_event_id.empty()) {
-    auto id = transform::event_id::parse(std::string_view(last_event_id.data(), last_event_id.size()));
-    if (!id) return refusal{http::status::bad_request, json_error("Last-Event-ID", "malformed event id"), {}};
-    r->from = id;
-  }
-  if (core.streams >= core.opts.max_clients) {
-    ++core.rejected_clients;
-    return refusal{http::status::service_unavailable,
-                   json_error("", "too many clients (limit " + std::to_string(core.opts.max_clients) + "); try again later"),
-                   "5"};
-  }
-  const log_reader& log = core.log;
-  out.seq = log.visible_seq();
-  if (r->from) {
-    auto resume = log.resume_after(*r->from);
-    if (!resume.error.empty()) {
-      // Damage, not age: the log could not be read to find the position.
-      return refusal{http::status::internal_server_error,
-                     json_error("from", "cannot find event " + r->from->to_string() + " in the event log: " + resume.error),
-                     {}};
-    }
-    if (resume.past_head) out.skip_through = r->from;
-    if (!resume.seq) {
-      std::string why = "event " + r->from->to_string();
-      if (log.origin().valid() && r->from->commit_lsn < log.origin())
-        why += " is from before this event log began (at " + log.origin().to_string() + ")";
-      else
-        why += " is older than the retained log";
-      why += "; take a new snapshot";
-      return refusal{http::status::gone, json_error("from", why), {}};
-    }
-    out.seq = *resume.seq;
-  }
-  out.request = std::move(*r);
-  return std::nullopt;
-}
-
 }  // namespace
 
 template <class Stream>
-awaitable<void> serve_http(server_core& core, Stream s) {
+awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s) {
   const auto& opts = core.opts;
   beast::flat_buffer buffer;
   while (!core.stopping) {
@@ -111,26 +58,26 @@ awaitable<void> serve_http(server_core& core, Stream s) {
     if (ec == http::error::header_limit) {
       co_await write_simple(core, s, 11, http::status::request_header_fields_too_large, "application/json",
                             json_error("", "request header fields too large"), false);
-      co_return;
+      co_return std::nullopt;
     }
     if (ec == http::error::body_limit) {
       co_await write_simple(core, s, 11, http::status::payload_too_large, "application/json",
                             json_error("", "request bodies are not accepted"), false);
-      co_return;
+      co_return std::nullopt;
     }
-    if (ec) co_return;   // closed, timed out (trickled headers) or malformed
+    if (ec) co_return std::nullopt;   // closed, timed out (trickled headers) or malformed
     auto req = parser.release();
     std::size_t header_bytes = 0;
     for (const auto& f : req) header_bytes += f.name_string().size() + f.value().size() + 4;
     if (req.target().size() > opts.url_limit) {
       co_await write_simple(core, s, req.version(), http::status::uri_too_long, "application/json",
                             json_error("", "request URL too long"), false);
-      co_return;
+      co_return std::nullopt;
     }
     if (header_bytes > opts.header_limit) {
       co_await write_simple(core, s, req.version(), http::status::request_header_fields_too_large, "application/json",
                             json_error("", "request header fields too large"), false);
-      co_return;
+      co_return std::nullopt;
     }
     std::string_view target(req.target().data(), req.target().size());
     std::string_view path = target.substr(0, target.find('?'));
@@ -145,7 +92,7 @@ awaitable<void> serve_http(server_core& core, Stream s) {
                                                " is not served on a loopback address (a DNS-rebinding page poses as "
                                                "the gateway so): a reverse proxy that sends it needs --allow-host"),
                             false);
-      co_return;
+      co_return std::nullopt;
     }
     // Cross-origin browser requests: only from the origins allowed (CORS headers on their
     // responses), never a page of any site reading the stream through its visitor's browser.
@@ -158,7 +105,7 @@ awaitable<void> serve_http(server_core& core, Stream s) {
                                                " is not allowed: start walgate with --allow-origin " +
                                                std::string(origin.substr(0, 200))),
                             false);
-      co_return;
+      co_return std::nullopt;
     }
     std::string_view cors = origin;   // set only when the request is allowed and has one
     if (req.method() == http::verb::options && !origin.empty()) {   // a CORS preflight
@@ -171,13 +118,13 @@ awaitable<void> serve_http(server_core& core, Stream s) {
       res.keep_alive(keep);
       beast::get_lowest_layer(s).expires_after(opts.write_timeout);
       co_await http::async_write(s, res, use_tuple);
-      if (!keep) co_return;
+      if (!keep) co_return std::nullopt;
       continue;
     }
     if (req.method() != http::verb::get && req.method() != http::verb::head) {
       co_await write_simple(core, s, req.version(), http::status::method_not_allowed, "application/json",
                             json_error("", "only GET is supported"), false, {}, cors);
-      co_return;
+      co_return std::nullopt;
     }
     if (path == "/healthz") {
       co_await write_simple(core, s, req.version(), http::status::ok, "application/json", "{\"status\":\"ok\"}\n", keep,
@@ -199,18 +146,53 @@ awaitable<void> serve_http(server_core& core, Stream s) {
     } else if (path == "/") {
       co_await write_simple(core, s, req.version(), http::status::ok, "text/html; charset=utf-8", live_page_html, keep,
                             {}, cors);
+    } else if (path == "/v1/mux") {
+      // The subscriptions come in the client's messages: the URL takes no stream parameters.
+      if (target.size() > path.size()) {
+        co_await write_simple(core, s, req.version(), http::status::bad_request, "application/json",
+                              json_error("query", "/v1/mux takes no parameters: send them in subscribe messages"), false,
+                              {}, cors);
+        co_return std::nullopt;
+      }
+      if (!beast::websocket::is_upgrade(req)) {
+        co_await write_simple(core, s, req.version(), http::status::upgrade_required, "application/json",
+                              json_error("", "/v1/mux needs a WebSocket upgrade"), false, {}, cors);
+        co_return std::nullopt;
+      }
+      // The connection holds a stream client's place (an idle one too), and so does each of
+      // its subscriptions.
+      if (core.streams >= opts.max_clients) {
+        ++core.rejected_clients;
+        co_await write_simple(core, s, req.version(), http::status::service_unavailable, "application/json",
+                              json_error("", "too many clients (limit " + std::to_string(opts.max_clients) +
+                                                 "); try again later"),
+                              false, "5", cors);
+        co_return std::nullopt;
+      }
+      stream_handoff h{stream_handoff::to::mux, req.version(), std::string(cors), std::move(req), {}, std::nullopt};
+      h.admitted.emplace(core.streams);
+      co_return h;
     } else if (path == "/v1/stream" || path == "/v1/ws") {
       stream_start start;
-      if (auto no = position(core, req, target, start)) {
-        co_await write_simple(core, s, req.version(), no->status, "application/json", std::move(no->body), false,
-                              no->retry_after, cors);
-        co_return;
+      request_error err;
+      auto r = parse_stream_query(target, err);
+      if (!r) {
+        co_await write_simple(core, s, req.version(), http::status::bad_request, "application/json",
+                              json_error(err.parameter, err.message), false, {}, cors);
+        co_return std::nullopt;
       }
-      counted admitted(core.streams);
+      auto last_event_id = req["Last-Event-ID"];
+      if (auto no = position(core, std::move(*r), std::string_view(last_event_id.data(), last_event_id.size()), start)) {
+        co_await write_simple(core, s, req.version(), static_cast<http::status>(no->status), "application/json",
+                              json_error(no->parameter, no->message), false, no->retry_after, cors);
+        co_return std::nullopt;
+      }
+      stream_handoff h;
+      h.admitted.emplace(core.streams);
       if (path == "/v1/ws" && !beast::websocket::is_upgrade(req)) {
         co_await write_simple(core, s, req.version(), http::status::upgrade_required, "application/json",
                               json_error("", "/v1/ws needs a WebSocket upgrade"), false, {}, cors);
-        co_return;
+        co_return std::nullopt;
       }
       // snapshot=true (and not resuming): the rows first. Its transaction is open and its
       // tables known before the response begins, so that what fails there is an answer (400
@@ -241,7 +223,7 @@ awaitable<void> serve_http(server_core& core, Stream s) {
           *watching = false;
           boost::system::error_code ignored;
           sock.cancel(ignored);   // (the watch ends; the transport watches from here on)
-          if (*gone) co_return;   // (the job is cancelled as it goes)
+          if (*gone) co_return std::nullopt;   // (the job is cancelled as it goes)
           if (!job->started()) {
             code = job->http_status() ? job->http_status() : 503;
             why = core.stopping ? "server shutting down" : job->error();
@@ -252,31 +234,54 @@ awaitable<void> serve_http(server_core& core, Stream s) {
         if (!job) {
           co_await write_simple(core, s, req.version(), static_cast<http::status>(code), "application/json",
                                 json_error("snapshot", why), false, code == 503 ? "5" : "", cors);
-          co_return;
+          co_return std::nullopt;
         }
         start.seq = job->start_seq();
         start.snapshot = std::move(job);
       }
+      h.version = req.version();
+      h.cors = std::string(cors);
+      h.start = std::move(start);
       if (path == "/v1/ws") {
-        co_await serve_websocket(core, std::move(s), std::move(req), std::move(start));
-        co_return;
+        h.what = stream_handoff::to::websocket;
+        h.req = std::move(req);
+      } else {
+        auto accept = req[http::field::accept];
+        const bool sse = std::string_view(accept.data(), accept.size()).find("text/event-stream") != std::string_view::npos;
+        h.what = sse ? stream_handoff::to::sse : stream_handoff::to::ndjson;
       }
-      auto accept = req[http::field::accept];
-      if (std::string_view(accept.data(), accept.size()).find("text/event-stream") != std::string_view::npos)
-        co_await serve_sse(core, s, req.version(), std::move(start), cors);
-      else
-        co_await serve_ndjson(core, s, req.version(), std::move(start), cors);
-      co_return;
+      co_return h;
     } else {
       co_await write_simple(core, s, req.version(), http::status::not_found, "application/json",
                             json_error("", "no such endpoint"), keep, {}, cors);
     }
-    if (!keep) co_return;
+    if (!keep) co_return std::nullopt;
+  }
+  co_return std::nullopt;
+}
+
+template <class Stream>
+awaitable<void> serve_connection(server_core& core, Stream& s) {
+  auto h = co_await serve_http(core, s);
+  if (!h) co_return;
+  switch (h->what) {
+    case stream_handoff::to::ndjson:
+      co_await serve_ndjson(core, s, h->version, std::move(h->start), h->cors);
+      break;
+    case stream_handoff::to::sse:
+      co_await serve_sse(core, s, h->version, std::move(h->start), h->cors);
+      break;
+    case stream_handoff::to::websocket:
+      co_await serve_websocket(core, std::move(s), std::move(h->req), std::move(h->start));
+      break;
+    case stream_handoff::to::mux:
+      co_await serve_websocket_mux(core, std::move(s), std::move(h->req));
+      break;
   }
 }
 
-template awaitable<void> serve_http<beast::tcp_stream>(server_core&, beast::tcp_stream);
-template awaitable<void> serve_http<beast::ssl_stream<beast::tcp_stream>>(server_core&,
-                                                                          beast::ssl_stream<beast::tcp_stream>);
+template awaitable<void> serve_connection<beast::tcp_stream>(server_core&, beast::tcp_stream&);
+template awaitable<void> serve_connection<beast::ssl_stream<beast::tcp_stream>>(server_core&,
+                                                                                beast::ssl_stream<beast::tcp_stream>&);
 
 }  // namespace walgate::proxy

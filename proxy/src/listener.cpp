@@ -46,9 +46,9 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
       beast::get_lowest_layer(ss).expires_after(core.opts.header_timeout);
       auto [ec] = co_await ss.async_handshake(asio::ssl::stream_base::server, use_tuple);
       if (ec) co_return;
-      co_await serve_http(core, std::move(ss));
+      co_await serve_connection(core, ss);
     } else {
-      co_await serve_http(core, std::move(stream));
+      co_await serve_connection(core, stream);
     }
   }
 

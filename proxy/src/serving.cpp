@@ -49,7 +49,7 @@ client::client(server_core& c, transport k, stream_start start)
       wake(c.executor),
       watchdog(c.executor),
       snapshot(std::move(start.snapshot)) {
-  if (snapshot) snapshot->set_wake([this] { wake.cancel(); });
+  if (snapshot) snapshot->set_wake([this] { wake_target->cancel(); });
   core.clients.insert(this);
   ++core.by_transport[static_cast<std::size_t>(kind)];
 }
@@ -153,7 +153,44 @@ subscription::limits server_core::limits() const {
 }
 
 void server_core::notify() {
-  for (auto* c : clients) c->wake.cancel();
+  for (auto* c : clients) c->wake_target->cancel();
+  for (auto* t : waiters) t->cancel();
+}
+
+std::optional<refusal> position(server_core& core, stream_request r, std::string_view last_event_id, stream_start& out) {
+  // Only a reconnecting EventSource sends Last-Event-ID, and it is always later than the from=
+  // its page put in the URL (which the browser sends again unchanged): it wins.
+  if (!last_event_id.empty()) {
+    auto id = transform::event_id::parse(last_event_id);
+    if (!id) return refusal{400, "Last-Event-ID", "malformed event id", {}};
+    r.from = id;
+  }
+  if (core.streams >= core.opts.max_clients) {
+    ++core.rejected_clients;
+    return refusal{503, "", "too many clients (limit " + std::to_string(core.opts.max_clients) + "); try again later", "5"};
+  }
+  const log_reader& log = core.log;
+  out.seq = log.visible_seq();
+  if (r.from) {
+    auto resume = log.resume_after(*r.from);
+    if (!resume.error.empty()) {
+      // Damage, not age: the log could not be read to find the position.
+      return refusal{500, "from", "cannot find event " + r.from->to_string() + " in the event log: " + resume.error, {}};
+    }
+    if (resume.past_head) out.skip_through = r.from;
+    if (!resume.seq) {
+      std::string why = "event " + r.from->to_string();
+      if (log.origin().valid() && r.from->commit_lsn < log.origin())
+        why += " is from before this event log began (at " + log.origin().to_string() + ")";
+      else
+        why += " is older than the retained log";
+      why += "; take a new snapshot";
+      return refusal{410, "from", why, {}};
+    }
+    out.seq = *resume.seq;
+  }
+  out.request = std::move(r);
+  return std::nullopt;
 }
 
 void server_core::spill_read_failed(const std::string& error) {

@@ -7,7 +7,8 @@
 //                     requests to a transport
 //   ndjson.cpp        NDJSON over chunked HTTP   } both on chunked_stream.hpp's loop
 //   sse.cpp           Server-Sent Events         }
-//   websocket.cpp     WebSocket (raw frames, or Beast's permessage-deflate)
+//   websocket.cpp     WebSocket: one stream per connection  } websocket_session.hpp: the
+//   websocket_mux.cpp WebSocket: many subscriptions (/v1/mux)  } handshake, framing, closing
 //
 // A transport only frames what the client's subscription (subscription.hpp) gives it, and
 // handles its own keep-alives and close semantics.
@@ -60,6 +61,9 @@ struct client {
   transport kind;
   subscription sub;
   boost::asio::steady_timer wake;       // cancelled when events arrive
+  /// The timer its transport waits on, cancelled when events arrive: wake, or the connection's
+  /// own when one connection serves several clients (a multiplexed WebSocket).
+  boost::asio::steady_timer* wake_target = &wake;
   boost::asio::steady_timer watchdog;   // write timeout
   std::function<void()> force_close;    // closes the socket
   std::shared_ptr<snapshot_job> snapshot;   // while its rows are read: wakes this client
@@ -84,6 +88,9 @@ struct server_core {
   std::unique_ptr<boost::asio::ssl::context> tls;
 
   std::set<client*> clients;
+  /// Timers of connections that wait with no client of their own (a multiplexed WebSocket
+  /// with no subscription), cancelled with the clients' when events arrive or the server stops.
+  std::set<boost::asio::steady_timer*> waiters;
   std::array<std::size_t, 3> by_transport{};
   bool stopping = false;
   bool loopback_listener = false;       // Host is checked (DNS rebinding)
@@ -110,13 +117,32 @@ struct server_core {
   bool attached_ = true;
 };
 
+/// Why a stream request is not served: its HTTP status, the parameter at fault (or none), the
+/// message, and Retry-After when there is one.
+struct refusal {
+  unsigned status;
+  std::string parameter, message;
+  std::string_view retry_after;
+};
+/// Admits a parsed stream request under --max-clients and finds where it starts in the log (a
+/// resume id, or Last-Event-ID when given, which wins over from): out set, or why not (410,
+/// 500, 503).
+std::optional<refusal> position(server_core& core, stream_request r, std::string_view last_event_id, stream_start& out);
+
 /// Held while a connection is open / a stream request is admitted.
-struct counted {
-  std::size_t& n;
-  explicit counted(std::size_t& c) : n(c) { ++n; }
-  ~counted() { --n; }
+class counted {
+ public:
+  explicit counted(std::size_t& c) : n_(&c) { ++*n_; }
+  counted(counted&& o) noexcept : n_(o.n_) { o.n_ = nullptr; }
+  ~counted() {
+    if (n_) --*n_;
+  }
   counted(const counted&) = delete;
   counted& operator=(const counted&) = delete;
+  counted& operator=(counted&&) = delete;
+
+ private:
+  std::size_t* n_;
 };
 
 /// Whether the peer of a socket that just turned readable has closed it (nothing to read: its
@@ -136,10 +162,25 @@ constexpr std::size_t piece_bytes = 256u << 10;
 
 namespace http = boost::beast::http;
 
-// One connection (http_session.cpp), and the transports; each is instantiated for
-// beast::tcp_stream and beast::ssl_stream<beast::tcp_stream>.
+/// A stream request that serve_http admitted and positioned, handed to its transport once
+/// serve_http has returned: the request loop's coroutine frame (several KiB) is not kept for
+/// the life of the stream.
+struct stream_handoff {
+  enum class to { ndjson, sse, websocket, mux };
+  to what = to::ndjson;
+  unsigned version = 11;
+  std::string cors;                        ///< the allowed Origin (empty: none)
+  http::request<http::empty_body> req;     ///< a WebSocket's upgrade request (its handshake answers it)
+  stream_start start;                      ///< (not for mux: its subscriptions start themselves)
+  std::optional<counted> admitted;         ///< its place under --max-clients, held while it streams
+};
+
+// One connection (http_session.cpp): its requests, then the stream it turns into, if one; and
+// the transports. Each is instantiated for beast::tcp_stream and beast::ssl_stream<beast::tcp_stream>.
 template <class Stream>
-boost::asio::awaitable<void> serve_http(server_core& core, Stream s);
+boost::asio::awaitable<void> serve_connection(server_core& core, Stream& s);
+template <class Stream>
+boost::asio::awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s);
 template <class Stream>
 boost::asio::awaitable<void> serve_ndjson(server_core& core, Stream& s, unsigned version, stream_start start,
                                           std::string_view cors);
@@ -147,8 +188,12 @@ template <class Stream>
 boost::asio::awaitable<void> serve_sse(server_core& core, Stream& s, unsigned version, stream_start start,
                                        std::string_view cors);
 template <class Stream>
-boost::asio::awaitable<void> serve_websocket(server_core& core, Stream s, http::request<http::empty_body> req,
+boost::asio::awaitable<void> serve_websocket(server_core& core, Stream&& s, http::request<http::empty_body> req,
                                              stream_start start);
+
+/// GET /v1/mux: many subscriptions over one WebSocket (websocket_mux.cpp).
+template <class Stream>
+boost::asio::awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request<http::empty_body> req);
 
 /// An allowed cross-origin request's response may be read by its page.
 template <class Response>

@@ -36,7 +36,7 @@ struct sse_framing {
 template <class Stream>
 boost::asio::awaitable<void> serve_sse(server_core& core, Stream& s, unsigned version, stream_start start,
                                        std::string_view cors) {
-  co_await chunked::serve(core, s, version, std::move(start), cors, sse_framing{core.opts.sse_retry});
+  return chunked::serve(core, s, version, std::move(start), cors, sse_framing{core.opts.sse_retry});   // (no frame of its own)
 }
 
 WALGATE_INSTANTIATE_HTTP_TRANSPORT(serve_sse)

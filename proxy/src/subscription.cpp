@@ -18,7 +18,9 @@ subscription::subscription(const log_reader& log, encoding_cache& encodings, str
       skip_through_(skip_through),
       snapshot_(std::move(snapshot)) {
   if (snapshot_) phase_ = phase::rows;
-  if (skip_through_) resume_id_ = skip_through_->to_string();   // where it resumes, should it end before an event
+  // Where it resumes, should it end before an event: the id it started after.
+  if (request_.from) resume_id_ = request_.from->to_string();
+  if (skip_through_) resume_id_ = skip_through_->to_string();
   if (unfiltered_) encodings_.want_all(enc_, +1);
 }
 

@@ -4,7 +4,8 @@
 // WebSocket opened in the page (permessage-deflate negotiated) each receive a
 // change made by SQL (the demo's trickle of INSERT/UPDATE/DELETE statements); an EventSource
 // opened with from= in its URL gets every change exactly once across a gateway killed and
-// restarted in the middle (a second walgate on the demo's database).
+// restarted in the middle (a second walgate on the demo's database); one WebSocket on /v1/mux
+// carries two subscriptions, one unsubscribed and resumed from the id it was given.
 //   node live_page.test.mjs PATH/TO/walgate [screenshot.png]
 import { spawn, execFileSync } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync, readdirSync } from 'node:fs';
@@ -187,6 +188,68 @@ try {
       await new Promise((r) => g.on('exit', r));
       try { sql("SELECT pg_drop_replication_slot('browser_restart')"); } catch (e) { /* the demo's server goes anyway */ }
       rmSync(dir, { recursive: true, force: true });
+    }
+  });
+  await check('one WebSocket, many subscriptions (/v1/mux): envelopes, compressed, unsubscribe, resume one from its id', async () => {
+    if (!conninfo) throw new Error('the demo printed no conninfo');
+    sql('CREATE TABLE browser_mux_a(id int PRIMARY KEY, note text); CREATE TABLE browser_mux_b(id int PRIMARY KEY, note text)');
+    const p4 = await browser.newPage();
+    try {
+      await p4.goto(base + '/');
+      await p4.evaluate((p) => new Promise((resolve, reject) => {
+        const ws = new WebSocket(`ws://127.0.0.1:${p}/v1/mux`);
+        window.mux = { ws, msgs: [] };
+        ws.onmessage = (m) => window.mux.msgs.push(JSON.parse(m.data));
+        ws.onerror = () => reject(new Error('WebSocket error'));
+        ws.onopen = () => {
+          ws.send(JSON.stringify({ type: 'subscribe', id: 'a', tables: 'public.browser_mux_a' }));
+          ws.send(JSON.stringify({ type: 'subscribe', id: 'b', format: 'waltail', tables: ['public.browser_mux_b'], ops: ['insert'] }));
+          resolve();
+        };
+      }), port);
+      const msgs = () => p4.evaluate(() => window.mux.msgs);
+      const until = async (f, what) => {
+        for (let i = 0; i < 300; i++) {
+          const m = await msgs();
+          if (f(m)) return m;
+          await new Promise((r) => setTimeout(r, 100));
+        }
+        throw new Error(`${what}: ${JSON.stringify(await msgs()).slice(0, 600)}`);
+      };
+      const send = (o) => p4.evaluate((t) => window.mux.ws.send(t), JSON.stringify(o));
+      await until((m) => m.filter((x) => x.type === 'subscribed').length === 2, 'both subscribed');
+      const deflated = async () => Number((await p4.evaluate(() => fetch('/metrics').then((r) => r.text())))
+        .match(/\nwalgate_ws_deflated_total (\d+)/)[1]);
+      const deflated0 = await deflated();
+      sql("INSERT INTO browser_mux_a SELECT g, repeat('walgate ', 100) || g FROM generate_series(1, 5) g;" +
+          "INSERT INTO browser_mux_b SELECT g, 'b' || g FROM generate_series(1, 5) g; UPDATE browser_mux_b SET note = 'x'");
+      let m = await until((m) => m.filter((x) => 'data' in x).length >= 10, 'ten events');
+      const a = m.filter((x) => x.sub === 'a' && 'data' in x), b = m.filter((x) => x.sub === 'b' && 'data' in x);
+      if (a.length !== 5 || b.length !== 5) throw new Error(`a ${a.length}, b ${b.length}`);
+      a.forEach((x, i) => {
+        if (x.data.op !== 'insert' || x.data.after.id !== i + 1 || x.id !== x.data.id) throw new Error(JSON.stringify(x).slice(0, 300));
+      });
+      for (const x of b)
+        if (x.data.table !== 'public.browser_mux_b' || !/^[0-9A-F]+\/[0-9A-F]+:\d+$/.test(x.id)) throw new Error(JSON.stringify(x));
+      const extensions = await p4.evaluate(() => window.mux.ws.extensions);
+      if (!extensions.includes('permessage-deflate')) throw new Error(`negotiated: "${extensions}"`);
+      // a's five events (800 bytes each) went out compressed: only a compressing client asks for that
+      const made = (await deflated()) - deflated0;
+      if (made < 5) throw new Error(`${made} events compressed`);
+      await send({ type: 'unsubscribe', id: 'a' });
+      m = await until((m) => m.some((x) => x.sub === 'a' && x.type === 'end'), 'the end of a');
+      const end = m.find((x) => x.sub === 'a' && x.type === 'end');
+      if (end.reason !== 'unsubscribed' || end.resume_from !== a[4].id) throw new Error(JSON.stringify(end));
+      sql("INSERT INTO browser_mux_a SELECT g, 'later ' || g FROM generate_series(6, 8) g; INSERT INTO browser_mux_b VALUES (6, 'b6')");
+      await until((m) => m.filter((x) => x.sub === 'b' && 'data' in x).length === 6, 'b goes on');
+      if ((await msgs()).filter((x) => x.sub === 'a' && 'data' in x).length !== 5) throw new Error('a after its end');
+      await send({ type: 'subscribe', id: 'a2', tables: 'public.browser_mux_a', from: a[2].id });
+      m = await until((m) => m.filter((x) => x.sub === 'a2' && 'data' in x).length >= 5, 'a2 resumed');
+      await new Promise((r) => setTimeout(r, 500));   // anything sent twice would have come by now
+      const ids = (await msgs()).filter((x) => x.sub === 'a2' && 'data' in x).map((x) => x.data.after.id);
+      if (JSON.stringify(ids) !== JSON.stringify([4, 5, 6, 7, 8])) throw new Error(`a2 got ${JSON.stringify(ids)}`);
+    } finally {
+      await p4.close();
     }
   });
 } finally {

@@ -137,6 +137,7 @@ TEST_CASE("--print-config: file, environment and flags combined and checked, as 
   CHECK(r.output.find("slot = 'from_flag'") != std::string::npos);    // the flag wins
   CHECK(r.output.find("publication = [ 'a', 'b' ]") != std::string::npos);
   CHECK(r.output.find("client-lag-mb = 64\n") != std::string::npos);  // defaults are printed too
+  CHECK(r.output.find("ws-max-subscriptions = 64\n") != std::string::npos);
   // The password is masked; the rest of the connection string is kept.
   CHECK(r.output.find("sekret") == std::string::npos);
   CHECK(r.output.find("password='********'") != std::string::npos);
@@ -162,6 +163,10 @@ TEST_CASE("--print-config: file, environment and flags combined and checked, as 
   CHECK(bad.status == 2);
   CHECK(bad.output.find("--tail-mb (or WALGATE_TAIL_MB, or tail-mb in the config file): 0 is not in [1, 65536]") !=
         std::string::npos);
+  auto subs = run("--print-config", "WALGATE_WS_MAX_SUBSCRIPTIONS=0");
+  CHECK(subs.status == 2);
+  CHECK(subs.output.find("--ws-max-subscriptions (or WALGATE_WS_MAX_SUBSCRIPTIONS, or ws-max-subscriptions in the config "
+                         "file): 0 is not in [1, 10000]") != std::string::npos);
   std::remove(cfg.c_str());
   std::remove(again.c_str());
 }

@@ -680,9 +680,10 @@ TEST_CASE("a new event log does not take ids from an old one: the data directory
     REQUIRE(got.size() == 10);
     last = id_of(got.back());
   }
-  // The disk is lost: the old log is gone (running_gateway removed its directory); the slot is
-  // dropped, changes happen meanwhile, and walgate starts over with an empty log and a new slot.
-  pg.sql("SELECT pg_drop_replication_slot('lost_slot')");
+  // The disk is lost: the old log is gone (running_gateway removed its directory, and dropped
+  // the slot with it); changes happen meanwhile, and walgate starts over with an empty log and a
+  // new slot.
+  CHECK(pg.sql("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'lost_slot'")[0][0] == "0");
   for (int i = 11; i <= 20; ++i) pg.sql("INSERT INTO lost_items VALUES (" + std::to_string(i) + ", 'gap', 1)");
   running_gateway g("lost_slot", "lost_pub");
   for (int i = 21; i <= 30; ++i) pg.sql("INSERT INTO lost_items VALUES (" + std::to_string(i) + ", 'b', 1)");

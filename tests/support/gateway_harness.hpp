@@ -47,11 +47,13 @@ struct running_gateway {
   std::unique_ptr<server> srv;
   std::thread thread;
   bool own_dir = true;
+  std::string slot_name;
   std::atomic<bool> ended{false};   // the replication client's run() returned
   std::string end_message;          // with this failure (set before ended)
 
   running_gateway(const std::string& slot, const std::string& publication, server_options so = {},
                   log_options lo = {}, const std::string& conninfo = {}) {
+    slot_name = slot;
     std::string t = (std::filesystem::temp_directory_path() / "walgate-gw-XXXXXX").string();
     own_dir = lo.dir.empty();   // a given directory is the caller's (a restart on the same log)
     dir = own_dir ? std::filesystem::path(mkdtemp(t.data())) : lo.dir;
@@ -98,7 +100,18 @@ struct running_gateway {
       t->async_wait([this, t](boost::system::error_code) { io.stop(); });
     });
     thread.join();
-    if (own_dir) std::filesystem::remove_all(dir);
+    if (own_dir) {
+      std::filesystem::remove_all(dir);
+      // Its log is gone, so its slot is of no use to anyone: dropped (once its walsender has let
+      // go of it), so that the suite's gateways stay within the cluster's max_replication_slots.
+      const std::string where = " FROM pg_replication_slots WHERE slot_name = '" + slot_name + "'";
+      test::wait_until(
+          [&] {
+            test::cluster().try_sql("SELECT pg_drop_replication_slot(slot_name)" + where + " AND NOT active");
+            return test::cluster().try_sql("SELECT 1 / (1 - count(*))" + where).empty();   // (an error while it is there)
+          },
+          std::chrono::seconds(10));
+    }
   }
 };
 

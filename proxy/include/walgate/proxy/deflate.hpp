@@ -34,6 +34,16 @@ inline constexpr std::size_t deflate_max_bytes = 64u << 10;
 /// flushed to a byte boundary, without the final 00 00 ff ff (RFC 7692 7.2.1). False (out
 /// untouched) when the result is not smaller than the message, or zlib fails.
 bool deflate_message(std::string_view message, int window_bits, std::string& out);
+/// A message that wraps a compressed one (a multiplexed subscription's envelope around an
+/// event, docs/api.md): bytes before and after it as DEFLATE stored blocks, so that the shared
+/// compressed form is sent as it is. stored_head(b) is a whole non-final stored block
+/// (00, LEN, NLEN, b) to put at the start of the message; stored_tail(b) follows
+/// deflate_message's output (which ends in the header of the empty stored block its sync flush
+/// wrote, before the 00 00 ff ff it drops): LEN, NLEN, b, and the header of one more empty
+/// stored block, whose LEN and NLEN are the 00 00 ff ff the receiver appends. At most 65,535
+/// bytes each (one stored block).
+std::string deflate_stored_head(std::string_view bytes);
+std::string deflate_stored_tail(std::string_view bytes);
 /// Messages deflate_message compressed (walgate_ws_deflated_total): once per event and window.
 extern std::atomic<std::uint64_t> deflated_total;
 /// The receiving side, for tests (Beast inflates what clients send): one message (the

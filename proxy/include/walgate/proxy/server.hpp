@@ -30,6 +30,7 @@ struct server_options {
   std::size_t header_limit = 8 * 1024;             ///< Request line and headers; over it: 431.
   std::size_t url_limit = 4 * 1024;                ///< Request target; over it: 414.
   std::size_t ws_message_limit = 64 * 1024;        ///< Client WebSocket messages; over it: close 1009.
+  std::size_t ws_max_subscriptions = 64;           ///< Subscriptions on one /v1/mux WebSocket.
   std::chrono::milliseconds header_timeout{10'000};   ///< The whole request head must arrive in this time.
   std::chrono::milliseconds keepalive{15'000};     ///< Idle keep-alive: NDJSON blank line, SSE comment, WS ping.
   std::chrono::milliseconds write_timeout{30'000};  ///< A write that takes longer: the client is too slow.

@@ -116,6 +116,9 @@ awaitable<void> serve(server_core& core, Stream& s, unsigned version, stream_sta
       continue;
     }
     if (batch.empty()) {
+      // Idle: it keeps no buffers while it waits (the next burst makes them again, once).
+      std::vector<subscription::item>().swap(batch);
+      std::string().swap(out);
       c.wake.expires_after(core.opts.keepalive);
       auto [ec] = co_await c.wake.async_wait(use_tuple);
       if (!ec && !core.stopping) out = Framing::keepalive;   // idle keep-alive
@@ -153,7 +156,7 @@ awaitable<void> serve(server_core& core, Stream& s, unsigned version, stream_sta
       co_return;
     }
     if (!batch.empty()) c.delivered(batch.back(), batch.size(), sent);
-    if (out.capacity() > (64u << 10)) out = std::string();   // idle clients keep no burst-sized buffer
+    if (out.capacity() > (64u << 10)) out = std::string();   // no burst-sized buffer kept between batches
   }
   c.finished();
   if (core.stopping) sub.close(subscription::end::shutdown, "server shutting down");

@@ -137,6 +137,15 @@ class corked_stream {
         token, drained_);
   }
 
+  /// Nothing buffered or in flight: its lists' memory is given back (an idle connection keeps
+  /// none; the next batch makes them again).
+  void trim() {
+    if (!sending_.empty() || !pending_.empty()) return;
+    std::vector<part>().swap(pending_);
+    std::vector<part>().swap(sending_);
+    std::vector<boost::asio::const_buffer>().swap(buffers_);
+  }
+
   std::size_t buffered() const {
     std::size_t n = 0;
     for (const auto& p : pending_) n += p.size();

@@ -1,7 +1,9 @@
-// One HTTP connection: reads requests (with the header, URL and time limits), applies the
-// Host (DNS rebinding) and Origin (CORS) policy, answers /healthz, /readyz, /metrics, the live
-// page and errors, and hands a stream request — parsed, admitted under --max-clients and
-// positioned in the log — to its transport.
+// One HTTP connection, one coroutine (serve_connection): the TLS handshake when the listener has
+// TLS, then requests (with the header, URL and time limits), the Host (DNS rebinding) and Origin
+// (CORS) policy, /healthz, /readyz, /metrics, the live page and errors (serve_http); a stream
+// request — parsed, admitted under --max-clients and positioned in the log — comes back from
+// serve_http as a stream_handoff and goes to its transport, so that the request loop's frame is
+// not kept for the life of the stream.
 #include "serving.hpp"
 
 #include "walgate/transform/json.hpp"
@@ -261,7 +263,19 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
 }
 
 template <class Stream>
-awaitable<void> serve_connection(server_core& core, Stream& s) {
+awaitable<void> serve_connection(server_core& core, asio::ip::tcp::socket socket, std::shared_ptr<void> keep) {
+  counted open(core.connections);
+  constexpr bool tls = !std::is_same_v<Stream, beast::tcp_stream>;
+  auto make = [&] {
+    if constexpr (tls) return Stream(beast::tcp_stream(std::move(socket)), *core.tls);
+    else return Stream(std::move(socket));
+  };
+  Stream s = make();
+  if constexpr (tls) {
+    beast::get_lowest_layer(s).expires_after(core.opts.header_timeout);
+    auto [ec] = co_await s.async_handshake(asio::ssl::stream_base::server, use_tuple);
+    if (ec) co_return;
+  }
   auto h = co_await serve_http(core, s);
   if (!h) co_return;
   switch (h->what) {
@@ -280,8 +294,8 @@ awaitable<void> serve_connection(server_core& core, Stream& s) {
   }
 }
 
-template awaitable<void> serve_connection<beast::tcp_stream>(server_core&, beast::tcp_stream&);
-template awaitable<void> serve_connection<beast::ssl_stream<beast::tcp_stream>>(server_core&,
-                                                                                beast::ssl_stream<beast::tcp_stream>&);
+template awaitable<void> serve_connection<beast::tcp_stream>(server_core&, asio::ip::tcp::socket, std::shared_ptr<void>);
+template awaitable<void> serve_connection<beast::ssl_stream<beast::tcp_stream>>(server_core&, asio::ip::tcp::socket,
+                                                                                std::shared_ptr<void>);
 
 }  // namespace walgate::proxy

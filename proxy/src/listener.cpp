@@ -1,6 +1,7 @@
 // The server: binds the listening socket, accepts connections within the connection limits
-// (pausing when they, or the process's file descriptors, run out), does the TLS handshake, and
-// gives each connection to an http_session (http_session.cpp).
+// (pausing when they, or the process's file descriptors, run out), and gives each connection to
+// a coroutine of its own (serve_connection, http_session.cpp: the TLS handshake, its requests,
+// its stream).
 #include "serving.hpp"
 
 #include <boost/asio/as_tuple.hpp>
@@ -33,25 +34,6 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
   server_core core;
   tcp::acceptor acceptor;
 
-  awaitable<void> session(tcp::socket socket) {
-    auto self = shared_from_this();
-    counted open(core.connections);
-    // Events are written as they come, in small batches: no Nagle delay behind an
-    // unacknowledged segment (it meets the client's delayed ACK: 40 ms stalls).
-    boost::system::error_code nec;
-    socket.set_option(tcp::no_delay(true), nec);
-    beast::tcp_stream stream(std::move(socket));
-    if (core.tls) {
-      beast::ssl_stream<beast::tcp_stream> ss(std::move(stream), *core.tls);
-      beast::get_lowest_layer(ss).expires_after(core.opts.header_timeout);
-      auto [ec] = co_await ss.async_handshake(asio::ssl::stream_base::server, use_tuple);
-      if (ec) co_return;
-      co_await serve_connection(core, ss);
-    } else {
-      co_await serve_connection(core, stream);
-    }
-  }
-
   awaitable<void> accept_loop() {
     auto self = shared_from_this();
     asio::steady_timer pause(core.executor);
@@ -76,7 +58,16 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
           co_await wait(std::chrono::milliseconds(100));
         continue;
       }
-      asio::co_spawn(core.executor, session(std::move(socket)), asio::detached);
+      // Events are written as they come, in small batches: no Nagle delay behind an
+      // unacknowledged segment (it meets the client's delayed ACK: 40 ms stalls).
+      boost::system::error_code nec;
+      socket.set_option(tcp::no_delay(true), nec);
+      // The connection's one coroutine (its frame is what an idle client costs, with its
+      // stream and subscription): the server's state is kept alive while it runs.
+      asio::co_spawn(core.executor,
+                     core.tls ? serve_connection<beast::ssl_stream<beast::tcp_stream>>(core, std::move(socket), self)
+                              : serve_connection<beast::tcp_stream>(core, std::move(socket), self),
+                     asio::detached);
     }
   }
 };

@@ -1,10 +1,11 @@
 // What the parts of the HTTP server share (internal to proxy/src; Beast stays out of public
 // headers):
 //
-//   listener.cpp      the server class: binds, accepts (with its connection limits), TLS
-//   http_session.cpp  one connection: reads requests, limits, Host/Origin policy, routing,
-//                     4xx/5xx answers, /healthz /readyz /metrics and the page; hands stream
-//                     requests to a transport
+//   listener.cpp      the server class: binds, the TLS context, accepts (with its connection
+//                     limits)
+//   http_session.cpp  one connection: the TLS handshake, reads requests, limits, Host/Origin
+//                     policy, routing, 4xx/5xx answers, /healthz /readyz /metrics and the page;
+//                     hands stream requests to a transport
 //   ndjson.cpp        NDJSON over chunked HTTP   } both on chunked_stream.hpp's loop
 //   sse.cpp           Server-Sent Events         }
 //   websocket.cpp     WebSocket: one stream per connection  } websocket_session.hpp: the
@@ -21,6 +22,7 @@
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl/context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/beast/http/empty_body.hpp>
@@ -175,10 +177,13 @@ struct stream_handoff {
   std::optional<counted> admitted;         ///< its place under --max-clients, held while it streams
 };
 
-// One connection (http_session.cpp): its requests, then the stream it turns into, if one; and
-// the transports. Each is instantiated for beast::tcp_stream and beast::ssl_stream<beast::tcp_stream>.
+// One connection (http_session.cpp): its TLS handshake (Stream an ssl_stream), its requests,
+// then the stream it turns into, if one, counted in core.connections while it lives, with keep
+// (the server's state) held; and the transports. Each is instantiated for beast::tcp_stream and
+// beast::ssl_stream<beast::tcp_stream>.
 template <class Stream>
-boost::asio::awaitable<void> serve_connection(server_core& core, Stream& s);
+boost::asio::awaitable<void> serve_connection(server_core& core, boost::asio::ip::tcp::socket socket,
+                                              std::shared_ptr<void> keep);
 template <class Stream>
 boost::asio::awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s);
 template <class Stream>

@@ -87,6 +87,9 @@ awaitable<void> serve_websocket(server_core& core, Stream&& s, http::request<htt
       continue;
     }
     if (batch.empty()) {
+      // Idle: it keeps no buffers while it waits (the next burst makes them again, once).
+      std::vector<subscription::item>().swap(batch);
+      ws.next_layer().trim();
       c.wake.expires_after(opts.keepalive);
       co_await c.wake.async_wait(use_tuple);
       continue;

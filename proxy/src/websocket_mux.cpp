@@ -394,6 +394,9 @@ awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request
       if (more) {   // passed over events their filters do not take, or one ended: go on after the others
         co_await asio::post(core.executor, asio::use_awaitable);
       } else {
+        std::vector<subscription::item>().swap(batch);   // idle: no buffers kept while it waits
+        std::vector<sent>().swap(round);
+        out.trim();
         m->wake.expires_after(opts.keepalive);
         co_await m->wake.async_wait(use_tuple);
       }

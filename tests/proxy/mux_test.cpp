@@ -233,6 +233,8 @@ TEST_CASE("multiplexed subscriptions: every refusal is a message naming the subs
   mux_client other(g.port(), "/v1/mux");
   other.send(R"({"type":"subscribe","id":"x"})");
   CHECK(other.next_text() == R"({"sub":"x","type":"subscribed"})");
+  // In /metrics each subscription is a WebSocket client (the connections themselves are not).
+  CHECK(get_path(g.port(), "/metrics").second.find("walgate_clients{transport=\"websocket\"} 3\n") != std::string::npos);
   other.send(R"({"type":"subscribe","id":"y"})");
   auto full = other.next();
   REQUIRE(full.is_object());

@@ -432,7 +432,7 @@ int main(int argc, char** argv) {
   // The clients are lean on purpose — they share the machine with walgate and PostgreSQL: a
   // hand-made upgrade, then raw reads parsed as unmasked server frames, and a commit time parsed
   // once per transaction, so what is measured is the gateway, not the readers.
-  {
+  auto latency_phase = [&](int readers_n) -> int {
     asio::io_context io;
     struct ws_client {
       explicit ws_client(asio::io_context& io) : s(io) {}
@@ -445,9 +445,12 @@ int main(int argc, char** argv) {
       long messages = 0, out_of_order = 0;
     };
     std::vector<std::unique_ptr<ws_client>> clients;
-    std::vector<double> latencies_ms;
+    // Samples by window: before the catch-up readers start (the whole phase without them), and
+    // while they read.
+    std::vector<double> latencies_ms, during_ms;
     latencies_ms.reserve(4'000'000);
     std::atomic<bool> measuring{false};
+    std::atomic<int> window{0};   // 0: before, 1: catch-up readers reading, 2: after them
     for (int i = 0; i < 100; ++i) {
       auto cl = std::make_unique<ws_client>(io);
       cl->s.connect({asio::ip::make_address("127.0.0.1"), port});
@@ -500,7 +503,9 @@ int main(int argc, char** argv) {
         cl.last_commit = std::chrono::system_clock::from_time_t(timegm(&tm)) +
                          std::chrono::microseconds(static_cast<long>(frac * 1e6));
       }
-      latencies_ms.push_back(std::chrono::duration<double, std::milli>(now - cl.last_commit).count());
+      const double ms = std::chrono::duration<double, std::milli>(now - cl.last_commit).count();
+      if (window == 0) latencies_ms.push_back(ms);
+      else if (window == 1) during_ms.push_back(ms);
     };
     std::function<void(ws_client&)> read_more = [&](ws_client& cl) {
       cl.s.async_read_some(asio::buffer(cl.buf), [&](boost::system::error_code ec, std::size_t n) {
@@ -536,15 +541,42 @@ int main(int argc, char** argv) {
     if (const char* f = std::getenv("WALGATE_BENCH_PERF_LATENCY"))
       perf_lat = spawn({"perf", "record", "-F", "1000", "-g", "-o", f, "-p", std::to_string(gw)});
     double lat_cpu0 = cpu_seconds(gw), self_cpu0 = cpu_seconds(getpid());
+    const auto phase_t0 = clock_type::now();
     walsender_watch lat_ws(conninfo, "bench_gw_" + std::to_string(rounds - 1));
     int transactions = 0;
+    // With catch-up readers: 8 s of load alone, then readers_n NDJSON clients that each read the
+    // log from 0/0:0 (its first `changes` events, from disk past the memory tail) while the load
+    // goes on, until the last of them is done (at most 120 s).
+    std::vector<std::thread> readers;
+    std::vector<double> reader_s(static_cast<std::size_t>(readers_n), 0);
+    std::vector<long> reader_events(static_cast<std::size_t>(readers_n), 0);
+    std::atomic<int> readers_left{readers_n};
+    double catchup_s = 0, catchup_cpu = 0;
     std::thread load([&] {
       PGconn* c = PQconnectdb(conninfo.c_str());
       auto start = clock_type::now();
       int n = 0;
+      clock_type::time_point catchup_start{};
+      double cpu_at_start = 0;
       // 200 transactions of 10 rows per second = 2,000 changes/s, paced.
-      while (clock_type::now() - start < std::chrono::seconds(16)) {
+      while (readers_n ? (readers.empty() || readers_left > 0) && clock_type::now() - start < std::chrono::seconds(130)
+                       : clock_type::now() - start < std::chrono::seconds(16)) {
         if (clock_type::now() - start > std::chrono::seconds(1)) measuring = true;
+        if (readers_n && readers.empty() && clock_type::now() - start > std::chrono::seconds(8)) {
+          catchup_start = clock_type::now();
+          cpu_at_start = cpu_seconds(gw);
+          window = 1;
+          for (int r = 0; r < readers_n; ++r)
+            readers.emplace_back([&, r, catchup_start] {
+              reader_events[static_cast<std::size_t>(r)] = ndjson_drain(port, changes);
+              reader_s[static_cast<std::size_t>(r)] = std::chrono::duration<double>(clock_type::now() - catchup_start).count();
+              if (--readers_left == 0) window = 2;
+            });
+        }
+        if (readers_n && !readers.empty() && readers_left == 0 && catchup_s == 0) {
+          catchup_s = std::chrono::duration<double>(clock_type::now() - catchup_start).count();
+          catchup_cpu = cpu_seconds(gw) - cpu_at_start;
+        }
         PQclear(PQexec(c, "INSERT INTO bench_orders(customer_id,status,amount,paid) SELECT g, 'paid', 1.5, true "
                           "FROM generate_series(1,10) g"));
         ++n;
@@ -552,8 +584,14 @@ int main(int argc, char** argv) {
       }
       transactions = n;
       PQfinish(c);
+      for (auto& t : readers) t.join();
+      if (readers_n && catchup_s == 0) {
+        catchup_s = std::chrono::duration<double>(clock_type::now() - catchup_start).count();
+        catchup_cpu = cpu_seconds(gw) - cpu_at_start;
+      }
     });
     load.join();
+    const double phase_s = std::chrono::duration<double>(clock_type::now() - phase_t0).count();
     double lat_cpu = cpu_seconds(gw) - lat_cpu0, self_cpu = cpu_seconds(getpid()) - self_cpu0;
     double lat_walsender = lat_ws.finish();
     if (perf_lat) {
@@ -564,7 +602,9 @@ int main(int argc, char** argv) {
     io.stop();
     reader.join();
     std::sort(latencies_ms.begin(), latencies_ms.end());
-    auto pct = [&](double q) { return latencies_ms.empty() ? -1.0 : latencies_ms[static_cast<std::size_t>(q * (latencies_ms.size() - 1))]; };
+    std::sort(during_ms.begin(), during_ms.end());
+    auto pct_of = [](const std::vector<double>& v, double q) { return v.empty() ? -1.0 : v[static_cast<std::size_t>(q * (v.size() - 1))]; };
+    auto pct = [&](double q) { return pct_of(latencies_ms, q); };
     long messages = 0, out_of_order = 0;
     for (const auto& cl : clients) {
       messages += cl->messages;
@@ -573,11 +613,59 @@ int main(int argc, char** argv) {
     std::printf("\nlatency, commit to WebSocket client, 100 clients, 2,000 changes/s: %zu samples; %ld messages, "
                 "%ld not after the one before\n",
                 latencies_ms.size(), messages, out_of_order);
-    std::printf("  load: %d transactions of 10 rows in 16 s; CPU of one core: walgate %.0f%%, the benchmark's "
+    std::printf("  load: %d transactions of 10 rows in %.0f s; CPU of one core: walgate %.0f%%, the benchmark's "
                 "readers and load %.0f%%, walsender %.0f s in all\n",
-                transactions, 100.0 * lat_cpu / 16.0, 100.0 * self_cpu / 16.0, lat_walsender);
-    std::printf("  p50 %.2f ms, p99 %.2f ms, max %.2f ms; walgate CPU %.0f%% of one core\n", pct(0.5), pct(0.99),
-                pct(1.0), 100.0 * lat_cpu / 16.0);
+                transactions, phase_s, 100.0 * lat_cpu / phase_s, 100.0 * self_cpu / phase_s, lat_walsender);
+    std::printf("  %sp50 %.2f ms, p99 %.2f ms, max %.2f ms; walgate CPU %.0f%% of one core\n", readers_n ? "before the catch-up readers: " : "",
+                pct(0.5), pct(0.99), pct(1.0), 100.0 * lat_cpu / phase_s);
+    if (readers_n) {
+      long events = 0;
+      for (auto e : reader_events) events += e;
+      std::printf("  during the catch-up (%zu samples): p50 %.2f ms, p99 %.2f ms, max %.2f ms; p99 during / before %.2f\n",
+                  during_ms.size(), pct_of(during_ms, 0.5), pct_of(during_ms, 0.99), pct_of(during_ms, 1.0),
+                  pct_of(during_ms, 0.99) / std::max(pct(0.99), 0.001));
+      std::printf("  %d catch-up readers from 0/0:0 (NDJSON, native): %ld events in %.2f s = %.0f events/s in all; "
+                  "walgate %.2f CPU s meanwhile; each reader done after",
+                  readers_n, events, catchup_s, static_cast<double>(events) / std::max(catchup_s, 0.001), catchup_cpu);
+      for (auto t : reader_s) std::printf(" %.1f", t);
+      std::printf(" s\n");
+      // (A reader stops once it has counted `changes` events: it may count a few more, from its last read.)
+      for (auto e : reader_events)
+        if (e < changes) {
+          std::fprintf(stderr, "a catch-up reader received %ld of %ld changes\n", e, changes);
+          return 1;
+        }
+    }
+    return 0;
+  };
+  if (latency_phase(0) != 0) {
+    kill(gw, SIGKILL);
+    return 1;
+  }
+
+  // --- catch-up: the same live load and clients, and 10 readers from 0/0:0 meanwhile ---
+  // walgate is started again on the same slot and data directory with a 1 MiB memory tail, so
+  // that the readers read the log from disk (WALGATE_BENCH_CATCHUP_READERS=N, 0: skipped).
+  if (int readers_n = std::getenv("WALGATE_BENCH_CATCHUP_READERS") ? std::atoi(std::getenv("WALGATE_BENCH_CATCHUP_READERS")) : 10;
+      readers_n > 0) {
+    kill(gw, SIGTERM);
+    waitpid(gw, nullptr, 0);
+    auto gw_argv = env_words("WALGATE_BENCH_WRAP");
+    for (const auto& a : std::vector<std::string>{walgate, "--pg", stream_conninfo, "--slot", "bench_gw_" + std::to_string(rounds - 1),
+                                                  "--publication", "bench_pub", "--data-dir", data_root + "_" + std::to_string(rounds - 1),
+                                                  "--listen", "127.0.0.1:" + std::to_string(port), "--tail-mb", "1"})
+      gw_argv.push_back(a);
+    gw = spawn(gw_argv);
+    if (!wait_ready(port)) {
+      std::fprintf(stderr, "walgate did not become ready again\n");
+      kill(gw, SIGKILL);
+      return 1;
+    }
+    std::printf("\ncatch-up: walgate started again with --tail-mb 1; %d readers from 0/0:0 after 8 s of load\n", readers_n);
+    if (latency_phase(readers_n) != 0) {
+      kill(gw, SIGKILL);
+      return 1;
+    }
   }
 
   // --- memory: 5,000 idle WebSocket clients ---

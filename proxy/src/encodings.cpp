@@ -41,22 +41,59 @@ payload_ptr encoding_cache::tombstone(const logged_event& e) {
   return payload::in_memory("{\"key\":" + transform::debezium_key(record_scratch_.get(), opts_.encoder) + ",\"value\":null}");
 }
 
-void encoding_cache::encode_into(const logged_event& e, encoding enc, const transform::change& from) {
-  transform::change c = from;
-  c.seq = e.seq;
-  auto o = opts_.encoder;
+namespace {
+
+/// The format and options of an encoding.
+std::pair<transform::format, transform::encoder_options> format_of(encoding enc, transform::encoder_options o) {
   const bool compact = enc == encoding::pgoutput2json_compact || enc == encoding::pgoutput2json_schema;
   o.compact = compact;
   o.include_schema = enc == encoding::pgoutput2json_schema;
-  transform::format f = compact ? transform::format::pgoutput2json : static_cast<transform::format>(enc);
+  return {compact ? transform::format::pgoutput2json : static_cast<transform::format>(enc), o};
+}
+
+/// A small event's encoding: made in scratch (kept for the next one), held at its exact size.
+payload_ptr encode_small(const logged_event& e, encoding enc, const transform::change& from,
+                         const transform::encoder_options& options, std::string& scratch) {
+  transform::change c = from;
+  c.seq = e.seq;
+  auto [f, o] = format_of(enc, options);
+  scratch.clear();
+  transform::encode_change(scratch, c, f, o);
+  auto p = payload::in_memory(scratch);
+  if (scratch.capacity() > (1u << 20)) scratch = std::string();
+  return p;
+}
+
+}  // namespace
+
+log_reader::prepare_fn encoding_cache::preparer() const {
+  return [options = opts_.encoder](logged_event& e, std::uint32_t want) {
+    if (e.record.size() >= (1u << 20)) return;   // (a large one is made on demand, and may be spilled)
+    thread_local transform::record_view view;
+    thread_local std::string scratch;
+    bool parsed = false;
+    for (std::size_t i = 0; i < e.json.size(); ++i) {
+      if (!(want & want_encoding(static_cast<encoding>(i)))) continue;
+      auto& slot = e.json[i];
+      if (!slot) {
+        if (!parsed && !transform::read_record(protocol::as_bytes(e.record), view)) return;   // (said on demand)
+        parsed = true;
+        slot = encode_small(e, static_cast<encoding>(i), view.get(), options, scratch);
+      }
+      for (int w = 9; w <= 15; ++w)
+        if (want & want_deflate(w)) slot->deflated(w);
+    }
+  };
+}
+
+void encoding_cache::encode_into(const logged_event& e, encoding enc, const transform::change& from) {
   auto& slot = e.json[static_cast<std::size_t>(enc)];
   if (e.record.size() < (1u << 20)) {
-    // Small: made in a buffer kept for the next one, and kept at its exact size.
-    encode_scratch_.clear();
-    transform::encode_change(encode_scratch_, c, f, o);
-    slot = payload::in_memory(encode_scratch_);
-    if (encode_scratch_.capacity() > (1u << 20)) encode_scratch_ = std::string();
+    slot = encode_small(e, enc, from, opts_.encoder, encode_scratch_);
   } else {
+    transform::change c = from;
+    c.seq = e.seq;
+    auto [f, o] = format_of(enc, opts_.encoder);
     // Large: about its record's size (more where values are escaped), room for that at once
     // rather than growth by doubling; sent from a spill file in pieces (where the file cannot
     // be made — a full disk — from memory).

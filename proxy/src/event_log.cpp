@@ -258,7 +258,7 @@ void event_log::commit(lsn commit_lsn, lsn end_lsn) {
   }
   visible_seq_ = next_seq_;
   visible_offset_ = end_offset();
-  prune_fetches();   // (also here: with no reader left, a finished background read goes soon)
+  prune_blocks();   // (also here: with no reader left, blocks read in the background go soon)
   tail_.committed();
 }
 

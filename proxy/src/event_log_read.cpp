@@ -60,47 +60,276 @@ std::shared_ptr<logged_event> read_large_frame(int fd, std::size_t offset, std::
   return ev;
 }
 
-}  // namespace
+constexpr std::size_t block_record_bytes = 512u << 10;   // a block's records, about
+constexpr std::size_t block_events = 4096;
+constexpr std::size_t blocks_budget = 32u << 20;         // what the kept blocks hold
+constexpr auto block_keep = std::chrono::seconds(2);     // after its last use
 
-void event_log::prune_fetches() const {
-  if (fetches_.empty()) return;
-  const auto now = std::chrono::steady_clock::now();
-  std::erase_if(fetches_, [&](const auto& f) { return f.second->done && now - f.second->done_at > std::chrono::seconds(2); });
+/// Reads into b the events from seq on of a segment (fd), from the frame at offset, up to
+/// byte_limit (what is written and committed) and seq_limit: up to a block's worth, or one large
+/// record when it is the first. On any thread; a fault ends the events with b.error set.
+struct block_args {
+  std::shared_ptr<event_log::block> b;
+  std::shared_ptr<file_descriptor> fd;   // the segment's, open while it is read
+  std::size_t offset = 0, byte_limit = 0;
+  std::uint64_t seq = 0, seq_limit = 0, base = 0;
+  std::string name;
+  log_reader::prepare_fn prepare;
+};
+
+void read_block(const block_args& a) {
+  auto& b = *a.b;
+  std::vector<std::shared_ptr<logged_event>> events;
+  std::string buf;            // file bytes from buf_at
+  std::size_t buf_at = a.offset;
+  std::size_t record_bytes = 0;
+  auto fail = [&](const std::string& why) { b.error = why; };
+  const std::string& name = a.name;
+  // Makes [at, at + n) of the file available in buf (reading ahead in large sequential reads).
+  auto have = [&](std::size_t at, std::size_t n) -> bool {
+    if (at >= buf_at && at + n <= buf_at + buf.size()) return true;
+    if (at > buf_at) {   // keep what is from at on
+      buf.erase(0, std::min(buf.size(), at - buf_at));
+      buf_at = at;
+    }
+    const std::size_t want = std::max<std::size_t>(n, 1u << 20);
+    const std::size_t upto = std::min(a.byte_limit, at + want);
+    while (buf_at + buf.size() < upto) {
+      const std::size_t from = buf_at + buf.size();
+      const std::size_t old = buf.size();
+      buf.resize(old + (upto - from));
+      ssize_t r = ::pread(a.fd->fd, buf.data() + old, upto - from, static_cast<off_t>(from));
+      if (r < 0 && errno == EINTR) {
+        buf.resize(old);
+        continue;
+      }
+      if (r <= 0) {
+        buf.resize(old);
+        return false;
+      }
+      buf.resize(old + static_cast<std::size_t>(r));
+    }
+    return at + n <= buf_at + buf.size();
+  };
+  std::size_t offset = a.offset;
+  try {
+    while (events.size() < block_events && record_bytes < block_record_bytes) {
+      if (offset >= a.byte_limit) break;
+      if (offset + 5 > a.byte_limit || !have(offset, 5)) {
+        fail("event log " + name + " ends at offset " + std::to_string(offset) + ", before its " +
+             std::to_string(a.byte_limit) + " written bytes");
+        break;
+      }
+      protocol::cursor h(std::string_view(buf).substr(offset - buf_at, 5));
+      const char type = static_cast<char>(h.u8());
+      const std::uint32_t len = h.u32();
+      if (len > a.byte_limit - offset || a.byte_limit - offset - len < 5 + 4) {
+        fail("event log " + name + " damaged at offset " + std::to_string(offset) + " (frame length)");
+        break;
+      }
+      if (type == 'E' && len >= large_record) {
+        // Its sequence number first: one before seq is passed over unread; one after a block's
+        // first event ends the block (a large record is read alone).
+        if (len < 8 || !have(offset + 5, 8)) {
+          fail("event log " + name + " ends inside the frame at offset " + std::to_string(offset));
+          break;
+        }
+        protocol::cursor q(std::string_view(buf).substr(offset + 5 - buf_at, 8));
+        const std::uint64_t s_seq = q.u64();
+        if (s_seq >= a.seq_limit) break;
+        if (s_seq < a.seq) {
+          offset += frame_overhead + len;
+          continue;
+        }
+        if (!events.empty()) break;
+        if (s_seq != a.seq) {
+          fail("event log " + name + " damaged at offset " + std::to_string(offset) + " (sequence)");
+          break;
+        }
+        buf = std::string();
+        std::string error;
+        auto ev = read_large_frame(a.fd->fd, offset, len, a.base, name, s_seq, error);
+        if (!ev) fail(error);
+        else events.push_back(std::move(ev));
+        b.large = true;
+        break;
+      }
+      if (!have(offset, frame_overhead + len)) {
+        fail("event log " + name + " ends inside the frame at offset " + std::to_string(offset));
+        break;
+      }
+      const std::string_view frame = std::string_view(buf).substr(offset - buf_at, frame_overhead + len);
+      protocol::cursor sum_at(frame.substr(5 + len));
+      if (sum_at.u32() != protocol::crc32c(frame.substr(0, 5 + len))) {
+        fail("event log " + name + " damaged at offset " + std::to_string(offset) + " (checksum)");
+        break;
+      }
+      offset += frame_overhead + len;
+      if (type != 'E') continue;
+      protocol::cursor p(frame.substr(5, len));
+      const std::uint64_t s_seq = p.u64();
+      if (s_seq >= a.seq_limit) break;
+      if (s_seq < a.seq) continue;
+      if (s_seq != a.seq + events.size()) {
+        fail("event log " + name + " damaged at offset " + std::to_string(offset) + " (sequence)");
+        break;
+      }
+      auto ev = make_event(s_seq, std::string(protocol::as_string_view(p.rest())));
+      ev->end_offset = a.base + offset;
+      record_bytes += len;
+      events.push_back(std::move(ev));
+    }
+    buf = std::string();
+    // What the readers asked for, made here rather than on the event loop (readers that came
+    // while the block was read added theirs).
+    if (a.prepare)
+      for (auto& e : events) {
+        const std::uint32_t want = b.want.load(std::memory_order_relaxed);
+        if (want) a.prepare(*e, want);
+      }
+  } catch (const std::exception& e) {   // (memory)
+    fail("event log " + name + ": cannot read at offset " + std::to_string(offset) + ": " + e.what());
+  }
+  b.events.assign(events.begin(), events.end());
+  a.fd->close();
 }
 
+}  // namespace
+
 std::vector<event_ptr> event_log::read(std::uint64_t seq, std::size_t max, std::size_t max_bytes, std::string* error,
-                                       bool* fetching) const {
+                                       bool* fetching, std::uint32_t prepare) const {
   std::vector<event_ptr> out;
   // Only committed transactions are read: a transaction still arriving is not visible.
   if (seq >= visible_seq_) return out;
   max = static_cast<std::size_t>(std::min<std::uint64_t>(max, visible_seq_ - seq));
   out = tail_.read(seq, max);
   if (!out.empty()) return out;
-  prune_fetches();
-  if (auto it = fetches_.find(seq); it != fetches_.end()) {
-    // A large record read in the background: every reader at it takes it from here (kept for a
-    // moment after it is done: the readers it woke come one after another), then shares it
-    // while held.
-    auto f = it->second;
-    if (!f->done) {
-      if (fetching) *fetching = true;
-      return out;
-    }
-    if (!f->event) {
-      if (error) *error = f->error;
-      return out;
-    }
-    tail_.share(f->event);
-    out.push_back(f->event);
-    return out;
-  }
-  out = read_disk(seq, max, max_bytes, error, background_ ? fetching : nullptr);
+  if (background_ && fetching) return read_blocks(seq, max, max_bytes, error, fetching, prepare);
+  out = read_disk(seq, max, max_bytes, error);
   for (const auto& e : out) tail_.share(e);
   return out;
 }
 
+void event_log::prune_blocks() const {
+  const auto now = std::chrono::steady_clock::now();
+  // Done blocks not used for a while go, and the least recently used past the budget.
+  std::erase_if(blocks_, [&](const std::shared_ptr<block>& b) {
+    if (!b->done || now - b->used <= block_keep) return false;
+    blocks_memory_ -= b->memory;
+    return true;
+  });
+  while (blocks_memory_ > blocks_budget) {
+    auto lru = blocks_.end();
+    for (auto it = blocks_.begin(); it != blocks_.end(); ++it)
+      if ((*it)->done && (lru == blocks_.end() || (*it)->used < (*lru)->used)) lru = it;
+    if (lru == blocks_.end()) break;
+    blocks_memory_ -= (*lru)->memory;
+    blocks_.erase(lru);
+  }
+}
+
+std::vector<event_ptr> event_log::read_blocks(std::uint64_t seq, std::size_t max, std::size_t max_bytes,
+                                              std::string* error, bool* fetching, std::uint32_t want) const {
+  std::vector<event_ptr> out;
+  prune_blocks();
+  for (const auto& b : blocks_) {
+    if (!b->done) {
+      // Being read from at or before seq: wait for it (asking for what this reader wants too).
+      if (b->first <= seq && seq < b->first + block_events) {
+        b->want.fetch_or(want, std::memory_order_relaxed);
+        *fetching = true;
+        return out;
+      }
+      continue;
+    }
+    if (seq == b->end() && !b->error.empty()) {   // the fault after its events
+      if (error) *error = b->error;
+      return out;
+    }
+    if (seq < b->first || seq >= b->end()) continue;
+    b->used = std::chrono::steady_clock::now();
+    std::size_t bytes = 0;
+    for (auto i = static_cast<std::size_t>(seq - b->first); i < b->events.size() && out.size() < max; ++i) {
+      if (!out.empty() && bytes >= max_bytes) break;
+      bytes += b->events[i]->record.size();
+      out.push_back(b->events[i]);
+    }
+    // Half of it read: the next block is read meanwhile (not past what is visible, nor into the
+    // memory tail, nor after a fault).
+    const std::uint64_t next = b->end();
+    if (b->error.empty() && out.back()->seq + 1 >= b->first + (next - b->first) / 2 && next < visible_seq_ &&
+        (tail_.empty() || next < tail_.events().front()->seq)) {
+      bool have = false;
+      for (const auto& o : blocks_)
+        if (o->first == next || (o->done && o->first <= next && next < o->end())) have = true;
+      if (!have) {
+        std::string ignored;   // (its fault, if any, is met when a reader gets there)
+        start_block(next, b->want.load(std::memory_order_relaxed) | want, &ignored);
+      }
+    }
+    return out;
+  }
+  if (start_block(seq, want, error)) *fetching = true;
+  return out;
+}
+
+bool event_log::start_block(std::uint64_t seq, std::uint32_t want, std::string* error) const {
+  for (const auto& s : segments_) {
+    if (seq < s.first_seq || seq >= s.end_seq) continue;
+    block_args a;
+    a.seq = seq;
+    a.base = s.base;
+    a.name = s.path.filename().string();
+    // What is written and committed: never a frame a reconnect may cut off, nor one still in
+    // memory only (the tail has those).
+    a.byte_limit = std::min<std::uint64_t>(s.bytes, visible_offset_ > s.base ? visible_offset_ - s.base : 0);
+    a.seq_limit = std::min(s.end_seq, visible_seq_);
+    // From where the block before it ended, or from the index entry at or before seq.
+    a.offset = 0;
+    auto at = std::upper_bound(s.index.begin(), s.index.end(), seq,
+                               [](std::uint64_t v, const index_entry& e) { return v < e.seq; });
+    if (at != s.index.begin()) a.offset = std::prev(at)->offset;
+    for (const auto& b : blocks_)
+      if (b->done && !b->events.empty() && b->end() == seq && b->events.back()->end_offset > s.base &&
+          b->events.back()->end_offset - s.base > a.offset && b->events.back()->end_offset - s.base <= a.byte_limit &&
+          b->events.front()->seq >= s.first_seq)
+        a.offset = static_cast<std::size_t>(b->events.back()->end_offset - s.base);
+    if (a.offset >= a.byte_limit) return false;   // not in the file yet
+    // The file stays readable while its descriptor is open, whatever retention does.
+    a.fd = std::make_shared<file_descriptor>(::open(s.path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (a.fd->fd < 0) {
+      if (error) *error = "event log " + a.name + " unreadable: " + std::strerror(errno);
+      return false;
+    }
+    auto b = std::make_shared<block>();
+    b->first = seq;
+    b->want.store(want, std::memory_order_relaxed);
+    a.b = b;
+    a.prepare = prepare_;
+    try {
+      background_([a = std::move(a)] { read_block(a); },
+                  [this, b, alive = alive_] {
+                    if (!*alive) return;
+                    b->done = true;
+                    b->used = std::chrono::steady_clock::now();
+                    for (const auto& e : b->events) b->memory += e->memory();
+                    blocks_memory_ += b->memory;
+                    announce();
+                  });
+    } catch (const std::exception& e) {
+      if (error) *error = "event log " + s.path.filename().string() + ": cannot start reading at event #" +
+                          std::to_string(seq) + ": " + e.what();
+      return false;
+    }
+    blocks_.push_back(std::move(b));
+    ++background_reads_;
+    return true;
+  }
+  return false;   // not retained
+}
+
 std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max, std::size_t max_bytes,
-                                            std::string* error, bool* fetching) const {
+                                            std::string* error) const {
   std::vector<event_ptr> out;
   auto fail = [&](const std::string& why) {
     if (error) *error = why;
@@ -143,57 +372,6 @@ std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max, 
       if (len > s.bytes - offset) {
         fail("event log " + name + " damaged at offset " + std::to_string(offset) + " (frame length)");
         break;
-      }
-      if (type == 'E' && len >= large_record && fetching) {
-        // A record of megabytes goes to the background thread: its sequence number first.
-        char seq_bytes[8];
-        if (len < 8 || !in.read(seq_bytes, 8)) {
-          fail("event log " + name + " ends inside the frame at offset " + std::to_string(offset));
-          break;
-        }
-        // The index puts an entry at every large frame and the one after it, so the first
-        // frame read at or after seq's entry is seq's: anything else is damage (its checksum is
-        // checked on the background thread; this number is not checked yet).
-        protocol::cursor q(std::string_view(seq_bytes, 8));
-        const std::uint64_t s_seq = q.u64();
-        if (s_seq != seq) {
-          fail("event log " + name + " damaged at offset " + std::to_string(offset) + " (sequence)");
-          break;
-        }
-        // The file stays readable while its descriptor is open, whatever retention does.
-        auto fd = std::make_shared<file_descriptor>(::open(s.path.c_str(), O_RDONLY | O_CLOEXEC));
-        if (fd->fd < 0) {
-          fail("event log " + name + " unreadable: " + std::strerror(errno));
-          return out;
-        }
-        auto f = std::make_shared<fetch>();
-        try {
-          background_(
-              [f, fd, offset, len, base = s.base, name, s_seq] {
-                try {
-                  f->event = read_large_frame(fd->fd, offset, len, base, name, s_seq, f->error);
-                } catch (const std::exception& e) {   // (a record of up to 1 GB: memory may run out)
-                  f->event = nullptr;
-                  f->error = "event log " + name + ": cannot read the record at offset " + std::to_string(offset) +
-                             ": " + e.what();
-                }
-                fd->close();
-              },
-              [this, f, alive = alive_] {
-                if (!*alive) return;
-                f->done = true;
-                f->done_at = std::chrono::steady_clock::now();
-                announce();
-              });
-        } catch (const std::exception& e) {
-          fail("event log " + name + ": cannot start reading the record at offset " + std::to_string(offset) + ": " +
-               e.what());
-          return out;
-        }
-        fetches_[s_seq] = f;
-        ++background_reads_;
-        *fetching = true;
-        return out;
       }
       frame_bytes.resize(5 + std::size_t{len} + 4);
       if (!in.read(frame_bytes.data() + 5, static_cast<std::streamsize>(len) + 4)) {

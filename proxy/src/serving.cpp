@@ -133,6 +133,7 @@ server_core::server_core(boost::asio::any_io_executor ex, server_options o, gate
   for (const auto& f : opts.extra_metrics) f(metrics);
   listener_ = log.on_visible([this] { notify(); });
   gw.on_event_logged([this](const logged_event& e, const transform::change& c) { encodings.on_logged(e, c); });
+  log.set_prepare(encodings.preparer());   // encodings of what the log reads in the background, made there
 }
 
 server_core::~server_core() { detach(); }
@@ -142,6 +143,7 @@ void server_core::detach() {
   attached_ = false;
   log.remove_listener(listener_);
   gw.on_event_logged({});
+  log.set_prepare({});
   snapshots.stop();
 }
 

@@ -73,8 +73,11 @@ void subscription::read_some(std::vector<item>& out) {
   // Records read are bounded like the batch (their encodings are about their size): what a
   // batch reads from disk is about what it sends.
   bool fetching = false;
-  auto batch = log_.read(cursor_, limits_.batch_events, limits_.batch_bytes, &read_error, &fetching);
-  if (batch.empty() && fetching) {   // a large record is being read in the background: notified when in memory
+  // Read in the background, the events come with this client's encoding (and its compressed
+  // form) made there. (pgoutput2json compact's form with "s" is made here, when needed.)
+  std::uint32_t prepare = want_encoding(enc_) | (deflate_bits_ ? want_deflate(deflate_bits_) : 0);
+  auto batch = log_.read(cursor_, limits_.batch_events, limits_.batch_bytes, &read_error, &fetching, prepare);
+  if (batch.empty() && fetching) {   // being read in the background: notified when in memory
     waiting_ = true;
     return;
   }

@@ -44,6 +44,10 @@ class encoding_cache {
   /// bytes more held for e's encodings (a compressed form made on a payload): counted against
   /// the log's memory tail as its encodings are.
   void account(const logged_event& e, std::size_t bytes) { log_.account_encoding(e, bytes); }
+  /// What the log runs on events it read in the background, on its reader thread: makes the
+  /// encodings asked for (want_encoding; records under 1 MiB) and their compressed forms
+  /// (want_deflate). It holds a copy of the encoder options: it outlives this cache safely.
+  log_reader::prepare_fn preparer() const;
   /// The log's publish hook: e was just logged from c.
   void on_logged(const logged_event& e, const transform::change& c);
 

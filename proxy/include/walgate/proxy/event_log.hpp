@@ -27,6 +27,7 @@
 #include "walgate/transform/record.hpp"
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -138,11 +139,18 @@ class event_log final : public log_reader {
   /// Up to max events from seq on, from memory or disk. Empty when seq is not retained. When
   /// the file cannot be read (an I/O error, a segment shorter than written, a frame whose
   /// checksum fails), the events before the fault are returned and *error says what failed.
+  /// With a background runner and fetching given, what is not in memory is read on the runner's
+  /// thread in blocks of up to 512 KiB of records (or one large record), which every reader
+  /// near them shares while the blocks are kept (at most 32 MiB of them, each for 2 s after its
+  /// last use), with the encodings `prepare` asks for made there; a reader in the second half of
+  /// a block starts the next one, so that a reader going through the file rarely waits.
   std::vector<event_ptr> read(std::uint64_t seq, std::size_t max_events, std::size_t max_bytes,
-                              std::string* error = nullptr, bool* fetching = nullptr) const override;
+                              std::string* error = nullptr, bool* fetching = nullptr,
+                              std::uint32_t prepare = 0) const override;
+  void set_prepare(prepare_fn f) override { prepare_ = std::move(f); }
   /// Runs work on a thread of its own, then done on the log's executor. Set: a reader that can
-  /// wait (read() with fetching) gets a record of 1 MiB or more from the file in the background,
-  /// so the event loop never reads one. Unset (tests, tools): such a record is read at once.
+  /// wait (read() with fetching) reads the file in the background (above), so the event loop
+  /// never does. Unset (tests, tools): read() reads the file at once.
   using background_runner = std::function<void(std::function<void()> work, std::function<void()> done)>;
   void set_background(background_runner r) { background_ = std::move(r); }
   /// read() with at most 1 MiB of records from disk.
@@ -154,6 +162,19 @@ class event_log final : public log_reader {
   std::optional<std::uint64_t> first_recent_transaction(const std::function<bool(std::uint32_t)>& pred) const override;
   /// resume_after(id).seq.
   std::optional<std::uint64_t> seq_after(const transform::event_id& id) const { return resume_after(id).seq; }
+
+  /// (Internal.) A block of events read in the background, shared by the readers near it.
+  struct block {
+    std::uint64_t first = 0;                  // the seq it was asked for
+    std::atomic<std::uint32_t> want{0};       // what to prepare (readers waiting add theirs)
+    bool done = false;                        // (the log's executor) events and error are set
+    std::vector<event_ptr> events;            // consecutive seqs from first
+    std::string error;                        // a fault after them
+    bool large = false;                       // one record of 1 MiB or more
+    std::size_t memory = 0;
+    std::chrono::steady_clock::time_point used;   // done, or last read from
+    std::uint64_t end() const { return events.empty() ? first : events.back()->seq + 1; }
+  };
 
   /// Test hook: called after every successful fsync/fdatasync the log makes (segment files,
   /// the directory, ACKED, ORIGIN), with the descriptor synced, on the thread that synced it.
@@ -209,20 +230,19 @@ class event_log final : public log_reader {
   /// Frames scratch_ (seq and record) and makes it the next event.
   event_ptr place(transform::event_id id, transform::op kind, std::uint32_t xid, std::string_view schema,
                   std::string_view table);
-  std::vector<event_ptr> read_disk(std::uint64_t seq, std::size_t max, std::size_t max_bytes, std::string* error,
-                                   bool* fetching = nullptr) const;
-  /// A large record being read in the background (by seq), and what came of it.
-  struct fetch {
-    event_ptr event;
-    std::string error;
-    bool done = false;
-    std::chrono::steady_clock::time_point done_at;
-  };
+  std::vector<event_ptr> read_disk(std::uint64_t seq, std::size_t max, std::size_t max_bytes, std::string* error) const;
   background_runner background_;
-  mutable std::unordered_map<std::uint64_t, std::shared_ptr<fetch>> fetches_;
   mutable std::uint64_t background_reads_ = 0;
-  /// Drops background reads done more than 2 s ago (their readers have taken them).
-  void prune_fetches() const;
+  mutable std::deque<std::shared_ptr<block>> blocks_;
+  mutable std::size_t blocks_memory_ = 0;
+  prepare_fn prepare_;
+  std::vector<event_ptr> read_blocks(std::uint64_t seq, std::size_t max, std::size_t max_bytes, std::string* error,
+                                     bool* fetching, std::uint32_t want) const;
+  /// Starts reading a block at seq; false when there is nothing in the file there (error set
+  /// when that is a fault).
+  bool start_block(std::uint64_t seq, std::uint32_t want, std::string* error) const;
+  /// Drops done blocks unused for 2 s, and the least recently used past the budget.
+  void prune_blocks() const;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 
   log_options opts_;

@@ -25,6 +25,12 @@ enum class encoding : std::uint8_t {
   native, debezium, pgoutput2json, waltail, wal2json, pgoutput2json_compact, pgoutput2json_schema, count_
 };
 
+/// What a read in the background makes ready for the events it reads, off the event loop: bit i
+/// for encoding i (want_encoding), bit 16 + w for an encoding's permessage-deflate form with
+/// window w (want_deflate, 9-15), made of each encoding asked for.
+constexpr std::uint32_t want_encoding(encoding e) { return 1u << static_cast<unsigned>(e); }
+constexpr std::uint32_t want_deflate(int window_bits) { return 1u << (16 + window_bits); }
+
 struct logged_event {
   std::uint64_t seq = 0;           ///< Position in the log; Waltail's seq.
   transform::event_id id;
@@ -84,8 +90,17 @@ class log_reader {
   /// says what failed. With fetching given, a read that would block the caller for long (a
   /// record of many megabytes) may instead start in the background: then nothing is returned,
   /// *fetching is set, and the notification (on_visible) comes when it is in memory.
+  /// With fetching given, events not in memory are read in the background (in large sequential
+  /// blocks shared by every reader near them), and what `prepare` asks for (want_encoding,
+  /// want_deflate) is made for them there: the reader is notified when they are in memory.
   virtual std::vector<event_ptr> read(std::uint64_t seq, std::size_t max_events, std::size_t max_bytes,
-                                      std::string* error = nullptr, bool* fetching = nullptr) const = 0;
+                                      std::string* error = nullptr, bool* fetching = nullptr,
+                                      std::uint32_t prepare = 0) const = 0;
+  /// What a background read runs on each event it read, with the bits asked for (see
+  /// want_encoding): the encodings' maker (encoding_cache::preparer). Copied by each read, so
+  /// it owns what it uses. Empty: nothing is made in the background.
+  using prepare_fn = std::function<void(logged_event&, std::uint32_t)>;
+  virtual void set_prepare(prepare_fn f) { (void)f; }
   /// Where a reader that processed id resumes.
   virtual resume_point resume_after(const transform::event_id& id) const = 0;
   /// The id of the last event of the last committed transaction (invalid commit LSN: none).

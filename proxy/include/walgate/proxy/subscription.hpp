@@ -54,7 +54,7 @@ class subscription {
 
   /// The next batch of encoded events into out (cleared first). Empty and ended: the
   /// subscription is over (too slow, its position no longer retained, a damaged record). Empty,
-  /// not ended and not pending(): caught up (or a large record is being read for it), wait for
+  /// not ended and not pending(): caught up (or the log is reading for it in the background), wait for
   /// the log's notification. Empty and
   /// pending(): its filters passed over events without a match and the call's work ran out
   /// (at most 8 reads of the log): call again after letting others run.

@@ -43,7 +43,7 @@ void event_log::register_metrics(metrics_registry& r) const {
   r.add_value("walgate_log_next_seq", "gauge", "Sequence number of the next event clients will see.",
               [this] { return visible_seq(); });
   r.add_value("walgate_log_background_reads_total", "counter",
-              "Records of 1 MiB or more read from the file on the reader thread for clients far behind.",
+              "Reads of the log file on the reader thread for clients behind the memory tail (blocks of events, or one record of 1 MiB or more).",
               [this] { return background_reads_; });
 }
 

@@ -156,7 +156,10 @@ awaitable<void> serve(server_core& core, Stream& s, unsigned version, stream_sta
       co_return;
     }
     if (!batch.empty()) c.delivered(batch.back(), batch.size(), sent);
-    if (out.capacity() > (64u << 10)) out = std::string();   // no burst-sized buffer kept between batches
+    // The buffer is kept while batches follow one another (a client catching up reuses it:
+    // no allocation of a batch's size per batch); it is given back when the client is idle
+    // (above), and one grown past two batches (events of up to 1 MiB go in it) goes now.
+    if (out.capacity() > 2 * core.opts.batch_bytes + (1u << 20)) out = std::string();
   }
   c.finished();
   if (core.stopping) sub.close(subscription::end::shutdown, "server shutting down");

@@ -62,8 +62,8 @@ std::shared_ptr<logged_event> read_large_frame(int fd, std::size_t offset, std::
 
 constexpr std::size_t block_record_bytes = 512u << 10;   // a block's records, about
 constexpr std::size_t block_events = 4096;
-constexpr std::size_t blocks_budget = 32u << 20;         // what the kept blocks hold
-constexpr auto block_keep = std::chrono::seconds(2);     // after its last use
+constexpr std::size_t blocks_budget = 16u << 20;         // what the kept blocks hold
+constexpr auto block_keep = std::chrono::milliseconds(500);   // after its last use
 
 /// Reads into b the events from seq on of a segment (fd), from the frame at offset, up to
 /// byte_limit (what is written and committed) and seq_limit: up to a block's worth, or one large

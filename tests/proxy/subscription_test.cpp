@@ -600,6 +600,46 @@ TEST_CASE("subscription: far behind, the log is read in blocks off the event loo
   }
 }
 
+TEST_CASE("event log: blocks read in the background are kept 0.5 s after their last use, and at most 16 MiB of them") {
+  log_options o;
+  o.memory_bytes = 16u << 20;
+  fixture f(o);
+  manual_background bg(*f.log);
+  for (int i = 0; i < 12; ++i) f.w.txn(*f.log, f.w.a, 1, transform::op::insert, 3u << 20);   // 3 MiB each
+  REQUIRE(f.log->tail().front()->seq >= 7);   // 0-6 only in the file
+  bool fetching = false;
+  // One event read as a reader does: a block started, run (with any other started), then read.
+  auto read_at = [&](std::uint64_t seq) {
+    fetching = false;
+    auto r = f.log->read(seq, 1, 1u << 30, nullptr, &fetching);
+    if (r.empty() && fetching) {
+      while (bg.run_next()) {
+      }
+      r = f.log->read(seq, 1, 1u << 30, nullptr, &fetching);
+    }
+    REQUIRE(r.size() == 1);
+    CHECK(r[0]->seq == seq);
+  };
+  for (std::uint64_t seq = 0; seq < 7; ++seq) read_at(seq);   // 7 blocks of 3 MiB: past 16 MiB
+  const auto jobs = bg.jobs.size();
+  CHECK(jobs >= 7);   // (and the one after 6, read ahead, when it is not in the tail)
+  CHECK(jobs <= 8);
+  fetching = false;
+  CHECK(f.log->read(6, 1, 1u << 30, nullptr, &fetching).size() == 1);   // kept: just used
+  CHECK(f.log->read(5, 1, 1u << 30, nullptr, &fetching).size() == 1);
+  CHECK(bg.jobs.size() == jobs);
+  CHECK(f.log->read(0, 1, 1u << 30, nullptr, &fetching).empty());   // the least recently used went
+  CHECK(fetching);
+  CHECK(bg.jobs.size() == jobs + 1);
+  while (bg.run_next()) {
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  fetching = false;
+  CHECK(f.log->read(5, 1, 1u << 30, nullptr, &fetching).empty());   // unused for 0.5 s: gone
+  CHECK(fetching);
+  CHECK(bg.jobs.size() == jobs + 2);
+}
+
 TEST_CASE("subscription: a damaged frame in a block read in the background: the events before it, then the reason") {
   log_options o;
   o.memory_bytes = 1;

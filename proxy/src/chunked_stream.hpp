@@ -107,7 +107,10 @@ awaitable<void> serve(server_core& core, Stream& s, unsigned version, stream_sta
   });
   std::vector<subscription::item> batch;
   std::string out;
+  std::uint64_t seen = core.notifications;
   while (!core.stopping && !sub.ended()) {
+    if (core.behind_live(sub, seen)) co_await asio::post(core.executor, asio::use_awaitable);   // live clients first
+    if (core.stopping || sub.ended()) break;
     sub.next_batch(batch);
     if (sub.ended()) break;
     out.clear();
@@ -158,7 +161,7 @@ awaitable<void> serve(server_core& core, Stream& s, unsigned version, stream_sta
     if (!batch.empty()) c.delivered(batch.back(), batch.size(), sent);
     // The buffer is kept while batches follow one another (a client catching up reuses it:
     // no allocation of a batch's size per batch); it is given back when the client is idle
-    // (above), and one grown past two batches (events of up to 1 MiB go in it) goes now.
+    // (above), and one grown past that (it never should: larger events go from where they are).
     if (out.capacity() > 2 * core.opts.batch_bytes + (1u << 20)) out = std::string();
   }
   c.finished();

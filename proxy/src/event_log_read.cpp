@@ -64,6 +64,7 @@ constexpr std::size_t block_record_bytes = 512u << 10;   // a block's records, a
 constexpr std::size_t block_events = 4096;
 constexpr std::size_t blocks_budget = 16u << 20;         // what the kept blocks hold
 constexpr auto block_keep = std::chrono::milliseconds(500);   // after its last use
+constexpr auto block_unread_keep = std::chrono::seconds(5);  // done, not read from yet
 
 /// Reads into b the events from seq on of a segment (fd), from the frame at offset, up to
 /// byte_limit (what is written and committed) and seq_limit: up to a block's worth, or one large
@@ -151,7 +152,6 @@ void read_block(const block_args& a) {
         auto ev = read_large_frame(a.fd->fd, offset, len, a.base, name, s_seq, error);
         if (!ev) fail(error);
         else events.push_back(std::move(ev));
-        b.large = true;
         break;
       }
       if (!have(offset, frame_overhead + len)) {
@@ -179,17 +179,25 @@ void read_block(const block_args& a) {
       record_bytes += len;
       events.push_back(std::move(ev));
     }
-    buf = std::string();
-    // What the readers asked for, made here rather than on the event loop (readers that came
-    // while the block was read added theirs).
-    if (a.prepare)
-      for (auto& e : events) {
-        const std::uint32_t want = b.want.load(std::memory_order_relaxed);
-        if (want) a.prepare(*e, want);
-      }
   } catch (const std::exception& e) {   // (memory)
     fail("event log " + name + ": cannot read at offset " + std::to_string(offset) + ": " + e.what());
   }
+  buf = std::string();
+  if (events.empty() && b.error.empty())   // (never a silent nothing: a reader would wait on it forever)
+    fail("event log " + name + ": event #" + std::to_string(a.seq) + " is not in the file before offset " +
+         std::to_string(a.byte_limit));
+  // What the readers asked for, made here rather than on the event loop (readers that came while
+  // the block was read added theirs). A failure here is no fault of the log: what is not made
+  // here is made on demand.
+  if (a.prepare)
+    for (auto& e : events) {
+      const std::uint32_t want = b.want.load(std::memory_order_relaxed);
+      if (!want) continue;
+      try {
+        a.prepare(*e, want);
+      } catch (const std::exception&) {
+      }
+    }
   b.events.assign(events.begin(), events.end());
   a.fd->close();
 }
@@ -213,15 +221,16 @@ std::vector<event_ptr> event_log::read(std::uint64_t seq, std::size_t max, std::
 void event_log::prune_blocks() const {
   const auto now = std::chrono::steady_clock::now();
   // Done blocks not used for a while go, and the least recently used past the budget.
+  // A block nobody has read from yet stays (its reader is on its way), unless that was long ago.
   std::erase_if(blocks_, [&](const std::shared_ptr<block>& b) {
-    if (!b->done || now - b->used <= block_keep) return false;
+    if (!b->done || now - b->used <= (b->taken ? block_keep : block_unread_keep)) return false;
     blocks_memory_ -= b->memory;
     return true;
   });
   while (blocks_memory_ > blocks_budget) {
     auto lru = blocks_.end();
     for (auto it = blocks_.begin(); it != blocks_.end(); ++it)
-      if ((*it)->done && (lru == blocks_.end() || (*it)->used < (*lru)->used)) lru = it;
+      if ((*it)->done && (*it)->taken && (lru == blocks_.end() || (*it)->used < (*lru)->used)) lru = it;
     if (lru == blocks_.end()) break;
     blocks_memory_ -= (*lru)->memory;
     blocks_.erase(lru);
@@ -232,27 +241,38 @@ std::vector<event_ptr> event_log::read_blocks(std::uint64_t seq, std::size_t max
                                               std::string* error, bool* fetching, std::uint32_t want) const {
   std::vector<event_ptr> out;
   prune_blocks();
+  std::shared_ptr<block> at, waiting, fault;
   for (const auto& b : blocks_) {
     if (!b->done) {
       // Being read from at or before seq: wait for it (asking for what this reader wants too).
-      if (b->first <= seq && seq < b->first + block_events) {
-        b->want.fetch_or(want, std::memory_order_relaxed);
-        *fetching = true;
-        return out;
-      }
-      continue;
+      if (b->first <= seq && seq < b->first + block_events) waiting = b;
+    } else if (b->first <= seq && seq < b->end()) {
+      at = b;
+    } else if (seq == b->end() && !b->error.empty()) {   // the fault after its events
+      fault = b;
     }
-    if (seq == b->end() && !b->error.empty()) {   // the fault after its events
-      if (error) *error = b->error;
-      return out;
-    }
-    if (seq < b->first || seq >= b->end()) continue;
+  }
+  if (!at && waiting) {
+    waiting->want.fetch_or(want, std::memory_order_relaxed);
+    *fetching = true;
+    return out;
+  }
+  if (!at && fault) {
+    if (error) *error = fault->error;
+    return out;
+  }
+  if (at) {
+    const auto& b = at;
     b->used = std::chrono::steady_clock::now();
+    b->taken = true;
     std::size_t bytes = 0;
     for (auto i = static_cast<std::size_t>(seq - b->first); i < b->events.size() && out.size() < max; ++i) {
       if (!out.empty() && bytes >= max_bytes) break;
       bytes += b->events[i]->record.size();
       out.push_back(b->events[i]);
+      // A record of megabytes is shared with any reader that reaches it while one holds it,
+      // after its block is gone too (its encodings are made once).
+      if (b->events[i]->record.size() >= large_record) tail_.share(b->events[i]);
     }
     // Half of it read: the next block is read meanwhile (not past what is visible, nor into the
     // memory tail, nor after a fault).
@@ -270,6 +290,8 @@ std::vector<event_ptr> event_log::read_blocks(std::uint64_t seq, std::size_t max
     return out;
   }
   if (start_block(seq, want, error)) *fetching = true;
+  else if (error && error->empty())   // (never a silent nothing: the reader would spin on it)
+    *error = "event log: event #" + std::to_string(seq) + " is neither in memory nor in the file";
   return out;
 }
 

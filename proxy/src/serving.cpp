@@ -155,6 +155,7 @@ subscription::limits server_core::limits() const {
 }
 
 void server_core::notify() {
+  ++notifications;
   for (auto* c : clients) c->wake_target->cancel();
   for (auto* t : waiters) t->cancel();
 }

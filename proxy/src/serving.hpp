@@ -109,6 +109,16 @@ struct server_core {
   subscription::limits limits() const;
   /// Wakes every client waiting for events.
   void notify();
+  std::uint64_t notifications = 0;   ///< notify() calls so far
+  /// A client catching up (not live: reading what committed long ago) goes after the live
+  /// clients a notification woke: true once per notification, before its next batch — then it
+  /// yields (posts itself behind them), so that a live client waits for at most the batch being
+  /// made, not for a batch of every client catching up. seen: the client's own count.
+  bool behind_live(const subscription& sub, std::uint64_t& seen) const {
+    const bool yield = !sub.live() && seen != notifications;
+    seen = notifications;
+    return yield;
+  }
   /// A spill file could not be read back (the client is disconnected mid-event).
   void spill_read_failed(const std::string& error);
   /// No more notifications or eager encodings from the gateway (the server stops).

@@ -79,7 +79,10 @@ awaitable<void> serve_websocket(server_core& core, Stream&& s, http::request<htt
       s.c->force_close();
     });
   };
+  std::uint64_t seen = core.notifications;
   while (!core.stopping && !sub.ended()) {
+    if (core.behind_live(sub, seen)) co_await asio::post(core.executor, asio::use_awaitable);   // live clients first
+    if (core.stopping || sub.ended()) break;
     sub.next_batch(batch);
     if (sub.ended()) break;
     if (batch.empty() && sub.pending()) {   // passed over events its filters do not take: go on after the others

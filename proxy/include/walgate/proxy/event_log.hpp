@@ -170,7 +170,7 @@ class event_log final : public log_reader {
     bool done = false;                        // (the log's executor) events and error are set
     std::vector<event_ptr> events;            // consecutive seqs from first
     std::string error;                        // a fault after them
-    bool large = false;                       // one record of 1 MiB or more
+    bool taken = false;                       // a reader has read from it
     std::size_t memory = 0;
     std::chrono::steady_clock::time_point used;   // done, or last read from
     std::uint64_t end() const { return events.empty() ? first : events.back()->seq + 1; }
@@ -241,7 +241,8 @@ class event_log final : public log_reader {
   /// Starts reading a block at seq; false when there is nothing in the file there (error set
   /// when that is a fault).
   bool start_block(std::uint64_t seq, std::uint32_t want, std::string* error) const;
-  /// Drops done blocks unused for 0.5 s, and the least recently used past the budget.
+  /// Drops blocks read from and unused for 0.5 s, and the least recently used of them past the
+  /// budget; a block not read from yet stays until it is (or for 5 s: its readers went away).
   void prune_blocks() const;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 

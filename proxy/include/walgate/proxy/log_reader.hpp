@@ -87,12 +87,10 @@ class log_reader {
   /// Events from seq on, committed only: at most max_events, and no more records than about
   /// max_bytes (at least one event). Empty when seq is not retained or nothing is visible
   /// there. When the log cannot be read, the events before the fault are returned and *error
-  /// says what failed. With fetching given, a read that would block the caller for long (a
-  /// record of many megabytes) may instead start in the background: then nothing is returned,
-  /// *fetching is set, and the notification (on_visible) comes when it is in memory.
-  /// With fetching given, events not in memory are read in the background (in large sequential
-  /// blocks shared by every reader near them), and what `prepare` asks for (want_encoding,
-  /// want_deflate) is made for them there: the reader is notified when they are in memory.
+  /// says what failed. With fetching given, events not in memory may be read in the background
+  /// instead (in large sequential blocks shared by every reader near them), with what `prepare`
+  /// asks for (want_encoding, want_deflate) made for them there: then nothing is returned,
+  /// *fetching is set, and the notification (on_visible) comes when they are in memory.
   virtual std::vector<event_ptr> read(std::uint64_t seq, std::size_t max_events, std::size_t max_bytes,
                                       std::string* error = nullptr, bool* fetching = nullptr,
                                       std::uint32_t prepare = 0) const = 0;

@@ -336,7 +336,7 @@ bool event_log::start_block(std::uint64_t seq, std::uint32_t want, std::string* 
                     b->used = std::chrono::steady_clock::now();
                     for (const auto& e : b->events) b->memory += e->memory();
                     blocks_memory_ += b->memory;
-                    announce();
+                    announce_fetched();
                   });
     } catch (const std::exception& e) {
       if (error) *error = "event log " + s.path.filename().string() + ": cannot start reading at event #" +

@@ -132,6 +132,7 @@ server_core::server_core(boost::asio::any_io_executor ex, server_options o, gate
   snapshots.register_metrics(metrics);
   for (const auto& f : opts.extra_metrics) f(metrics);
   listener_ = log.on_visible([this] { notify(); });
+  fetched_listener_ = log.on_fetched([this] { notify_fetched(); });
   gw.on_event_logged([this](const logged_event& e, const transform::change& c) { encodings.on_logged(e, c); });
   log.set_prepare(encodings.preparer());   // encodings of what the log reads in the background, made there
 }
@@ -142,6 +143,7 @@ void server_core::detach() {
   if (!attached_) return;
   attached_ = false;
   log.remove_listener(listener_);
+  log.remove_listener(fetched_listener_);
   gw.on_event_logged({});
   log.set_prepare({});
   snapshots.stop();
@@ -152,6 +154,11 @@ subscription::limits server_core::limits() const {
   l.batch_bytes = opts.batch_bytes;
   l.lag_bytes = opts.client_lag_bytes;
   return l;
+}
+
+void server_core::notify_fetched() {
+  for (auto* c : clients)
+    if (c->sub.waiting()) c->wake_target->cancel();
 }
 
 void server_core::notify() {

@@ -109,6 +109,8 @@ struct server_core {
   subscription::limits limits() const;
   /// Wakes every client waiting for events.
   void notify();
+  /// Wakes the clients waiting for a background read of the log (not the others).
+  void notify_fetched();
   std::uint64_t notifications = 0;   ///< notify() calls so far
   /// A client catching up (not live: reading what committed long ago) goes after the live
   /// clients a notification woke: true once per notification, before its next batch — then it
@@ -125,7 +127,7 @@ struct server_core {
   void detach();
 
  private:
-  std::size_t listener_ = 0;
+  std::size_t listener_ = 0, fetched_listener_ = 0;
   bool attached_ = true;
 };
 

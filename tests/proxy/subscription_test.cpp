@@ -396,16 +396,24 @@ TEST_CASE("subscription: pgoutput2json compact sends a table's schema first and 
   CHECK(text(del[0][1]).rfind("{\"key\":{\"id\":", 0) == 0);
 }
 
-TEST_CASE("log_reader: tail notifications reach listeners until removed") {
+TEST_CASE("log_reader: tail notifications reach listeners until removed; background reads notify only theirs") {
   fixture f;
-  int a = 0, b = 0;
+  int a = 0, b = 0, fetched = 0;
   auto ha = f.log->on_visible([&] { ++a; });
   f.log->on_visible([&] { ++b; });
+  auto hf = f.log->on_fetched([&] { ++fetched; });
   f.log->announce();
   f.log->remove_listener(ha);
   f.log->announce();
   CHECK(a == 1);
   CHECK(b == 2);
+  CHECK(fetched == 0);
+  f.log->announce_fetched();
+  CHECK(fetched == 1);
+  CHECK(b == 2);
+  f.log->remove_listener(hf);
+  f.log->announce_fetched();
+  CHECK(fetched == 1);
 }
 
 TEST_CASE("subscription: a filter passing over many events goes on until a match, a bounded amount at a time") {
@@ -441,13 +449,14 @@ TEST_CASE("subscription: a record of megabytes far behind is read off the event 
   fixture f(o);
   manual_background bg(*f.log);
   auto& jobs = bg.jobs;
-  int notified = 0;
-  f.log->on_visible([&] { ++notified; });
+  int notified = 0, visible = 0;
+  f.log->on_fetched([&] { ++notified; });
   f.w.txn(*f.log, f.w.a, 1);
   f.w.txn(*f.log, f.w.a, 1, transform::op::insert, 3u << 20);   // seq 1: 3 MiB
   for (int i = 0; i < 10; ++i) f.w.txn(*f.log, f.w.a, 1, transform::op::insert, 1u << 20);
   f.w.txn(*f.log, f.w.b, 1);
   REQUIRE(f.log->tail().front()->seq > 1);   // the large one is only on disk
+  f.log->on_visible([&] { ++visible; });
 
   subscription s(*f.log, *f.enc, f.request("/v1/stream"), 0, std::nullopt, {});
   subscription t(*f.log, *f.enc, f.request("/v1/stream"), 1, std::nullopt, {});
@@ -455,9 +464,12 @@ TEST_CASE("subscription: a record of megabytes far behind is read off the event 
   s.next_batch(batch);
   CHECK(batch.empty());          // read in the background: the small event, not the large one with it
   CHECK_FALSE(s.pending());      // so: wait for the notification, do not spin
+  CHECK(s.waiting());
+  CHECK_FALSE(t.waiting());
   REQUIRE(jobs.size() == 1);
   bg.run(0);
   CHECK(notified == 1);
+  CHECK(visible == 0);           // (not a notification of new events)
   s.next_batch(batch);
   REQUIRE(batch.size() == 1);
   CHECK(batch[0].id.to_string() == f.w.txns[0].commit_lsn.to_string() + ":0");

@@ -115,19 +115,37 @@ class log_reader {
   /// Tail notifications: f is called (on the log's executor) each time events became visible
   /// (once for a burst of transactions, not once per event). The returned handle removes it.
   std::size_t on_visible(std::function<void()> f) {
-    listeners_.emplace_back(++last_listener_, std::move(f));
+    listeners_.push_back({++last_listener_, false, std::move(f)});
+    return last_listener_;
+  }
+  /// Background-read notifications: f is called (on the log's executor) each time a read in
+  /// the background is done — the readers that waited for it (read() set *fetching) go on. No
+  /// event became visible: the clients waiting for new events need not wake.
+  std::size_t on_fetched(std::function<void()> f) {
+    listeners_.push_back({++last_listener_, true, std::move(f)});
     return last_listener_;
   }
   void remove_listener(std::size_t handle) {
-    std::erase_if(listeners_, [&](const auto& l) { return l.first == handle; });
+    std::erase_if(listeners_, [&](const auto& l) { return l.handle == handle; });
   }
-  /// Calls the listeners (the appending side, after events became visible).
+  /// Calls the on_visible listeners (the appending side, after events became visible).
   void announce() const {
-    for (const auto& [h, f] : listeners_) f();
+    for (const auto& l : listeners_)
+      if (!l.fetched) l.f();
+  }
+  /// Calls the on_fetched listeners (a background read is done).
+  void announce_fetched() const {
+    for (const auto& l : listeners_)
+      if (l.fetched) l.f();
   }
 
  private:
-  std::vector<std::pair<std::size_t, std::function<void()>>> listeners_;
+  struct listener {
+    std::size_t handle;
+    bool fetched;
+    std::function<void()> f;
+  };
+  std::vector<listener> listeners_;
   std::size_t last_listener_ = 0;
 };
 

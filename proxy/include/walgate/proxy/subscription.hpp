@@ -67,6 +67,8 @@ class subscription {
   void delivered(const item& last) {
     if (last.what == kind::event || last.what == kind::snapshot_end) resume_id_ = last.id.to_string();
   }
+  /// Waiting for the log to read its next events in the background (woken by on_fetched).
+  bool waiting() const { return waiting_ && !ended(); }
   /// In its snapshot (rows, or the changes before the end marker).
   bool in_snapshot() const { return phase_ != phase::live; }
 

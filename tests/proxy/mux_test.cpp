@@ -370,3 +370,69 @@ TEST_CASE("multiplexed subscriptions: idle past the keep-alive, pinged and answe
   CHECK_FALSE(ec);
   CHECK(test::wait_until([&] { return g.srv->clients() == 0; }));
 }
+
+TEST_CASE("multiplexed subscriptions: one catching up from far behind does not hold back another; a client that stops "
+          "reading is closed after the write timeout") {
+  test::cluster().sql(
+      "CREATE TABLE muxf_a(id int PRIMARY KEY, pad text); CREATE TABLE muxf_b(id int PRIMARY KEY); "
+      "CREATE PUBLICATION muxf_pub FOR TABLE muxf_a, muxf_b");
+  server_options so;
+  so.write_timeout = std::chrono::milliseconds(3000);
+  running_gateway g("muxf_slot", "muxf_pub", so);
+  // 40,000 events of muxf_a, then 3 of muxf_b: at the end of the log.
+  test::cluster().sql("INSERT INTO muxf_a SELECT g, repeat('x', 100) FROM generate_series(1, 40000) g");
+  test::cluster().sql("INSERT INTO muxf_b VALUES (1), (2), (3)");
+  REQUIRE(test::wait_until([&] { return metric(g.port(), "walgate_log_next_seq") >= 40003; }));
+  {
+    mux_client m(g.port(), "/v1/mux");
+    // Both from the start: a's batches are 256 KiB each; b's filter passes over a's events a
+    // bounded amount per round. Were a served until it caught up, b's events would come after
+    // all of a's.
+    m.send(R"({"type":"subscribe","id":"a","tables":"public.muxf_a","from":"0/0:0"})");
+    m.send(R"({"type":"subscribe","id":"b","tables":"public.muxf_b","from":"0/0:0"})");
+    CHECK(m.next_text() == R"({"sub":"a","type":"subscribed"})");
+    std::size_t a = 0, a_before_b = 0, b = 0;
+    std::int64_t last_a = 0;
+    bool in_order = true, subscribed_b = false;
+    while (a < 40000 || b < 3) {
+      auto v = m.next();
+      REQUIRE(v.is_object());
+      if (v.as_object().contains("type")) {
+        subscribed_b = subscribed_b || (v.at("sub") == "b" && v.at("type") == "subscribed");
+        continue;
+      }
+      if (v.at("sub") == "a") {
+        const auto id = v.at("data").at("after").at("id").as_int64();
+        in_order = in_order && id == last_a + 1;
+        last_a = id;
+        ++a;
+      } else {
+        if (b == 0) a_before_b = a;
+        ++b;
+      }
+    }
+    CHECK(subscribed_b);
+    CHECK(in_order);
+    CHECK(a == 40000);
+    CHECK(b == 3);
+    CHECK(a_before_b < 30000);
+    MESSAGE("events of the subscription catching up before the other's first: " << a_before_b);
+    boost::system::error_code ec;
+    m.ws.close(websocket::close_code::normal, ec);
+  }
+  REQUIRE(test::wait_until([&] { return g.srv->clients() == 0; }));
+  // A client that subscribes to more than the sockets' buffers hold and stops reading: the write
+  // that cannot finish within the write timeout closes the connection, and its subscriptions go.
+  mux_client stuck(g.port(), "/v1/mux");
+  for (const char* f : {"native", "debezium", "wal2json", "waltail"})
+    stuck.send(std::string(R"({"type":"subscribe","id":")") + f + R"(","format":")" + f +
+               R"(","tables":"public.muxf_a","from":"0/0:0"})");
+  CHECK(test::wait_until([&] { return g.srv->clients() == 4; }, std::chrono::seconds(5)));
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(test::wait_until([&] { return g.srv->clients() == 0; }, std::chrono::seconds(20)));
+  CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(1000));   // (after a write waited 3 s)
+  // What the sockets held arrives, then the connection ends.
+  set_timeout(stuck.ws.next_layer(), 30000);
+  stuck.wait_close();
+  CHECK(g.srv->clients() == 0);
+}

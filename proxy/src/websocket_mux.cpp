@@ -306,7 +306,18 @@ awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request
     m->ws.next_layer().append_text_frame(text);   // small, uncompressed (RSV1 clear)
     appended = true;
   };
+  std::uint64_t seen = core.notifications;
   while (!core.stopping && m->reading && !failed) {
+    // A connection with a subscription catching up lets the live clients a notification woke go
+    // first (once per notification), as a /v1/ws client catching up does.
+    bool catching_up = false;
+    for (const auto& s : m->subs) catching_up = catching_up || (s->c && !s->c->sub.live());
+    if (catching_up && seen != core.notifications) {
+      seen = core.notifications;
+      co_await asio::post(core.executor, asio::use_awaitable);
+      if (core.stopping || !m->reading || failed) break;
+    }
+    seen = core.notifications;
     auto& out = ws.next_layer();
     out.cork();
     rearm();

@@ -4,6 +4,8 @@
 #include <boost/asio/post.hpp>
 
 #include <sys/resource.h>
+#include <cerrno>
+#include <algorithm>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -21,9 +23,14 @@ gateway::gateway(asio::any_io_executor ex, event_log& log, protocol::assembler_o
   sync_.on_failure([this] { log_failed(); }, [this] { return log_failed_now(); });
   // Records of megabytes that readers far behind reach are read on a thread of their own.
   reader_ = std::make_unique<asio::thread_pool>(1);
-  // Below the event loop (nice 5): on a busy machine, live clients' latency comes before the
-  // reads of clients catching up.
-  asio::post(*reader_, [] { ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 5); });
+  // Below the event loop (5 more nice than the process): on a busy machine, live clients'
+  // latency comes before the reads of clients catching up.
+  asio::post(*reader_, [] {
+    const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
+    errno = 0;
+    const int nice = ::getpriority(PRIO_PROCESS, tid);
+    if (errno == 0) ::setpriority(PRIO_PROCESS, tid, std::min(nice + 5, 19));
+  });
   log_.set_background([pool = reader_.get(), ex = executor_](std::function<void()> work, std::function<void()> done) {
     asio::post(*pool, [work = std::move(work), done = std::move(done), ex]() mutable {
       work();

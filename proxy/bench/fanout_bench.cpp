@@ -3,7 +3,9 @@
 // (as browsers offer it), and the memory of 5,000 idle clients each way (and of 5,000 idle
 // Server-Sent Events clients); against every walgate
 // binary given, side by side in one run (the one before a change and the one after).
-//   usage: walgate-bench-fanout PATH/TO/walgate [PATH/TO/other-walgate ...]
+//   usage: walgate-bench-fanout PATH/TO/walgate [PATH/TO/other-walgate ...] [proxy/bench/node-peer/peer.mjs]
+// (a .mjs gateway is the Node.js peer: pg-logical-replication + ws, run with node; npm install in
+// its directory first)
 // Clients are raw sockets in this process (one poll loop): each text frame is counted, and
 // whether it came compressed (RSV1); a sample is checked to be the last row.
 #include "walgate/proxy/local_cluster.hpp"
@@ -155,6 +157,9 @@ void pump(std::vector<std::unique_ptr<client>>& cs, std::size_t want) {
 
 }  // namespace
 
+/// A gateway given as a .mjs script: the Node.js peer, run with node.
+bool is_peer(const std::string& bin) { return bin.size() > 4 && bin.compare(bin.size() - 4, 4, ".mjs") == 0; }
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: %s PATH/TO/walgate [PATH/TO/other-walgate ...]\n", argv[0]);
@@ -199,10 +204,18 @@ int main(int argc, char** argv) {
     port = free_port();
     const std::string data = (pg->dir() / ("fan-data-" + std::to_string(k))).string();
     const std::string err = (pg->dir() / ("fan-" + std::to_string(k) + ".log")).string();
-    pid_t gw = spawn_logged({bin, "--pg", pg->conninfo(), "--slot", "fan_" + std::to_string(k), "--publication", "fan_pub",
-                      "--data-dir", data, "--listen", "127.0.0.1:" + std::to_string(port), "--no-fsync", "--snapshot",
-                      "never", "--max-clients", std::to_string(std::max<std::size_t>(12000, idle + 100))},
-                     err);
+    pid_t gw = 0;
+    if (is_peer(bin)) {   // the Node.js peer (proxy/bench/node-peer): its slot made here
+      pg->sql("SELECT pg_create_logical_replication_slot('fan_" + std::to_string(k) + "', 'pgoutput')");
+      gw = spawn_logged({"/usr/bin/env", "node", bin, pg->socket_dir().string(), std::to_string(pg->port()),
+                         "fan_" + std::to_string(k), "fan_pub", std::to_string(port)},
+                        err);
+    } else {
+      gw = spawn_logged({bin, "--pg", pg->conninfo(), "--slot", "fan_" + std::to_string(k), "--publication", "fan_pub",
+                         "--data-dir", data, "--listen", "127.0.0.1:" + std::to_string(port), "--no-fsync", "--snapshot",
+                         "never", "--max-clients", std::to_string(std::max<std::size_t>(12000, idle + 100))},
+                        err);
+    }
     std::unique_ptr<client> probe;
     for (int i = 0; i < 400 && !(probe = connect_ws(port, false, 0)); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     if (!probe) {
@@ -251,6 +264,7 @@ int main(int argc, char** argv) {
     // (WebSocket without and with permessage-deflate, and Server-Sent Events).
     for (int kind = 0; kind < 3; ++kind) {
       const bool deflate = kind == 1, sse = kind == 2;
+      if (sse && is_peer(bin)) continue;   // (WebSocket only)
       gw = start(bin, port);
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
       const long before = rss_kib(gw);

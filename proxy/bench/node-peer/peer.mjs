@@ -3,8 +3,9 @@
 // JSON to every connected WebSocket client. Started by walgate-bench-fanout, like a walgate:
 //   node peer.mjs PGHOST PGPORT SLOT PUBLICATION PORT     (user and database postgres; the slot exists)
 // It is a benchmark peer, not a product: no log, no resume, no filters, acknowledged as received.
-// permessage-deflate is negotiated when the client offers it (ws's own per-client compression,
-// with its default threshold: messages under 1 KiB go uncompressed).
+// permessage-deflate is negotiated when the client offers it, with ws's defaults: with context
+// takeover (what browsers offer) every message is compressed in the connection's own zlib
+// context (ws's 1 KiB threshold applies only under no_context_takeover).
 import { LogicalReplicationService, PgoutputPlugin } from 'pg-logical-replication';
 import { WebSocketServer } from 'ws';
 

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -32,6 +33,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include <string_view>
+#include <ctime>
 
 using namespace walgate;
 using namespace walgate::bench;
@@ -41,6 +44,11 @@ namespace {
 struct client {
   int fd = -1;
   bool sse = false;   // an EventSource's request (events counted by their data: lines)
+  /// Times each event from its commit_time to now (into latencies_ms) — the latency phase's
+  /// sample of clients.
+  bool timed = false;
+  std::string last_ts;
+  std::chrono::system_clock::time_point last_commit;
   std::string buf;
   std::size_t frames = 0, compressed = 0;
   bool closed = false;
@@ -86,6 +94,30 @@ std::unique_ptr<client> connect_ws(std::uint16_t port, bool deflate, int n, bool
   return c;
 }
 
+std::vector<double> latencies_ms;   // of timed clients' events
+std::chrono::system_clock::time_point now_received;   // when the bytes being taken were read
+
+/// A commit time as the native format writes it (2026-12-02T09:10:00.123456Z, UTC).
+std::chrono::system_clock::time_point parse_utc(const std::string& ts) {
+  std::tm tm{};
+  strptime(ts.c_str(), "%Y-%m-%dT%H:%M:%S", &tm);
+  const double frac = ts.size() > 19 ? std::atof(ts.c_str() + 19) : 0;
+  return std::chrono::system_clock::from_time_t(timegm(&tm)) + std::chrono::microseconds(static_cast<long>(frac * 1e6));
+}
+
+/// A timed client's event: its latency from the commit time in it.
+void time_event(client& c, std::string_view msg) {
+  static const std::string marker = "\"commit_time\":\"";
+  const auto p = msg.find(marker);
+  if (p == std::string_view::npos || msg.size() < p + marker.size() + 26) return;
+  const std::string_view ts = msg.substr(p + marker.size(), 26);
+  if (ts != c.last_ts) {   // (parsed once per transaction)
+    c.last_ts = std::string(ts);
+    c.last_commit = parse_utc(c.last_ts);
+  }
+  latencies_ms.push_back(std::chrono::duration<double, std::milli>(now_received - c.last_commit).count());
+}
+
 /// Counts the complete data frames at the front of c's buffer (an EventSource's: its events).
 void take(client& c) {
   if (c.sse) {
@@ -116,6 +148,7 @@ void take(client& c) {
     if ((b0 & 0x0f) == 1) {
       ++c.frames;
       if (b0 & 0x40) ++c.compressed;
+      if (c.timed && !(b0 & 0x40)) time_event(c, std::string_view(c.buf).substr(at + head, len));
     }
     if ((b0 & 0x0f) == 8) c.closed = true;
     if ((b0 & 0x0f) == 9 && len <= 125) {
@@ -145,6 +178,7 @@ void pump(std::vector<std::unique_ptr<client>>& cs, std::size_t want) {
       char chunk[65536];
       ssize_t r;
       while ((r = ::recv(c.fd, chunk, sizeof chunk, 0)) > 0) c.buf.append(chunk, static_cast<std::size_t>(r));
+      if (c.timed) now_received = std::chrono::system_clock::now();
       take(c);
       if (r == 0) c.closed = true;
       if (c.frames >= want || c.closed) {
@@ -187,6 +221,10 @@ int main(int argc, char** argv) {
   std::string error;
   proxy::cluster_options o;
   o.name = "walgate-bench-fanout";
+  // A walsender sends a transaction once its WAL is flushed: with synchronous_commit off that
+  // waits for the WAL writer (up to 200 ms), which the latency phase would measure. UTC: the
+  // reference's commit times are printed in the server's time zone.
+  o.extra_conf = {"synchronous_commit = on", "timezone = 'UTC'"};
   auto pg = proxy::local_cluster::start(o, error);
   if (!pg) {
     std::fprintf(stderr, "%s\n", error.c_str());
@@ -257,6 +295,70 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       cs.clear();
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+    if (!is_peer(bin) && !std::getenv("WALGATE_BENCH_NO_LATENCY")) {
+      // Commit -> client latency at 1,000,000 deliveries/s: 10,000 clients (uncompressed), 100
+      // changes a second (10 transactions of 10 rows) for 10 s; 100 of the clients time every
+      // event from the commit time in it. Meanwhile pg_recvlogical (test_decoding with commit
+      // times) on a slot of its own times the same transactions as they reach it: the
+      // reference, in the same run.
+      // WALGATE_BENCH_LATENCY_TPS: transactions of 10 rows a second (10: 1 M deliveries/s).
+      const int tps = std::getenv("WALGATE_BENCH_LATENCY_TPS") ? std::max(1, std::atoi(std::getenv("WALGATE_BENCH_LATENCY_TPS"))) : 10;
+      std::vector<std::unique_ptr<client>> cs;
+      for (std::size_t i = 0; i < 10000; ++i)
+        if (auto c = connect_ws(port, false, static_cast<int>(i))) cs.push_back(std::move(c));
+      for (std::size_t i = 0; i < cs.size() && i < 100; ++i) cs[i]->timed = true;
+      latencies_ms.clear();
+      const std::string ref_slot = "fan_ref_" + std::to_string(b);
+      pg->sql("SELECT pg_create_logical_replication_slot('" + ref_slot + "', 'test_decoding')");
+      std::vector<double> ref_ms;
+      std::thread ref([&] {
+        const std::string cmd = "timeout 16 " + (pg->bindir() / "pg_recvlogical").string() + " -d '" + pg->conninfo() +
+                                "' -S " + ref_slot + " --start -o include-timestamp=1 -F 0 -f - 2>/dev/null";
+        FILE* f = ::popen(cmd.c_str(), "r");
+        if (!f) return;
+        char line[4096];
+        while (std::fgets(line, sizeof line, f)) {
+          const auto now = std::chrono::system_clock::now();
+          const std::string l(line);
+          const auto at = l.find(" (at ");
+          if (l.rfind("COMMIT", 0) != 0 || at == std::string::npos || l.size() < at + 5 + 26) continue;
+          std::string ts = l.substr(at + 5, 26);   // 2026-12-02 09:10:00.123456 (UTC)
+          ts[10] = 'T';
+          ref_ms.push_back(std::chrono::duration<double, std::milli>(now - parse_utc(ts)).count());
+        }
+        ::pclose(f);
+      });
+      std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+      const double cpu0 = cpu_seconds(gw);
+      std::thread load([&] {
+        const auto t0 = clock_type::now();
+        for (int n = 0; n < 10 * tps; ++n) {
+          pg->sql("INSERT INTO fan_items SELECT g, 'note ' || repeat(md5(g::text), 4) FROM generate_series(" +
+                  std::to_string(next_id + 1) + ", " + std::to_string(next_id + 10) + ") g");
+          next_id += 10;
+          std::this_thread::sleep_until(t0 + std::chrono::microseconds(1000000L * (n + 1) / tps));
+        }
+      });
+      pump(cs, static_cast<std::size_t>(100 * tps));
+      load.join();
+      const double cpu = cpu_seconds(gw) - cpu0;
+      ref.join();
+      std::size_t frames = 0, closed = 0;
+      for (auto& c : cs) frames += c->frames, closed += c->closed;
+      auto pct = [](std::vector<double> v, double q) {
+        if (v.empty()) return -1.0;
+        std::sort(v.begin(), v.end());
+        return v[static_cast<std::size_t>(q * static_cast<double>(v.size() - 1))];
+      };
+      std::printf("%-28s commit -> client at %d changes/s to %zu clients for 10 s (%zu deliveries, "
+                  "%zu closed; walgate %.1f CPU s): p50 %.2f ms, p99 %.2f ms, max %.2f ms (%zu samples); "
+                  "pg_recvlogical: p50 %.2f ms, p99 %.2f ms, max %.2f ms (%zu transactions)\n",
+                  name.c_str(), 10 * tps, cs.size(), frames, closed, cpu, pct(latencies_ms, 0.5), pct(latencies_ms, 0.99),
+                  pct(latencies_ms, 1.0), latencies_ms.size(), pct(ref_ms, 0.5), pct(ref_ms, 0.99), pct(ref_ms, 1.0),
+                  ref_ms.size());
+      std::fflush(stdout);
+      pg->sql("SELECT pg_drop_replication_slot('" + ref_slot + "')");
     }
     stop(gw);
     // Idle clients' memory, each way in a fresh walgate: 5,000 clients (or WALGATE_BENCH_IDLE),

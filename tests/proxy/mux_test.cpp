@@ -375,7 +375,7 @@ TEST_CASE("multiplexed subscriptions: one catching up from far behind does not h
           "reading is closed after the write timeout") {
   test::cluster().sql(
       "CREATE TABLE muxf_a(id int PRIMARY KEY, pad text); CREATE TABLE muxf_b(id int PRIMARY KEY); "
-      "CREATE PUBLICATION muxf_pub FOR TABLE muxf_a, muxf_b");
+      "CREATE TABLE muxf_c(id int PRIMARY KEY); CREATE PUBLICATION muxf_pub FOR TABLE muxf_a, muxf_b, muxf_c");
   server_options so;
   so.write_timeout = std::chrono::milliseconds(3000);
   running_gateway g("muxf_slot", "muxf_pub", so);
@@ -385,12 +385,20 @@ TEST_CASE("multiplexed subscriptions: one catching up from far behind does not h
   REQUIRE(test::wait_until([&] { return metric(g.port(), "walgate_log_next_seq") >= 40003; }));
   {
     mux_client m(g.port(), "/v1/mux");
-    // Both from the start: a's batches are 256 KiB each; b's filter passes over a's events a
-    // bounded amount per round. Were a served until it caught up, b's events would come after
-    // all of a's.
+    // Both from the start: a's batches end at 512 events or 256 KiB; b's filter passes over a's
+    // events a bounded amount per round. Were a served until it caught up, b's events would
+    // come after all of a's. Commits go on meanwhile (so the connection, catching up, also
+    // lets the clients they wake go first).
     m.send(R"({"type":"subscribe","id":"a","tables":"public.muxf_a","from":"0/0:0"})");
     m.send(R"({"type":"subscribe","id":"b","tables":"public.muxf_b","from":"0/0:0"})");
     CHECK(m.next_text() == R"({"sub":"a","type":"subscribed"})");
+    std::atomic<bool> done{false};
+    std::thread commits([&] {
+      for (int i = 1; i <= 200 && !done; ++i) {
+        test::cluster().sql("INSERT INTO muxf_c VALUES (" + std::to_string(i) + ")");
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    });
     std::size_t a = 0, a_before_b = 0, b = 0;
     std::int64_t last_a = 0;
     bool in_order = true, subscribed_b = false;
@@ -411,6 +419,8 @@ TEST_CASE("multiplexed subscriptions: one catching up from far behind does not h
         ++b;
       }
     }
+    done = true;
+    commits.join();
     CHECK(subscribed_b);
     CHECK(in_order);
     CHECK(a == 40000);

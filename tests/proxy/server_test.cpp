@@ -24,6 +24,7 @@
 
 #include <csignal>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -221,20 +222,28 @@ TEST_CASE("a client far behind reaches values of megabytes on disk: read off the
   CHECK(std::stoul(metrics.substr(at + name.size())) >= 2);
   // That thread runs below the event loop's priority (5 more nice than the process, unless
   // that is past 19); the others as the process.
-  auto nice_of = [](const std::filesystem::path& task) {
+  // (A thread that ended meanwhile has no stat to read: not counted.)
+  auto nice_of = [](const std::filesystem::path& task) -> std::optional<int> {
     std::ifstream in(task / "stat");
     std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::istringstream fields(stat.substr(stat.rfind(')') + 2));   // from field 3 (state) on
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos || close + 2 > stat.size()) return std::nullopt;
+    std::istringstream fields(stat.substr(close + 2));   // from field 3 (state) on
     std::string v;
-    for (int i = 3; i <= 19 && fields >> v; ++i) {
+    int i = 3;
+    for (; i <= 19 && fields >> v; ++i) {
     }
-    return std::stoi(v);
+    if (i != 20) return std::nullopt;
+    return std::atoi(v.c_str());
   };
-  const int base = nice_of("/proc/self");
+  const auto self = nice_of("/proc/self");
+  REQUIRE(self);
+  const int base = *self;
   int lower = 0, threads = 0;
   for (const auto& t : std::filesystem::directory_iterator("/proc/self/task")) {
-    ++threads;
-    lower += nice_of(t.path()) == std::min(base + 5, 19);
+    const auto n = nice_of(t.path());
+    threads += n.has_value();
+    lower += n == std::min(base + 5, 19);
   }
   CHECK(threads > 2);
   CHECK(lower == (base >= 19 ? threads : 1));   // (at 19 already, every thread is)

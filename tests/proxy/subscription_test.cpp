@@ -465,7 +465,6 @@ TEST_CASE("subscription: a record of megabytes far behind is read off the event 
   CHECK(batch.empty());          // read in the background: the small event, not the large one with it
   CHECK_FALSE(s.pending());      // so: wait for the notification, do not spin
   CHECK(s.waiting());
-  CHECK_FALSE(t.waiting());
   REQUIRE(jobs.size() == 1);
   bg.run(0);
   CHECK(notified == 1);
@@ -482,12 +481,15 @@ TEST_CASE("subscription: a record of megabytes far behind is read off the event 
   t.next_batch(batch);           // another reader at the same place waits for the same read
   CHECK(batch.empty());
   CHECK_FALSE(t.pending());
+  CHECK(t.waiting());            // (what the server's on_fetched wakes)
+  CHECK(s.waiting());
   CHECK(jobs.size() == 2);
   CHECK(notified == 1);
   bg.run(1);                     // the read, then its completion on the loop: readers are notified
   CHECK(notified == 2);
   s.next_batch(batch);
   REQUIRE(!batch.empty());
+  CHECK_FALSE(s.waiting());
   CHECK(batch[0].id.to_string() == f.w.txns[1].commit_lsn.to_string() + ":0");
   CHECK(batch[0].bytes->size() > (3u << 20));
   batch.clear();                 // (s no longer holds it either)

@@ -141,8 +141,8 @@ class event_log final : public log_reader {
   /// checksum fails), the events before the fault are returned and *error says what failed.
   /// With a background runner and fetching given, what is not in memory is read on the runner's
   /// thread in blocks of up to 512 KiB of records (or one large record), which every reader
-  /// near them shares while the blocks are kept (at most 16 MiB of them, each for 0.5 s after
-  /// its last use), with the encodings `prepare` asks for made there; a reader in the second half of
+  /// near them shares while the blocks are kept (until read from, at most 5 s; then 0.5 s after
+  /// their last use, at most 16 MiB of those read from), with the encodings `prepare` asks for made there; a reader in the second half of
   /// a block starts the next one, so that a reader going through the file rarely waits.
   std::vector<event_ptr> read(std::uint64_t seq, std::size_t max_events, std::size_t max_bytes,
                               std::string* error = nullptr, bool* fetching = nullptr,

@@ -109,7 +109,7 @@ class gateway final : public replication_sink, public protocol::transaction_hand
   protocol::assembler_options assembler_opts_;
   std::unique_ptr<protocol::assembler> assembler_;
   sync_scheduler sync_;   // group commit and the ACKED file, on the sync thread
-  std::unique_ptr<boost::asio::thread_pool> reader_;   // the log's background reads of large records
+  std::unique_ptr<boost::asio::thread_pool> reader_;   // the log's background reads (blocks of events, large records)
   bool between_transactions_ = true;
   protocol::lsn keepalive_durable_;           // stored in the ACKED file
   bool ack_failed_ = false;

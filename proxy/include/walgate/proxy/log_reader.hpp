@@ -90,7 +90,7 @@ class log_reader {
   /// says what failed. With fetching given, events not in memory may be read in the background
   /// instead (in large sequential blocks shared by every reader near them), with what `prepare`
   /// asks for (want_encoding, want_deflate) made for them there: then nothing is returned,
-  /// *fetching is set, and the notification (on_visible) comes when they are in memory.
+  /// *fetching is set, and the notification (on_fetched) comes when they are in memory.
   virtual std::vector<event_ptr> read(std::uint64_t seq, std::size_t max_events, std::size_t max_bytes,
                                       std::string* error = nullptr, bool* fetching = nullptr,
                                       std::uint32_t prepare = 0) const = 0;

@@ -1,5 +1,7 @@
 #include "walgate/proxy/memory_tail.hpp"
 
+#include <algorithm>
+
 namespace walgate::proxy {
 
 namespace {
@@ -61,8 +63,9 @@ void memory_tail::clear() {
 std::vector<event_ptr> memory_tail::read(std::uint64_t seq, std::size_t max) const {
   std::vector<event_ptr> out;
   if (!tail_.empty() && seq >= tail_.front()->seq) {
-    for (std::size_t i = static_cast<std::size_t>(seq - tail_.front()->seq); i < tail_.size() && out.size() < max; ++i)
-      out.push_back(tail_[i]);
+    const auto from = static_cast<std::size_t>(seq - tail_.front()->seq);
+    if (from < tail_.size()) out.reserve(std::min(max, tail_.size() - from));   // (one allocation, not one per doubling)
+    for (std::size_t i = from; i < tail_.size() && out.size() < max; ++i) out.push_back(tail_[i]);
     return out;
   }
   // Out of the tail, but still held by a reader sending it: shared (and the tail after them).

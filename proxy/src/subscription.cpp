@@ -101,6 +101,7 @@ void subscription::read_some(std::vector<item>& out) {
   // In a snapshot's changes: only up to its end, and only what it did not see.
   const bool window = phase_ == phase::changes;
   const std::uint64_t limit = window ? *snapshot_->end_seq() : UINT64_MAX;
+  out.reserve(out.size() + batch.size());   // (one allocation for the batch, not one per doubling)
   for (const auto& e : batch) {
     if (e->seq >= limit) break;
     cursor_ = e->seq + 1;

@@ -15,7 +15,55 @@ constexpr std::array<std::int8_t, 256> make_reverse() {
   return t;
 }
 constexpr auto reverse = make_reverse();
+constexpr char url_alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+constexpr std::array<std::int8_t, 256> make_url_reverse() {
+  std::array<std::int8_t, 256> t{};
+  for (auto& v : t) v = -1;
+  for (int i = 0; i < 64; ++i) t[static_cast<unsigned char>(url_alphabet[i])] = static_cast<std::int8_t>(i);
+  return t;
+}
+constexpr auto url_reverse = make_url_reverse();
 }  // namespace
+
+std::optional<std::string> base64url_decode(std::string_view in) {
+  if (in.size() % 4 == 1) return std::nullopt;
+  std::string out;
+  out.reserve(in.size() / 4 * 3 + 2);
+  std::uint32_t v = 0;
+  int bits = 0;
+  for (char ch : in) {
+    auto d = url_reverse[static_cast<unsigned char>(ch)];
+    if (d < 0) return std::nullopt;
+    v = (v << 6) | static_cast<std::uint32_t>(d);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(static_cast<char>((v >> bits) & 0xff));
+      v &= (1u << bits) - 1;
+    }
+  }
+  if (v != 0) return std::nullopt;   // non-zero unused bits: not the canonical encoding of anything
+  return out;
+}
+
+std::string base64url_encode(std::string_view in) {
+  std::string out;
+  out.reserve((in.size() + 2) / 3 * 4);
+  std::uint32_t v = 0;
+  int bits = 0;
+  for (unsigned char ch : in) {
+    v = (v << 8) | ch;
+    bits += 8;
+    while (bits >= 6) {
+      bits -= 6;
+      out.push_back(url_alphabet[(v >> bits) & 63]);
+    }
+    v &= (1u << bits) - 1;
+  }
+  if (bits > 0) out.push_back(url_alphabet[(v << (6 - bits)) & 63]);
+  return out;
+}
 
 void base64_encode_append(std::string& out, std::string_view in) {
   const auto* p = reinterpret_cast<const unsigned char*>(in.data());

@@ -189,6 +189,18 @@ const std::vector<setting>& settings() {
                      }));
     s.push_back(flag("allow-unauthenticated", "allow a non-loopback --listen without authentication",
                      &config::allow_unauthenticated));
+    s.push_back(choice<bool>("auth", "none, or jwt: stream clients need a bearer token (a JWT) verified with the key files",
+                             &config::auth_jwt, {{"none", false}, {"jwt", true}}));
+    s.push_back(text("jwt-secret-file", "file of the HMAC secret of HS256/384/512 tokens (at least 32 bytes)",
+                     &config::jwt_secret_file));
+    s.push_back(text("jwks-file", "JWKS file (RFC 7517) of the RSA, EC, Ed25519 or HMAC keys tokens are verified with",
+                     &config::jwks_file));
+    s.push_back(text("jwt-issuer", "the iss tokens must have (empty: not checked)", &config::jwt_issuer));
+    s.push_back(text("jwt-audience", "an aud tokens must have (empty: not checked)", &config::jwt_audience));
+    s.push_back(number("jwt-leeway", "clock skew allowed on exp, nbf and iat, s (0-3600)", &config::jwt_leeway_s, 0, 3600,
+                       on_serve, " s"));
+    s.push_back(choice<bool>("jwt-exp", "required: a token without exp is refused; optional", &config::jwt_require_exp,
+                             {{"required", true}, {"optional", false}}));
     s.push_back(text("tls-cert", "PEM certificate chain for HTTPS/WSS", &config::tls_cert));
     s.push_back(text("tls-key", "PEM private key for HTTPS/WSS", &config::tls_key));
     // Megabyte figures stay far from overflowing when shifted into bytes.
@@ -454,10 +466,15 @@ std::string check(const config& c, command cmd) {
   }
   if (cmd == command::serve || cmd == command::demo || cmd == command::print_config) {
     if (c.tls_cert.empty() != c.tls_key.empty()) return "--tls-cert and --tls-key go together";
-    if (!listens_on_loopback(c) && !c.allow_unauthenticated)
+    if (c.auth_jwt && c.jwt_secret_file.empty() && c.jwks_file.empty())
+      return "--auth jwt needs a key file: --jwt-secret-file or --jwks-file (or both)";
+    if (!c.auth_jwt && (!c.jwt_secret_file.empty() || !c.jwks_file.empty() || !c.jwt_issuer.empty() ||
+                        !c.jwt_audience.empty()))
+      return "--jwt-secret-file, --jwks-file, --jwt-issuer and --jwt-audience go with --auth jwt";
+    if (!listens_on_loopback(c) && !c.auth_jwt && !c.allow_unauthenticated)
       return "--listen " + c.listen +
-             " is not a loopback address and authentication is not configured: pass --allow-unauthenticated to serve "
-             "the stream to anyone who can reach it";
+             " is not a loopback address and authentication is not configured: use --auth jwt, or pass "
+             "--allow-unauthenticated to serve the stream to anyone who can reach it";
   }
   return {};
 }

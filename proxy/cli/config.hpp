@@ -22,6 +22,10 @@ struct config {
   std::uint16_t listen_port = 8080;        ///< from listen
   std::string data_dir = "walgate-data";
   bool allow_unauthenticated = false;
+  bool auth_jwt = false;                ///< --auth jwt: stream clients need a bearer token (a JWT)
+  std::string jwt_secret_file, jwks_file, jwt_issuer, jwt_audience;
+  std::size_t jwt_leeway_s = 30;
+  bool jwt_require_exp = true;
   std::string tls_cert, tls_key;
   int status_interval_ms = 10'000;
   std::size_t client_lag_mb = 64;

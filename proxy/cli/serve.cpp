@@ -2,6 +2,7 @@
 #include "commands.hpp"
 
 #include "walgate/protocol/commands.hpp"
+#include "walgate/proxy/auth.hpp"
 #include "walgate/proxy/event_log.hpp"
 #include "walgate/proxy/gateway.hpp"
 #include "walgate/proxy/initial_snapshot.hpp"
@@ -24,6 +25,7 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <stdexcept>
 
 namespace walgate::cli {
@@ -174,9 +176,25 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
     return 2;
   }
   std::string error;
-  if (!listens_on_loopback(s))
+  if (!listens_on_loopback(s) && !s.auth_jwt)
     log_line("WARNING: serving unauthenticated on " + s.listen + ": anyone who can reach it reads every change");
   proxy::server_options so;
+  if (s.auth_jwt) {
+    proxy::auth_options ao;
+    ao.secret_file = s.jwt_secret_file;
+    ao.jwks_file = s.jwks_file;
+    ao.claims.issuer = s.jwt_issuer;
+    ao.claims.audience = s.jwt_audience;
+    ao.claims.leeway = std::chrono::seconds(s.jwt_leeway_s);
+    ao.claims.require_exp = s.jwt_require_exp;
+    so.auth = std::make_shared<proxy::authenticator>(ao);
+    if (!so.auth->reload(error)) {
+      log_line("--auth jwt: " + error);
+      return 2;
+    }
+    log_line("authentication: bearer tokens (JWT), " + std::to_string(so.auth->keys()) + " key(s)" +
+             (s.jwt_issuer.empty() ? "" : ", iss " + s.jwt_issuer) + (s.jwt_audience.empty() ? "" : ", aud " + s.jwt_audience));
+  }
   if (!client_limit(s.max_clients, so, error)) {
     log_line(error);
     return 2;
@@ -309,6 +327,39 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
            "; event log in " + s.data_dir + " (next event " + std::to_string(log->next_seq()) + ")");
   if (on_listening) on_listening(srv.port());
 
+  // SIGHUP: the key files read again (the connections stay; the keys in use stay if that
+  // fails). They are also read again when they change (polled every 2 s: a rotation by
+  // rewriting or renaming over the file needs no signal).
+  asio::signal_set hangups(io, SIGHUP);
+  std::function<void()> on_hangup = [&] {
+    hangups.async_wait([&](boost::system::error_code ec, int) {
+      if (ec) return;
+      if (so.auth) {
+        std::string e;
+        if (so.auth->reload(e)) log_line("SIGHUP: key files read again: " + std::to_string(so.auth->keys()) + " key(s)");
+        else log_line("SIGHUP: " + e + "; the keys in use stay");
+      } else {
+        log_line("SIGHUP: nothing to read again (no --auth jwt)");
+      }
+      on_hangup();
+    });
+  };
+  on_hangup();
+  asio::steady_timer key_watch(io);
+  std::function<void()> watch_keys = [&] {
+    if (!so.auth) return;
+    key_watch.expires_after(std::chrono::seconds(2));
+    key_watch.async_wait([&](boost::system::error_code ec) {
+      if (ec) return;
+      std::string e;
+      int r = so.auth->reload_if_changed(e);
+      if (r > 0) log_line("a key file changed: read again, " + std::to_string(so.auth->keys()) + " key(s)");
+      else if (r < 0) log_line("a key file changed and cannot be used: " + e + "; the keys in use stay");
+      watch_keys();
+    });
+  };
+  watch_keys();
+
   std::atomic<bool> stop{false};
   asio::co_spawn(io, watch_slot(*parsed.params, s.slot, gw.metrics(), stop), asio::detached);
   int rc = 0;
@@ -319,6 +370,8 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
     gw.flush();       // everything logged is durable...
     client.stop();    // ...and the final status update says so
     signals.cancel();
+    hangups.cancel();
+    key_watch.cancel();
   };
   signals.async_wait([&](boost::system::error_code ec, int) {
     if (!ec) {

@@ -31,10 +31,11 @@ constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
 template <class Stream>
 awaitable<void> write_simple(server_core& core, Stream& s, unsigned version, http::status st, std::string_view type,
                              std::string body, bool keep_alive, std::string_view retry_after = {},
-                             std::string_view cors = {}) {
+                             std::string_view cors = {}, std::string_view www_authenticate = {}) {
   http::response<http::string_body> res{st, version};
   res.set(http::field::server, "walgate");
   if (!retry_after.empty()) res.set(http::field::retry_after, retry_after);
+  if (!www_authenticate.empty()) res.set(http::field::www_authenticate, www_authenticate);
   set_cors(res, cors);
   res.set(http::field::content_type, type);
   res.set(http::field::cache_control, "no-store");
@@ -43,6 +44,61 @@ awaitable<void> write_simple(server_core& core, Stream& s, unsigned version, htt
   res.prepare_payload();
   beast::get_lowest_layer(s).expires_after(core.opts.write_timeout);
   co_await http::async_write(s, res, use_tuple);
+}
+
+/// A stream request's token, with authentication on: who it is, or the answer that refuses it
+/// (RFC 6750 3: 401 with a Bearer challenge; 400 invalid_request for a malformed one).
+struct auth_outcome {
+  std::shared_ptr<const identity> who;
+  unsigned status = 0;   // 0: served
+  std::string message, challenge;
+};
+
+/// A reason as an auth-param's quoted-string: no quote, backslash or control character.
+std::string auth_param(std::string_view s) {
+  std::string out = "\"";
+  for (char c : s.substr(0, 200)) out.push_back(c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20 ? '\'' : c);
+  return out + "\"";
+}
+
+auth_outcome authenticate(server_core& core, const http::request<http::empty_body>& req, std::string_view query_token) {
+  auth_outcome out;
+  auto field = [&req](http::field f) {
+    auto v = req[f];
+    return std::string_view(v.data(), v.size());
+  };
+  const auto subprotocols = field(http::field::sec_websocket_protocol);
+  auto b = find_bearer(field(http::field::authorization), query_token, subprotocols);
+  if (!b.error.empty()) {
+    out.status = 400;
+    out.message = b.error;
+    out.challenge = "Bearer realm=\"walgate\", error=\"invalid_request\", error_description=" + auth_param(b.error);
+  } else if (b.token.empty()) {
+    out.status = 401;
+    out.message = "a bearer token is required: Authorization: Bearer <token>, the access_token parameter, or (WebSocket) "
+                  "the subprotocols walgate and bearer.<token>";
+    out.challenge = "Bearer realm=\"walgate\"";
+  } else {
+    std::string why;
+    auto v = core.opts.auth->verify(b.token, why);
+    if (!v) {
+      out.status = 401;
+      out.message = "invalid token: " + why;
+      out.challenge = "Bearer realm=\"walgate\", error=\"invalid_token\", error_description=" + auth_param(why);
+    } else {
+      out.who = std::make_shared<const identity>(std::move(*v));
+    }
+  }
+  if (out.status) ++core.unauthorized;
+  return out;
+}
+
+/// A WebSocket upgrade that offers bearer.<token> must offer walgate too: the answer has to
+/// name one of the offered subprotocols, and it names walgate (never the token).
+bool bearer_subprotocol_without_walgate(const http::request<http::empty_body>& req) {
+  auto v = req[http::field::sec_websocket_protocol];
+  std::string_view offer(v.data(), v.size());
+  return !find_bearer({}, {}, offer).token.empty() && !offers_subprotocol(offer, "walgate");
 }
 
 }  // namespace
@@ -115,7 +171,7 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
       res.set(http::field::server, "walgate");
       set_cors(res, cors);
       res.set(http::field::access_control_allow_methods, "GET");
-      res.set(http::field::access_control_allow_headers, "Accept, Last-Event-ID, Cache-Control");
+      res.set(http::field::access_control_allow_headers, "Accept, Authorization, Last-Event-ID, Cache-Control");
       res.set(http::field::access_control_max_age, "600");
       res.keep_alive(keep);
       beast::get_lowest_layer(s).expires_after(opts.write_timeout);
@@ -149,12 +205,30 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
       co_await write_simple(core, s, req.version(), http::status::ok, "text/html; charset=utf-8", live_page_html, keep,
                             {}, cors);
     } else if (path == "/v1/mux") {
-      // The subscriptions come in the client's messages: the URL takes no stream parameters.
-      if (target.size() > path.size()) {
+      // The subscriptions come in the client's messages: the URL takes nothing but a token.
+      request_error err;
+      auto query_token = parse_mux_query(target, err);
+      if (!query_token) {
         co_await write_simple(core, s, req.version(), http::status::bad_request, "application/json",
-                              json_error("query", "/v1/mux takes no parameters: send them in subscribe messages"), false,
-                              {}, cors);
+                              json_error(err.parameter, err.message), false, {}, cors);
         co_return std::nullopt;
+      }
+      if (bearer_subprotocol_without_walgate(req)) {
+        co_await write_simple(core, s, req.version(), http::status::bad_request, "application/json",
+                              json_error("Sec-WebSocket-Protocol",
+                                         "offer the subprotocol walgate with bearer.<token> (the answer names walgate)"),
+                              false, {}, cors);
+        co_return std::nullopt;
+      }
+      std::shared_ptr<const identity> who;
+      if (opts.auth) {
+        auto a = authenticate(core, req, *query_token);
+        if (a.status) {
+          co_await write_simple(core, s, req.version(), static_cast<http::status>(a.status), "application/json",
+                                json_error("", a.message), false, {}, cors, a.challenge);
+          co_return std::nullopt;
+        }
+        who = std::move(a.who);
       }
       if (!beast::websocket::is_upgrade(req)) {
         co_await write_simple(core, s, req.version(), http::status::upgrade_required, "application/json",
@@ -172,6 +246,7 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
         co_return std::nullopt;
       }
       stream_handoff h{stream_handoff::to::mux, req.version(), std::string(cors), std::move(req), {}, std::nullopt};
+      h.start.who = std::move(who);
       h.admitted.emplace(core.streams);
       co_return h;
     } else if (path == "/v1/stream" || path == "/v1/ws") {
@@ -183,12 +258,32 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
                               json_error(err.parameter, err.message), false, {}, cors);
         co_return std::nullopt;
       }
+      // Who it is, before anything about the log is said to it.
+      if (path == "/v1/ws" && bearer_subprotocol_without_walgate(req)) {
+        co_await write_simple(core, s, req.version(), http::status::bad_request, "application/json",
+                              json_error("Sec-WebSocket-Protocol",
+                                         "offer the subprotocol walgate with bearer.<token> (the answer names walgate)"),
+                              false, {}, cors);
+        co_return std::nullopt;
+      }
+      std::shared_ptr<const identity> who;
+      if (opts.auth) {
+        auto a = authenticate(core, req, r->access_token);
+        if (a.status) {
+          co_await write_simple(core, s, req.version(), static_cast<http::status>(a.status), "application/json",
+                                json_error("", a.message), false, {}, cors, a.challenge);
+          co_return std::nullopt;
+        }
+        who = std::move(a.who);
+      }
+      r->access_token.clear();   // (not kept with the stream)
       auto last_event_id = req["Last-Event-ID"];
       if (auto no = position(core, std::move(*r), std::string_view(last_event_id.data(), last_event_id.size()), start)) {
         co_await write_simple(core, s, req.version(), static_cast<http::status>(no->status), "application/json",
                               json_error(no->parameter, no->message), false, no->retry_after, cors);
         co_return std::nullopt;
       }
+      start.who = std::move(who);
       stream_handoff h;
       h.admitted.emplace(core.streams);
       if (path == "/v1/ws" && !beast::websocket::is_upgrade(req)) {
@@ -289,7 +384,7 @@ awaitable<void> serve_connection(server_core& core, asio::ip::tcp::socket socket
       co_await serve_websocket(core, std::move(s), std::move(h->req), std::move(h->start));
       break;
     case stream_handoff::to::mux:
-      co_await serve_websocket_mux(core, std::move(s), std::move(h->req));
+      co_await serve_websocket_mux(core, std::move(s), std::move(h->req), std::move(h->start.who));
       break;
   }
 }

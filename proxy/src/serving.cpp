@@ -6,7 +6,9 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 
 namespace walgate::proxy {
@@ -50,11 +52,21 @@ client::client(server_core& c, transport k, stream_start start)
       watchdog(c.executor),
       snapshot(std::move(start.snapshot)) {
   if (snapshot) snapshot->set_wake([this] { wake_target->cancel(); });
+  who = std::move(start.who);
+  if (who && who->exp)
+    expiry = core.at_expiry(*who->exp, [this] {
+      expiry.reset();
+      if (sub.ended()) return;
+      sub.close(subscription::end::expired, "the token expired");
+      ++core.expired_streams;
+      wake_target->cancel();
+    });
   core.clients.insert(this);
   ++core.by_transport[static_cast<std::size_t>(kind)];
 }
 
 client::~client() {
+  if (expiry) core.cancel_expiry(*expiry);
   if (snapshot) {
     snapshot->set_wake({});
     snapshot->cancel();
@@ -130,6 +142,21 @@ server_core::server_core(boost::asio::any_io_executor ex, server_options o, gate
   metrics.add_value("walgate_reconnects_total", "counter", "Reconnections to PostgreSQL.",
                     [this] { return status.reconnects ? status.reconnects() : 0; });
   snapshots.register_metrics(metrics);
+  if (opts.auth) {
+    metrics.add_value("walgate_auth_tokens_accepted_total", "counter", "Bearer tokens verified.",
+                      [a = opts.auth] { return a->accepted(); });
+    metrics.add_value("walgate_auth_tokens_refused_total", "counter",
+                      "Bearer tokens refused (bad signature, expired, wrong audience…).", [a = opts.auth] { return a->refused(); });
+    metrics.add_value("walgate_auth_unauthorized_total", "counter",
+                      "Stream requests refused for their token: 401, or 400 for one sent in more than one way.",
+                      [this] { return unauthorized; });
+    metrics.add_value("walgate_auth_expired_streams_total", "counter", "Streams ended because their token expired.",
+                      [this] { return expired_streams; });
+    metrics.add_value("walgate_auth_key_reloads_total", "counter", "Key files read (at start, SIGHUP, a change).",
+                      [a = opts.auth] { return a->reloads(); });
+    metrics.add_value("walgate_auth_key_reload_failures_total", "counter",
+                      "Key file reads that failed (the keys in use stayed).", [a = opts.auth] { return a->reload_failures(); });
+  }
   for (const auto& f : opts.extra_metrics) f(metrics);
   listener_ = log.on_visible([this] { notify(); });
   fetched_listener_ = log.on_fetched([this] { notify_fetched(); });
@@ -147,6 +174,8 @@ void server_core::detach() {
   gw.on_event_logged({});
   log.set_prepare({});
   snapshots.stop();
+  expiries_.clear();   // (the streams end with the server; nothing waits for their tokens)
+  if (expiry_timer_) expiry_timer_->cancel();
 }
 
 subscription::limits server_core::limits() const {
@@ -201,6 +230,43 @@ std::optional<refusal> position(server_core& core, stream_request r, std::string
   }
   out.request = std::move(r);
   return std::nullopt;
+}
+
+server_core::expiry_handle server_core::at_expiry(std::int64_t exp, std::function<void()> f) {
+  if (opts.auth) exp += opts.auth->options().claims.leeway.count();
+  expiry_handle h{exp, ++next_expiry_};
+  expiries_.emplace(h, std::move(f));
+  if (timer_for_ == 0 || exp < timer_for_) arm_expiry();
+  return h;
+}
+
+void server_core::cancel_expiry(const expiry_handle& h) { expiries_.erase(h); }
+
+void server_core::arm_expiry() {
+  if (!expiry_timer_) expiry_timer_ = std::make_unique<boost::asio::steady_timer>(executor);
+  if (expiries_.empty()) {
+    timer_for_ = 0;
+    expiry_timer_->cancel();
+    return;
+  }
+  timer_for_ = expiries_.begin()->first.first;
+  const auto now = std::chrono::system_clock::now();
+  auto due = std::chrono::system_clock::time_point(std::chrono::seconds(timer_for_)) - now;
+  // The wall clock may be set meanwhile: looked at again at least every 10 s.
+  due = std::clamp<std::chrono::system_clock::duration>(due, std::chrono::milliseconds(0), std::chrono::seconds(10));
+  expiry_timer_->expires_after(due);
+  expiry_timer_->async_wait([this](boost::system::error_code ec) {
+    if (ec) return;   // (re-armed, or the server goes)
+    const auto now = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch());
+    // Each due one runs once, taken out of the map first (it may cancel or add others).
+    while (!expiries_.empty() && expiries_.begin()->first.first <= now.count()) {
+      auto f = std::move(expiries_.begin()->second);
+      expiries_.erase(expiries_.begin());
+      f();
+    }
+    timer_for_ = 0;
+    arm_expiry();
+  });
 }
 
 void server_core::spill_read_failed(const std::string& error) {

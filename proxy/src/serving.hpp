@@ -15,6 +15,7 @@
 // handles its own keep-alives and close semantics.
 #pragma once
 
+#include "walgate/proxy/auth.hpp"
 #include "walgate/proxy/encodings.hpp"
 #include "walgate/proxy/metrics.hpp"
 #include "walgate/proxy/server.hpp"
@@ -30,6 +31,7 @@
 
 #include <array>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -49,6 +51,7 @@ struct stream_start {
   std::uint64_t seq = 0;
   std::optional<transform::event_id> skip_through;
   std::shared_ptr<snapshot_job> snapshot;   ///< snapshot=true: started, and seq is its start
+  std::shared_ptr<const identity> who;      ///< its verified token (with authentication on)
 };
 
 /// A connected stream client, registered with the server while it lives: its subscription and
@@ -69,6 +72,8 @@ struct client {
   boost::asio::steady_timer watchdog;   // write timeout
   std::function<void()> force_close;    // closes the socket
   std::shared_ptr<snapshot_job> snapshot;   // while its rows are read: wakes this client
+  std::shared_ptr<const identity> who;      // its token's claims (authentication on)
+  std::optional<std::pair<std::int64_t, std::uint64_t>> expiry;   // its place in core's expiries
   /// Counts delivered events and bytes, and makes the last one the resume point.
   void delivered(const subscription::item& last, std::size_t events, std::size_t bytes);
   /// The transport is done with it: counts a slow client.
@@ -121,6 +126,14 @@ struct server_core {
     seen = notifications;
     return yield;
   }
+  /// Runs f when a token's time is up: at exp plus the leeway the tokens are checked with
+  /// (seconds since the epoch), on the event loop. One timer for all of them. The handle
+  /// cancels it (cancel_expiry), as a stream that ends first does.
+  using expiry_handle = std::pair<std::int64_t, std::uint64_t>;
+  expiry_handle at_expiry(std::int64_t exp, std::function<void()> f);
+  void cancel_expiry(const expiry_handle& h);
+  std::uint64_t expired_streams = 0;   ///< ended because their token expired
+  std::uint64_t unauthorized = 0;      ///< stream requests answered 401 (or 400 for a malformed token request)
   /// A spill file could not be read back (the client is disconnected mid-event).
   void spill_read_failed(const std::string& error);
   /// No more notifications or eager encodings from the gateway (the server stops).
@@ -129,6 +142,11 @@ struct server_core {
  private:
   std::size_t listener_ = 0, fetched_listener_ = 0;
   bool attached_ = true;
+  std::map<expiry_handle, std::function<void()>> expiries_;
+  std::uint64_t next_expiry_ = 0;
+  std::unique_ptr<boost::asio::steady_timer> expiry_timer_;
+  std::int64_t timer_for_ = 0;   // the exp the timer is armed for (0: not armed)
+  void arm_expiry();
 };
 
 /// Why a stream request is not served: its HTTP status, the parameter at fault (or none), the
@@ -210,7 +228,8 @@ boost::asio::awaitable<void> serve_websocket(server_core& core, Stream&& s, http
 
 /// GET /v1/mux: many subscriptions over one WebSocket (websocket_mux.cpp).
 template <class Stream>
-boost::asio::awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request<http::empty_body> req);
+boost::asio::awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request<http::empty_body> req,
+                                                 std::shared_ptr<const identity> who);
 
 /// An allowed cross-origin request's response may be read by its page.
 template <class Response>

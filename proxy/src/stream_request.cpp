@@ -195,6 +195,16 @@ std::optional<stream_request> parse_stream_query(std::string_view target, reques
         error = {"compact", "use true or false"};
         return std::nullopt;
       }
+    } else if (key == "access_token") {
+      if (!r.access_token.empty()) {
+        error = {"access_token", "access_token is given twice"};
+        return std::nullopt;
+      }
+      if (value.empty()) {
+        error = {"access_token", "an empty access_token"};
+        return std::nullopt;
+      }
+      r.access_token = std::move(value);
     } else if (key == "snapshot") {
       if (!bool_param(value, r.snapshot)) {
         error = {"snapshot", "use true or false"};
@@ -214,6 +224,27 @@ std::optional<stream_request> parse_stream_query(std::string_view target, reques
     return std::nullopt;
   }
   return r;
+}
+
+std::optional<std::string> parse_mux_query(std::string_view target, request_error& error) {
+  auto u = boost::urls::parse_origin_form(target);
+  if (!u) {
+    error = {"query", "malformed request target"};
+    return std::nullopt;
+  }
+  std::string token;
+  for (auto p : u->params()) {
+    if (p.key != "access_token") {
+      error = {"query", "/v1/mux takes no parameters but access_token: send them in subscribe messages"};
+      return std::nullopt;
+    }
+    if (!token.empty() || !p.has_value || p.value.empty()) {
+      error = {"access_token", "access_token is given twice, or empty"};
+      return std::nullopt;
+    }
+    token = std::string(p.value);
+  }
+  return token;
 }
 
 bool matches(const stream_request& r, const logged_event& e) {

@@ -117,7 +117,7 @@ awaitable<void> serve_websocket(server_core& core, Stream&& s, http::request<htt
   if (core.stopping) sub.close(subscription::end::shutdown, "server shutting down");
   // Still open: say why it ends, and where to resume.
   if (!failed && session->reading)
-    co_await send_close(*session, sub.why() == subscription::end::shutdown, sub.reason(), sub.resume_id());
+    co_await send_close(*session, sub.why(), sub.reason(), sub.resume_id());
   // The reader ends (if it has not) when the socket closes; it holds the session till then.
   if (session->reading) c.force_close();
 }

@@ -75,6 +75,8 @@ struct mux_session : session<Stream> {
   asio::steady_timer room;         // the reader waits on it while the inbox is full
   bool writer_done = false;
   std::size_t next = 0;            // whose batch comes first in the next round
+  std::shared_ptr<const identity> who;   // the connection's token (authentication on): its subscriptions'
+  bool expired = false;            // the token expired: every subscription ends, then the connection (4001)
 
   mux_sub* find(std::string_view name) {
     for (auto& s : subs)
@@ -118,6 +120,11 @@ std::string subscribed_message(const mux_sub& s) { return "{\"sub\":" + s.name_j
 bool to_query(const boost::json::object& o, boost::urls::url& u, std::string& parameter, std::string& error) {
   for (const auto& [k, v] : o) {
     if (k == "type" || k == "id") continue;
+    if (k == "access_token") {
+      parameter = "access_token";
+      error = "the token goes with the connection (its upgrade request), not with a subscription";
+      return false;
+    }
     std::string value;
     if (v.is_string()) {
       value = std::string(v.get_string());
@@ -193,6 +200,10 @@ void on_client_message(mux_session<Stream>& m, std::string_view text, Send&& sen
     send(error_message(&name_json, 409, "id", "subscription " + name + " is open on this connection"));
     return;
   }
+  if (m.expired) {
+    send(error_message(&name_json, 401, "", "the token expired"));
+    return;
+  }
   if (m.subs.size() >= core.opts.ws_max_subscriptions) {
     send(error_message(&name_json, 429, "",
                        "at most " + std::to_string(core.opts.ws_max_subscriptions) +
@@ -216,6 +227,7 @@ void on_client_message(mux_session<Stream>& m, std::string_view text, Send&& sen
     send(error_message(&name_json, no->status, no->parameter, no->message));
     return;
   }
+  start.who = m.who;
   auto s = std::make_unique<mux_sub>(core, name);
   if (start.request.snapshot && !start.request.from) {
     unsigned code = 0;
@@ -238,23 +250,36 @@ void on_client_message(mux_session<Stream>& m, std::string_view text, Send&& sen
 }  // namespace
 
 template <class Stream>
-awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request<http::empty_body> req) {
+awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request<http::empty_body> req,
+                                    std::shared_ptr<const identity> who) {
   auto m = std::make_shared<mux_session<Stream>>(std::move(s), core);
   auto& ws = m->ws;
   const auto& opts = core.opts;
   if (!co_await handshake(core, *m, req)) co_return;
   req = http::request<http::empty_body>{};   // (its fields are not kept for the connection's life)
 
+  m->who = std::move(who);
+  std::optional<server_core::expiry_handle> expiry;
+  if (m->who && m->who->exp)
+    expiry = core.at_expiry(*m->who->exp, [ms = m.get(), &expiry] {
+      expiry.reset();
+      ms->expired = true;
+      for (auto& sub : ms->subs)
+        if (sub->c && !sub->c->sub.ended()) sub->c->sub.close(subscription::end::expired, "the token expired");
+      ms->wake.cancel();
+    });
   core.waiters.insert(&m->wake);
   struct release {   // the writer's end, however it ends: its clients leave the server
     mux_session<Stream>& m;
+    std::optional<server_core::expiry_handle>& expiry;
     ~release() {
+      if (expiry) m.core.cancel_expiry(*expiry);
       m.writer_done = true;
       m.core.waiters.erase(&m.wake);
       m.subs.clear();
       m.room.cancel();
     }
-  } released{*m};
+  } released{*m, expiry};
 
   // The reader: the client's messages into the inbox, for the writer (Beast answers pings,
   // and enforces the message limit, 1009, and UTF-8, 1007).
@@ -284,7 +309,7 @@ awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request
       },
       asio::detached);
 
-  bool failed = false, appended = false;
+  bool failed = false, appended = false, expired_close = false;
   std::vector<subscription::item> batch;
   struct sent {
     mux_sub* s;
@@ -355,6 +380,19 @@ awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request
     }
     m->inbox_bytes = 0;
     m->room.cancel();
+    if (m->expired) {
+      // Subscriptions whose snapshot has not begun end too; the ended ones were said above.
+      for (auto& sub : m->subs)
+        if (!sub->c) send(end_message(*sub, "the token expired", ""));
+      std::erase_if(m->subs, [](const auto& sub) { return !sub->c; });
+      if (m->subs.empty()) {   // every subscription told where to resume: the connection ends (4001)
+        auto [dec] = co_await out.async_drain(use_tuple);
+        m->watchdog.cancel();
+        if (dec) failed = true;
+        else expired_close = true;
+        break;
+      }
+    }
     // The events: a batch of each subscription in turn, up to one batch's bytes a round.
     round.clear();
     std::size_t round_bytes = 0;
@@ -434,16 +472,20 @@ awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request
     }
     auto [dec] = co_await out.async_drain(use_tuple);
     m->watchdog.cancel();
-    if (!dec) co_await send_close(*m, true, {}, {});
+    if (!dec) co_await send_close(*m, subscription::end::shutdown, {}, {});
   }
+  if (expired_close && m->reading && !core.stopping)
+    co_await send_close(*m, subscription::end::expired, "the token expired", {});
   // The reader ends (if it has not) when the socket closes; it holds the session till then.
   if (m->reading) m->close_socket();
 }
 
 template awaitable<void> serve_websocket_mux<beast::tcp_stream>(server_core&, beast::tcp_stream&&,
-                                                                http::request<http::empty_body>);
+                                                                http::request<http::empty_body>,
+    std::shared_ptr<const identity>);
 template awaitable<void> serve_websocket_mux<beast::ssl_stream<beast::tcp_stream>>(server_core&,
                                                                                    beast::ssl_stream<beast::tcp_stream>&&,
-                                                                                   http::request<http::empty_body>);
+                                                                                   http::request<http::empty_body>,
+    std::shared_ptr<const identity>);
 
 }  // namespace walgate::proxy

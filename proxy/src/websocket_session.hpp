@@ -67,8 +67,13 @@ awaitable<bool> handshake(server_core& core, session<Stream>& s, const http::req
   pmd.server_no_context_takeover = true;   // each message on its own: one compressed form for all
   ws.set_option(pmd);
   ws.read_message_max(opts.ws_message_limit);
-  ws.set_option(websocket::stream_base::decorator([ext = &s.extensions](websocket::response_type& res) {
+  // A browser that sends its token as a subprotocol (bearer.<token>) offers walgate with it, and
+  // walgate is the one the answer names.
+  const bool walgate_protocol =
+      offers_subprotocol(std::string_view(req[http::field::sec_websocket_protocol]), "walgate");
+  ws.set_option(websocket::stream_base::decorator([ext = &s.extensions, walgate_protocol](websocket::response_type& res) {
     res.set(http::field::server, "walgate");
+    if (walgate_protocol) res.set(http::field::sec_websocket_protocol, "walgate");
     *ext = std::string(res[http::field::sec_websocket_extensions]);   // (Beast's answer is made by now)
   }));
   auto [aec] = co_await ws.async_accept(req, use_tuple);
@@ -169,16 +174,19 @@ void arm_watchdog(asio::steady_timer& timer, std::chrono::milliseconds timeout, 
   });
 }
 
-/// The closing frame: 1001 for a shutdown, else 1013 with the reason (cut to fit) and where to
-/// resume when there is a position.
+/// WebSocket close codes of walgate's own (RFC 6455 7.4.2: 4000-4999 are the application's).
+inline constexpr std::uint16_t close_token_expired = 4001;
+
+/// The closing frame: 1001 for a shutdown, 4001 when the client's token expired, else 1013;
+/// with the reason (cut to fit) and where to resume when there is a position.
 template <class Stream>
-awaitable<void> send_close(session<Stream>& s, bool shutdown, std::string_view reason, std::string_view resume_id) {
+awaitable<void> send_close(session<Stream>& s, subscription::end why_end, std::string_view reason, std::string_view resume_id) {
   websocket::close_reason why;
-  if (shutdown) {
+  if (why_end == subscription::end::shutdown) {
     why.code = websocket::close_code::going_away;
     why.reason = "server shutting down";
   } else {
-    why.code = websocket::close_code::try_again_later;
+    why.code = why_end == subscription::end::expired ? close_token_expired : std::uint16_t(websocket::close_code::try_again_later);
     why.reason = std::string(reason.substr(0, 85));   // ASCII: cut anywhere
   }
   if (!resume_id.empty()) why.reason += "; resume from " + std::string(resume_id);

@@ -22,6 +22,7 @@
 namespace walgate::proxy {
 
 class metrics_registry;
+class authenticator;
 
 struct server_options {
   std::string host = "127.0.0.1";
@@ -57,6 +58,9 @@ struct server_options {
   std::size_t spill_bytes = 4u << 20;
   /// Per-client snapshots (snapshot=true): where from, and their limits.
   snapshot_options snapshot;
+  /// Bearer tokens (JWTs) required of stream clients (/v1/stream, /v1/ws, /v1/mux); null: none
+  /// (only on loopback, or with --allow-unauthenticated). Reloaded by its owner.
+  std::shared_ptr<authenticator> auth;
   /// Registers further figures for /metrics (the initial snapshot's).
   std::vector<std::function<void(metrics_registry&)>> extra_metrics;
 };

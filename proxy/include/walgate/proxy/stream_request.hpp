@@ -40,12 +40,18 @@ struct stream_request {
   bool tombstones = false;                                   ///< debezium: a null line after each delete
   bool compact = false;                                      ///< pgoutput2json compact mode
   bool snapshot = false;                                     ///< the current rows first (unless resuming)
+  /// access_token= (RFC 6750 2.3): the bearer token of a client that cannot send a header
+  /// (EventSource). Checked by the server, never logged.
+  std::string access_token;
 };
 struct request_error {
   std::string parameter, message;
 };
 /// Parses the query string of a stream request ("format=native&tables=public.*&from=0/16B3748:0").
 std::optional<stream_request> parse_stream_query(std::string_view target, request_error& error);
+/// The query of /v1/mux: nothing but access_token (its subscriptions' parameters come in
+/// messages). The token (empty: none), or nullopt with error.
+std::optional<std::string> parse_mux_query(std::string_view target, request_error& error);
 /// True if the event passes the request's table and op filters.
 bool matches(const stream_request& r, const logged_event& e);
 }  // namespace walgate::proxy

@@ -29,7 +29,7 @@ class subscription {
     std::size_t lag_bytes = 64u << 20;      ///< a live client further behind is closed (slow)
   };
   /// Why a subscription ended.
-  enum class end { none, client_gone, slow, not_retained, damaged, shutdown, snapshot_failed };
+  enum class end { none, client_gone, slow, not_retained, damaged, shutdown, snapshot_failed, expired };
   /// What an item is: an event of the log (its id resumes after it); a row of the client's
   /// snapshot, or a change that committed while the snapshot was taken (no id: a client cut
   /// off before the snapshot's end starts it again); the snapshot's end marker (its id resumes

@@ -338,9 +338,13 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
         std::string e;
         if (so.auth->reload(e)) log_line("SIGHUP: key files read again: " + std::to_string(so.auth->keys()) + " key(s)");
         else log_line("SIGHUP: " + e + "; the keys in use stay");
-      } else {
-        log_line("SIGHUP: nothing to read again (no --auth jwt)");
       }
+      if (!so.tls_cert.empty()) {
+        std::string e;
+        if (srv.reload_tls(e)) log_line("SIGHUP: TLS certificate and key read again (for new connections)");
+        else log_line("SIGHUP: " + e + "; the certificate in use stays");
+      }
+      if (!so.auth && so.tls_cert.empty()) log_line("SIGHUP: nothing to read again (no --auth jwt, no TLS)");
       on_hangup();
     });
   };

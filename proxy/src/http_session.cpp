@@ -361,9 +361,15 @@ template <class Stream>
 awaitable<void> serve_connection(server_core& core, asio::ip::tcp::socket socket, std::shared_ptr<void> keep) {
   counted open(core.connections);
   constexpr bool tls = !std::is_same_v<Stream, beast::tcp_stream>;
+  // The TLS context it began with, kept while it lives (a reload replaces core.tls).
+  std::conditional_t<tls, std::shared_ptr<void>, char> tls_context{};
   auto make = [&] {
-    if constexpr (tls) return Stream(beast::tcp_stream(std::move(socket)), *core.tls);
-    else return Stream(std::move(socket));
+    if constexpr (tls) {
+      tls_context = core.tls;
+      return Stream(beast::tcp_stream(std::move(socket)), *core.tls);
+    } else {
+      return Stream(std::move(socket));
+    }
   };
   Stream s = make();
   if constexpr (tls) {

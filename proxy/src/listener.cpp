@@ -14,6 +14,9 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/ssl.hpp>
 
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+
 #include <cerrno>
 
 namespace walgate::proxy {
@@ -25,7 +28,38 @@ using asio::awaitable;
 
 namespace {
 constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
+
+/// The listener's TLS: TLS 1.2 at least, and for 1.2 only forward-secret AEAD suites (Mozilla's
+/// "intermediate" list, without DHE); TLS 1.3's suites are OpenSSL's. No renegotiation, no
+/// compression. nullptr with error when the certificate or key cannot be used.
+std::shared_ptr<asio::ssl::context> make_tls(const server_options& o, std::string& error) {
+  auto ctx = std::make_shared<asio::ssl::context>(asio::ssl::context::tls_server);
+  boost::system::error_code ec;
+  ctx->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+                       asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 | asio::ssl::context::no_tlsv1_1 |
+                       asio::ssl::context::no_compression,
+                   ec);
+  SSL_CTX* native = ctx->native_handle();
+  SSL_CTX_set_min_proto_version(native, TLS1_2_VERSION);
+  SSL_CTX_set_options(native, SSL_OP_NO_RENEGOTIATION);
+  if (SSL_CTX_set_cipher_list(native,
+                              "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:"
+                              "ECDHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305") != 1) {
+    error = "--tls-cert/--tls-key: OpenSSL has none of the TLS 1.2 cipher suites walgate uses";
+    return nullptr;
+  }
+  if (!ec) ctx->use_certificate_chain_file(o.tls_cert, ec);
+  if (!ec) ctx->use_private_key_file(o.tls_key, asio::ssl::context::pem, ec);
+  if (!ec && SSL_CTX_check_private_key(native) != 1) ec = asio::error::invalid_argument;
+  ERR_clear_error();
+  if (ec) {
+    error = "--tls-cert " + o.tls_cert + " / --tls-key " + o.tls_key + ": " +
+            (ec == asio::error::invalid_argument ? std::string("the key does not match the certificate") : ec.message());
+    return nullptr;
+  }
+  return ctx;
 }
+}  // namespace
 
 struct server::impl : std::enable_shared_from_this<server::impl> {
   impl(asio::any_io_executor ex, server_options o, gateway& g, server_status s)
@@ -87,13 +121,8 @@ bool server::start(std::string& error) {
     return false;
   }
   if (!core.opts.tls_cert.empty()) {
-    core.tls = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
-    core.tls->use_certificate_chain_file(core.opts.tls_cert, ec);
-    if (!ec) core.tls->use_private_key_file(core.opts.tls_key, asio::ssl::context::pem, ec);
-    if (ec) {
-      error = "--tls-cert/--tls-key: " + ec.message();
-      return false;
-    }
+    core.tls = make_tls(core.opts, error);
+    if (!core.tls) return false;
   }
   core.loopback_listener = addr.is_loopback();
   tcp::endpoint ep(addr, core.opts.port);
@@ -122,6 +151,18 @@ void server::stop() {
   impl_->acceptor.close(ec);
   core.notify();
   core.detach();
+}
+
+bool server::reload_tls(std::string& error) {
+  auto& core = impl_->core;
+  if (!core.tls) {
+    error = "no TLS is configured";
+    return false;
+  }
+  auto next = make_tls(core.opts, error);
+  if (!next) return false;
+  core.tls = std::move(next);   // for the connections accepted from now on; the others keep theirs
+  return true;
 }
 
 void server::notify() { impl_->core.notify(); }

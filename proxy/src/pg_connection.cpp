@@ -424,6 +424,7 @@ struct pg_connection::impl : std::enable_shared_from_this<pg_connection::impl> {
                      {}, false};
     };
     std::unique_ptr<protocol::scram_client> scram;
+    bool scram_verified = false;   // the server's signature checked (SASLFinal)
     for (;;) {
       auto m = co_await read_message(true, during);
       if (!m) co_return m.error();
@@ -439,6 +440,16 @@ struct pg_connection::impl : std::enable_shared_from_this<pg_connection::impl> {
       if (!a) co_return malformed(a.error(), during);
       switch (a->code) {
         case protocol::auth_code::ok:
+          // A SASL exchange that began ends with the server's proof (SASLFinal, verified):
+          // AuthenticationOk before it is a server (or a man in the middle) that never showed it
+          // knows the password — refused, as libpq does.
+          if (scram && !scram_verified) {
+            close_socket();
+            co_return failure{make_error_code(errc::auth_failed),
+                              "the server sent AuthenticationOk before the SCRAM exchange was complete (it never "
+                              "proved it knows the password): refused",
+                              {}, false};
+          }
           if (info.auth_method.empty()) info.auth_method = "trust";
           if (p.channel_binding == channel_binding_mode::require && info.auth_method != "SCRAM-SHA-256-PLUS") {
             close_socket();
@@ -513,6 +524,7 @@ struct pg_connection::impl : std::enable_shared_from_this<pg_connection::impl> {
             close_socket();
             co_return failure{v.error(), "SCRAM authentication failed: " + scram->failure(), {}, false};
           }
+          scram_verified = true;
           break;
         }
         default:

@@ -92,7 +92,9 @@ struct server_core {
   encoding_cache encodings;
   metrics_registry metrics;
   snapshot_service snapshots;
-  std::unique_ptr<boost::asio::ssl::context> tls;
+  /// The TLS context new connections get (replaced by server::reload_tls; a connection keeps the
+  /// one it began with).
+  std::shared_ptr<boost::asio::ssl::context> tls;
 
   std::set<client*> clients;
   /// Timers of connections that wait with no client of their own (a multiplexed WebSocket

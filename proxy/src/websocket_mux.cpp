@@ -265,7 +265,10 @@ awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request
       expiry.reset();
       ms->expired = true;
       for (auto& sub : ms->subs)
-        if (sub->c && !sub->c->sub.ended()) sub->c->sub.close(subscription::end::expired, "the token expired");
+        if (sub->c && !sub->c->sub.ended()) {
+          sub->c->sub.close(subscription::end::expired, "the token expired");
+          ++ms->core.expired_streams;
+        }
       ms->wake.cancel();
     });
   core.waiters.insert(&m->wake);

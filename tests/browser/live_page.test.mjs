@@ -5,10 +5,14 @@
 // change made by SQL (the demo's trickle of INSERT/UPDATE/DELETE statements); an EventSource
 // opened with from= in its URL gets every change exactly once across a gateway killed and
 // restarted in the middle (a second walgate on the demo's database); one WebSocket on /v1/mux
-// carries two subscriptions, one unsubscribed and resumed from the id it was given.
+// carries two subscriptions, one unsubscribed and resumed from the id it was given; with
+// --auth jwt, an EventSource with access_token= and a WebSocket with the bearer subprotocol are
+// served, one without a token is not, and when the token expires each says where to resume and a
+// fresh token resumes there.
 //   node live_page.test.mjs PATH/TO/walgate [screenshot.png]
 import { spawn, execFileSync } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync, readdirSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync, readdirSync, writeFileSync } from 'node:fs';
+import { createHmac } from 'node:crypto';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createServer } from 'node:net';
@@ -250,6 +254,93 @@ try {
       if (JSON.stringify(ids) !== JSON.stringify([4, 5, 6, 7, 8])) throw new Error(`a2 got ${JSON.stringify(ids)}`);
     } finally {
       await p4.close();
+    }
+  });
+  await check('--auth jwt: access_token on an EventSource, the bearer subprotocol on a WebSocket, expiry and resume', async () => {
+    if (!conninfo) throw new Error('the demo printed no conninfo');
+    const dir = mkdtempSync(join(tmpdir(), 'walgate-browser-auth-'));
+    const secret = 'a browser test secret of 32 bytes or more';
+    writeFileSync(join(dir, 'secret'), secret + '\n');
+    const token = (expIn) => {
+      const b64u = (o) => Buffer.from(JSON.stringify(o)).toString('base64url');
+      const input = `${b64u({ alg: 'HS256', typ: 'JWT' })}.${b64u({ sub: 'browser', exp: Math.floor(Date.now() / 1000) + expIn })}`;
+      return `${input}.${createHmac('sha256', secret).update(input).digest('base64url')}`;
+    };
+    const port3 = await freePort();
+    let glog = '';
+    const g = spawn(walgate, ['--pg', conninfo, '--slot', 'browser_auth', '--publication', 'walgate_demo',
+      '--data-dir', join(dir, 'data'), '--listen', `127.0.0.1:${port3}`, '--auth', 'jwt',
+      '--jwt-secret-file', join(dir, 'secret'), '--jwt-leeway', '0', '--snapshot', 'never'], { stdio: ['ignore', 'ignore', 'pipe'] });
+    g.stderr.on('data', (d) => { glog += d; });
+    const p5 = await browser.newPage();
+    try {
+      for (let i = 0; i < 300 && !glog.includes('listening on'); i++) await new Promise((r) => setTimeout(r, 100));
+      for (let i = 0; i < 300; i++) {
+        if (sql("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'browser_auth' AND active").trim() === '1') break;
+        await new Promise((r) => setTimeout(r, 100));
+      }
+      await p5.goto(`http://127.0.0.1:${port3}/healthz`);
+      // Without a token: the EventSource fails (401) and gives up; the WebSocket is refused.
+      const refused = await p5.evaluate((p) => new Promise((resolve) => {
+        const es = new EventSource('/v1/stream');
+        es.onerror = () => {
+          const state = es.readyState;
+          const ws = new WebSocket(`ws://127.0.0.1:${p}/v1/ws`);
+          ws.onopen = () => resolve({ state, ws: 'open' });
+          ws.onclose = (c) => resolve({ state, ws: c.code });
+        };
+      }), port3);
+      if (refused.state !== 2 || refused.ws !== 1006) throw new Error(`without a token: ${JSON.stringify(refused)}`);
+      const brief = token(5);
+      await p5.evaluate(({ p, t }) => new Promise((resolve, reject) => {
+        window.es_got = []; window.ws_got = []; window.es_end = null; window.ws_end = null;
+        window.es = new EventSource(`/v1/stream?format=native&tables=public.customers&access_token=${t}`);
+        window.es.onmessage = (m) => window.es_got.push(JSON.parse(m.data));
+        window.es.addEventListener('error', (e) => { if (e.data) { window.es_end = JSON.parse(e.data); window.es.close(); } });
+        const ws = new WebSocket(`ws://127.0.0.1:${p}/v1/ws?format=native&tables=public.customers`, ['walgate', `bearer.${t}`]);
+        ws.onmessage = (m) => window.ws_got.push(JSON.parse(m.data));
+        ws.onclose = (c) => { window.ws_end = { code: c.code, reason: c.reason }; };
+        ws.onopen = () => { window.ws_protocol = ws.protocol; resolve(); };
+        setTimeout(() => reject(new Error('the WebSocket did not open')), 10000);
+      }), { p: port3, t: brief });
+      if ((await p5.evaluate(() => window.ws_protocol)) !== 'walgate') throw new Error('the answer did not name walgate');
+      await new Promise((r) => setTimeout(r, 300));
+      sql("INSERT INTO customers(name) SELECT 'auth-' || g FROM generate_series(1, 3) g");
+      let st;
+      for (let i = 0; i < 150; i++) {
+        st = await p5.evaluate(() => ({ es: window.es_got.length, ws: window.ws_got.length, es_end: window.es_end, ws_end: window.ws_end }));
+        if (st.es_end && st.ws_end) break;
+        await new Promise((r) => setTimeout(r, 100));
+      }
+      const names = (list) => list.filter((e) => e.op === 'insert' && e.after.name.startsWith('auth-')).map((e) => e.after.name);
+      const got = await p5.evaluate(() => ({ es: window.es_got, ws: window.ws_got }));
+      if (JSON.stringify(names(got.es)) !== '["auth-1","auth-2","auth-3"]') throw new Error(`EventSource got ${JSON.stringify(names(got.es))}`);
+      if (JSON.stringify(names(got.ws)) !== '["auth-1","auth-2","auth-3"]') throw new Error(`WebSocket got ${JSON.stringify(names(got.ws))}`);
+      const lastEs = got.es[got.es.length - 1].id, lastWs = got.ws[got.ws.length - 1].id;
+      if (!st.es_end || st.es_end.error !== 'the token expired' || st.es_end.resume_from !== lastEs)
+        throw new Error(`EventSource end: ${JSON.stringify(st.es_end)}`);
+      if (!st.ws_end || st.ws_end.code !== 4001 || st.ws_end.reason !== `the token expired; resume from ${lastWs}`)
+        throw new Error(`WebSocket end: ${JSON.stringify(st.ws_end)}`);
+      // Changes while it was away; a fresh token and from= the id it was given: exactly those.
+      sql("INSERT INTO customers(name) SELECT 'auth-' || g FROM generate_series(4, 6) g");
+      const rest = await p5.evaluate(({ t, from }) => new Promise((resolve, reject) => {
+        const got = [];
+        const es = new EventSource(`/v1/stream?format=native&tables=public.customers&from=${from}&access_token=${t}`);
+        es.onmessage = (m) => {
+          const e = JSON.parse(m.data);
+          if (e.op === 'insert' && e.after.name.startsWith('auth-')) got.push(e.after.name);
+          if (got.length === 3) setTimeout(() => { es.close(); resolve(got); }, 500);
+        };
+        setTimeout(() => reject(new Error(`only ${JSON.stringify(got)}`)), 20000);
+      }), { t: token(600), from: st.es_end.resume_from });
+      if (JSON.stringify(rest) !== '["auth-4","auth-5","auth-6"]') throw new Error(`resumed with ${JSON.stringify(rest)}`);
+      if (glog.includes(brief.split('.')[2])) throw new Error('a token in the log');
+    } finally {
+      await p5.close();
+      g.kill('SIGINT');
+      await new Promise((r) => g.on('exit', r));
+      try { sql("SELECT pg_drop_replication_slot('browser_auth')"); } catch (e) { /* the demo's server goes anyway */ }
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 } finally {

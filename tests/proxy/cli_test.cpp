@@ -74,6 +74,39 @@ TEST_CASE("secure default: a non-loopback address needs --allow-unauthenticated"
   CHECK(r.output.find("--allow-unauthenticated") != std::string::npos);
 }
 
+TEST_CASE("--auth jwt: a key file is needed and read at start; with it a non-loopback address is served") {
+  auto a = run(base + "--auth jwt");
+  CHECK(a.status == 2);
+  CHECK(a.output.find("--auth jwt needs a key file: --jwt-secret-file or --jwks-file (or both)") != std::string::npos);
+  auto b = run(base + "--jwks-file /tmp/x.json");
+  CHECK(b.status == 2);
+  CHECK(b.output.find("go with --auth jwt") != std::string::npos);
+  auto c = run(base + "--auth sometimes");
+  CHECK(c.status == 2);
+  CHECK(c.output.find("'sometimes' is not one of none jwt") != std::string::npos);
+  // Accepted as a configuration on a public address (no --allow-unauthenticated needed).
+  auto d = run(base + "--listen 0.0.0.0:0 --auth jwt --jwks-file /tmp/x.json --jwt-leeway 5 --jwt-exp optional --print-config");
+  CHECK(d.status == 0);
+  CHECK(d.output.find("auth = 'jwt'") != std::string::npos);
+  CHECK(d.output.find("jwt-leeway = 5") != std::string::npos);
+  // The files are read before anything else is done: a missing or malformed one stops it (exit 2).
+  auto e = run(base + "--auth jwt --jwks-file /nonexistent/keys.json");
+  CHECK(e.status == 2);
+  CHECK(e.output.find("--auth jwt: /nonexistent/keys.json:") != std::string::npos);
+  const std::string f = "/tmp/walgate-cli-test-jwks.json";
+  std::ofstream(f) << R"({"keys":[{"kty":"RSA","kid":"old","n":"AQAB","e":"AQAB"}]})";
+  auto g = run(base + "--auth jwt --jwks-file " + f);
+  CHECK(g.status == 2);
+  CHECK(g.output.find("key 0 (kid old): an RSA key of 17 bits: at least 2048 are needed") != std::string::npos);
+  const std::string secret = "/tmp/walgate-cli-test-secret";
+  std::ofstream(secret) << "short\n";
+  auto h = run(base + "--auth jwt --jwt-secret-file " + secret);
+  CHECK(h.status == 2);
+  CHECK(h.output.find("the HMAC secret has 5 bytes: at least 32 are needed") != std::string::npos);
+  std::remove(f.c_str());
+  std::remove(secret.c_str());
+}
+
 TEST_CASE("flags over WALGATE_* environment over the config file") {
   std::string cfg = "/tmp/walgate-cli-test.toml";
   std::ofstream(cfg) << "slot = \"from_file_X\"\npg = \"host=/nonexistent port=1\"\npublication = [\"p\"]\n";

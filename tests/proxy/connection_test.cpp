@@ -214,7 +214,8 @@ TEST_CASE("simple queries and replication commands on a replication connection")
 
 // A server a real PostgreSQL cannot imitate: it answers the startup packet with the given bytes.
 namespace {
-failure against_fake_server(std::string reply, std::size_t max_message = protocol::max_backend_message_length) {
+failure against_fake_server(std::string reply, std::size_t max_message = protocol::max_backend_message_length,
+                            const std::string& extra = "") {
   asio::io_context io;
   asio::ip::tcp::acceptor acceptor(io, {asio::ip::make_address("127.0.0.1"), 0});
   auto port = acceptor.local_endpoint().port();
@@ -235,7 +236,7 @@ failure against_fake_server(std::string reply, std::size_t max_message = protoco
     while (!ec) s.read_some(asio::buffer(sink), ec);
   });
   auto parsed = parse_conninfo("host=127.0.0.1 port=" + std::to_string(port) +
-                               " user=u dbname=d sslmode=disable connect_timeout=5");
+                               " user=u dbname=d sslmode=disable connect_timeout=5 " + extra);
   failure result;
   asio::co_spawn(
       io,
@@ -277,4 +278,19 @@ TEST_CASE("bad input from the server: clear errors and a closed connection, neve
 
   auto bad_error = against_fake_server("E\x00\x00\x00\x07SXX"s);   // unterminated field
   CHECK(bad_error.code == make_error_code(protocol::errc::unterminated_string));
+}
+
+TEST_CASE("a server that skips SCRAM's final message is refused: AuthenticationOk without its proof") {
+  using namespace std::string_literals;
+  // AuthenticationSASL (SCRAM-SHA-256), then at once AuthenticationOk: no SASLContinue, no
+  // SASLFinal — the server never showed it knows the password.
+  const std::string sasl = "R\x00\x00\x00\x17\x00\x00\x00\x0aSCRAM-SHA-256\x00\x00"s;
+  const std::string ok = "R\x00\x00\x00\x08\x00\x00\x00\x00"s;
+  for (const std::string extra : {"password=secret", "password=secret channel_binding=prefer"}) {
+    INFO(extra);
+    auto f = against_fake_server(sasl + ok, protocol::max_backend_message_length, extra);
+    CHECK(f.code == make_error_code(protocol::errc::auth_failed));
+    CHECK(f.message == "the server sent AuthenticationOk before the SCRAM exchange was complete (it never proved it "
+                       "knows the password): refused");
+  }
 }

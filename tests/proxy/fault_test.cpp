@@ -8,6 +8,7 @@
 // These take minutes: ctest label "fault" (WALGATE_FAULT_CYCLES scales the cycle counts).
 #include "walgate/transform/change.hpp"
 
+#include "jwt_helpers.hpp"
 #include "test_cluster.hpp"
 
 #include <boost/asio/ip/tcp.hpp>
@@ -1015,4 +1016,71 @@ TEST_CASE("a value of 100 MiB reaches every format on every transport, sent in p
 
 TEST_CASE("a value of 500 MiB reaches every format on every transport, sent in pieces, memory bounded") {
   huge_value("fg", 500);
+}
+
+namespace {
+/// The status of a stream request with this bearer token (the response head only).
+unsigned stream_status(std::uint16_t port, const std::string& token) {
+  asio::io_context io;
+  tcp::socket s(io);
+  s.connect({asio::ip::make_address("127.0.0.1"), port});
+  asio::write(s, asio::buffer("GET /v1/stream HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer " + token + "\r\n\r\n"));
+  beast::flat_buffer buf;
+  http::response_parser<http::string_body> parser;
+  boost::system::error_code ec;
+  http::read_header(s, buf, parser, ec);
+  return ec ? 0 : parser.get().result_int();
+}
+void write_jwks(const std::filesystem::path& p, const std::string& keys) {
+  const auto tmp = p.string() + ".tmp";   // written whole, then moved over it: a rotation as a provider does it
+  std::ofstream(tmp, std::ios::trunc) << "{\"keys\":[" + keys + "]}";
+  std::filesystem::rename(tmp, p);
+}
+}  // namespace
+
+TEST_CASE("the walgate executable rotates its keys on a changed JWKS file and on SIGHUP, while clients stream") {
+  scenario sc("fa");
+  auto a = test::ec_key("ES256"), b = test::ed25519_key(), c = test::rsa_key("RS256");
+  const auto jwks = sc.data_dir.parent_path() / (sc.data_dir.filename().string() + "-jwks.json");
+  write_jwks(jwks, a.jwk("a"));
+  sc.gw.args.insert(sc.gw.args.end(), {"--auth", "jwt", "--jwks-file", jwks.string(), "--jwt-leeway", "0"});
+  sc.start_streaming();
+  const std::string ta = test::token(a, "", "a"), tb = test::token(b, "", "b"), tc = test::token(c, "", "c");
+  CHECK(stream_status(sc.port, ta) == 200);
+  CHECK(stream_status(sc.port, tb) == 401);
+  // A client connected with key a's token; it streams on through the rotations.
+  std::vector<std::string> got;
+  std::thread client([&] { got = first_lines(sc.port, "/v1/stream?access_token=" + ta, 1); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // The provider publishes b in place of a: seen within the 2 s poll, no signal.
+  write_jwks(jwks, b.jwk("b"));
+  REQUIRE_MESSAGE(test::wait_until([&] { return sc.gw.log().find("a key file changed: read again, 1 key(s)") != std::string::npos; },
+                                   std::chrono::seconds(10)),
+                  sc.gw.log());
+  CHECK(stream_status(sc.port, tb) == 200);
+  CHECK(stream_status(sc.port, ta) == 401);
+  test::cluster().sql("INSERT INTO fa_a VALUES (1, 'after the rotation')");
+  client.join();
+  REQUIRE(got.size() == 1);
+  CHECK(json::parse(got[0]).at("after").at("v") == "after the rotation");
+  // A broken file: said, and the keys in use stay — after the poll, and after a SIGHUP.
+  {
+    std::ofstream(jwks, std::ios::trunc) << "{\"keys\":[";
+  }
+  REQUIRE(test::wait_until([&] { return sc.gw.log().find("the keys in use stay") != std::string::npos; },
+                           std::chrono::seconds(10)));
+  ::kill(sc.gw.pid, SIGHUP);
+  REQUIRE_MESSAGE(test::wait_until([&] { return sc.gw.log().find("SIGHUP: ") != std::string::npos; }, std::chrono::seconds(10)),
+                  sc.gw.log());
+  CHECK(sc.gw.log().find("not a JWKS document") != std::string::npos);
+  CHECK(stream_status(sc.port, tb) == 200);   // (and the process is still there: SIGHUP does not end it)
+  // SIGHUP after a fix reads it at once.
+  write_jwks(jwks, b.jwk("b") + "," + c.jwk("c"));
+  ::kill(sc.gw.pid, SIGHUP);
+  REQUIRE(test::wait_until([&] { return stream_status(sc.port, tc) == 200; }, std::chrono::seconds(10)));
+  CHECK(stream_status(sc.port, tb) == 200);
+  // No token ever reaches the log.
+  const std::string log = sc.gw.log();
+  for (const auto& t : {ta, tb, tc}) CHECK(log.find(t.substr(t.rfind('.') + 1)) == std::string::npos);
+  std::filesystem::remove(jwks);
 }

@@ -7,6 +7,7 @@
 #include "walgate/proxy/server.hpp"
 
 #include "gateway_harness.hpp"
+#include "temp_dir.hpp"
 #include "test_cluster.hpp"
 
 #include <boost/asio/connect.hpp>
@@ -1095,6 +1096,109 @@ TEST_CASE("TLS on the listening side") {
     CHECK(got.find("\"id\":" + std::to_string(id)) != std::string::npos);
     ws.close(websocket::close_code::normal);
   }
+}
+
+namespace {
+/// A TLS client's handshake with the given protocol range and TLS 1.2 cipher list: "" on success,
+/// else OpenSSL's reason.
+std::string tls_handshake(std::uint16_t port, int min_version, int max_version, const char* ciphers, std::string* serial = nullptr) {
+  asio::io_context io;
+  asio::ssl::context ctx(asio::ssl::context::tls_client);
+  ctx.load_verify_file(test::cluster().ca_file().string());
+  ctx.set_verify_mode(asio::ssl::verify_peer);
+  SSL_CTX_set_security_level(ctx.native_handle(), 0);   // the client would send anything: the server decides
+  SSL_CTX_set_min_proto_version(ctx.native_handle(), min_version);
+  SSL_CTX_set_max_proto_version(ctx.native_handle(), max_version);
+  if (ciphers) SSL_CTX_set_cipher_list(ctx.native_handle(), ciphers);
+  beast::ssl_stream<tcp::socket> s(io, ctx);
+  SSL_set1_host(s.native_handle(), "localhost");
+  s.next_layer().connect({asio::ip::make_address("127.0.0.1"), port});
+  set_timeout(s.next_layer(), 10000);
+  boost::system::error_code ec;
+  s.handshake(asio::ssl::stream_base::client, ec);
+  if (!ec && serial) {
+    X509* cert = SSL_get1_peer_certificate(s.native_handle());
+    BIGNUM* bn = ASN1_INTEGER_to_BN(X509_get_serialNumber(cert), nullptr);
+    char* hex = BN_bn2hex(bn);
+    *serial = hex;
+    OPENSSL_free(hex);
+    BN_free(bn);
+    X509_free(cert);
+  }
+  return ec ? ec.message() : std::string();
+}
+}  // namespace
+
+TEST_CASE("TLS: 1.2 at least, forward-secret AEAD suites only; a renewed certificate read again without dropping connections") {
+  setup_tables("tls_rl");
+  test::temp_dir dir;
+  const auto cd = test::cluster().dir();
+  std::filesystem::copy_file(cd / "server.crt", dir.path / "server.crt");
+  std::filesystem::copy_file(cd / "server.key", dir.path / "server.key");
+  server_options so;
+  so.tls_cert = (dir.path / "server.crt").string();
+  so.tls_key = (dir.path / "server.key").string();
+  running_gateway g("tls_rl_slot", "tls_rl_pub", so);
+  std::string first_serial;
+  CHECK(tls_handshake(g.port(), TLS1_2_VERSION, TLS1_2_VERSION, "ECDHE-RSA-AES128-GCM-SHA256", &first_serial) == "");
+  CHECK(tls_handshake(g.port(), TLS1_3_VERSION, TLS1_3_VERSION, nullptr) == "");
+  CHECK(tls_handshake(g.port(), TLS1_VERSION, TLS1_1_VERSION, "ALL:@SECLEVEL=0") != "");   // TLS 1.0 and 1.1: refused
+  CHECK(tls_handshake(g.port(), TLS1_2_VERSION, TLS1_2_VERSION, "AES128-SHA") != "");       // no forward secrecy, CBC
+  CHECK(tls_handshake(g.port(), TLS1_2_VERSION, TLS1_2_VERSION, "AES256-GCM-SHA384") != "");   // RSA key exchange
+  CHECK(tls_handshake(g.port(), TLS1_2_VERSION, TLS1_2_VERSION, "ECDHE-RSA-AES128-SHA") != "");   // CBC
+  // A client streaming over TLS while the certificate is renewed.
+  asio::io_context io;
+  asio::ssl::context ctx(asio::ssl::context::tls_client);
+  ctx.load_verify_file(test::cluster().ca_file().string());
+  ctx.set_verify_mode(asio::ssl::verify_peer);
+  beast::ssl_stream<tcp::socket> ts(io, ctx);
+  SSL_set1_host(ts.native_handle(), "localhost");
+  ts.next_layer().connect({asio::ip::make_address("127.0.0.1"), g.port()});
+  set_timeout(ts.next_layer(), 10000);
+  ts.handshake(asio::ssl::stream_base::client);
+  websocket::stream<beast::ssl_stream<tcp::socket>&> ws(ts);
+  ws.handshake("localhost", "/v1/ws");
+  // The renewal: a new certificate for localhost from the same CA, written over the old one.
+  const std::string cmd = "cd '" + dir.path.string() + "' && openssl req -newkey rsa:2048 -nodes -subj '/CN=localhost' "
+                          "-keyout new.key -out new.csr >/dev/null 2>&1 && openssl x509 -req -in new.csr -CA '" +
+                          (cd / "ca.crt").string() + "' -CAkey '" + (cd / "ca.key").string() +
+                          "' -CAcreateserial -CAserial ca.srl -days 2 -extfile '" + (cd / "san.ext").string() +
+                          "' -out new.crt >/dev/null 2>&1 && mv new.crt server.crt && mv new.key server.key";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  std::string error;
+  bool ok = false, done = false;
+  asio::post(g.io, [&] {
+    ok = g.srv->reload_tls(error);
+    done = true;
+  });
+  REQUIRE(test::wait_until([&] { return done; }));
+  REQUIRE_MESSAGE(ok, error);
+  std::string second_serial;
+  CHECK(tls_handshake(g.port(), TLS1_2_VERSION, TLS1_3_VERSION, nullptr, &second_serial) == "");
+  CHECK(!second_serial.empty());
+  CHECK(second_serial != first_serial);
+  // The connection made before goes on.
+  test::cluster().sql("INSERT INTO tls_rl_items VALUES (1, 'renewed', 1)");
+  beast::flat_buffer fb;
+  boost::system::error_code ec;
+  ws.read(fb, ec);
+  REQUIRE_MESSAGE(!ec, ec.message());
+  CHECK(beast::buffers_to_string(fb.data()).find("renewed") != std::string::npos);
+  // A key that does not go with the certificate: refused, the certificate in use stays.
+  std::filesystem::copy_file(cd / "server.key", dir.path / "server.key", std::filesystem::copy_options::overwrite_existing);
+  done = false;
+  asio::post(g.io, [&] {
+    ok = g.srv->reload_tls(error);
+    done = true;
+  });
+  REQUIRE(test::wait_until([&] { return done; }));
+  CHECK_FALSE(ok);
+  INFO(error);
+  CHECK(error.find("--tls-key " + so.tls_key) != std::string::npos);
+  CHECK(error.find("mismatch") != std::string::npos);
+  std::string third_serial;
+  CHECK(tls_handshake(g.port(), TLS1_2_VERSION, TLS1_3_VERSION, nullptr, &third_serial) == "");
+  CHECK(third_serial == second_serial);
 }
 
 TEST_CASE("pgoutput2json compact mode: s with a table's first row per client, and again after the table changes") {

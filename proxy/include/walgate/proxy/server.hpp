@@ -78,6 +78,9 @@ class server {
   /// Binds and starts accepting; false with error on failure.
   bool start(std::string& error);
   std::uint16_t port() const;
+  /// Reads --tls-cert and --tls-key again (a renewed certificate) for the connections accepted
+  /// from now on; open connections are not touched. False with error (the ones in use stay).
+  bool reload_tls(std::string& error);
   /// Stops accepting and closes every client with a going-away reason carrying its resume id.
   void stop();
   /// Wakes clients waiting for events (the server does so itself on the log's notification,

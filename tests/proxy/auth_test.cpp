@@ -1,0 +1,296 @@
+// Bearer tokens at the edge, end to end on a real PostgreSQL: every stream endpoint refuses a
+// request without a valid token (401 with a Bearer challenge, a WebSocket upgrade the same way),
+// takes one from each place a client can put it, ends a stream when its token expires with the
+// reason and the resume id (NDJSON/SSE end line, WebSocket close 4001, /v1/mux end messages) and
+// resumes it with a fresh token with no gap and no duplicate; keys rotated while clients stream.
+#include "walgate/proxy/auth.hpp"
+
+#include "gateway_harness.hpp"
+#include "jwt_helpers.hpp"
+#include "temp_dir.hpp"
+#include "test_cluster.hpp"
+
+#include <doctest/doctest.h>
+
+#include <fstream>
+
+using namespace walgate;
+using namespace walgate::test::harness;
+
+namespace {
+
+void write_file(const std::filesystem::path& p, const std::string& text) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f << text;
+}
+
+/// A server option set with JWT authentication from a JWKS file of the given keys.
+struct auth_setup {
+  test::temp_dir dir{"walgate-auth"};
+  std::filesystem::path jwks = dir.path / "jwks.json";
+  std::shared_ptr<authenticator> auth;
+  server_options so;
+  explicit auth_setup(const std::string& keys_json, std::chrono::seconds leeway = std::chrono::seconds(0)) {
+    write_file(jwks, "{\"keys\":[" + keys_json + "]}");
+    auth_options o;
+    o.jwks_file = jwks;
+    o.claims.leeway = leeway;
+    auth = std::make_shared<authenticator>(o);
+    std::string error;
+    REQUIRE_MESSAGE(auth->reload(error), error);
+    so.auth = auth;
+  }
+};
+
+const char* upgrade_headers = "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+                              "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n";
+
+/// A request's status, WWW-Authenticate and body.
+struct answer {
+  unsigned status = 0;
+  std::string challenge, body;
+};
+answer request(std::uint16_t port, const std::string& target, const std::string& headers = "") {
+  asio::io_context io;
+  tcp::socket s(io);
+  s.connect({asio::ip::make_address("127.0.0.1"), port});
+  set_timeout(s, 10000);
+  asio::write(s, asio::buffer("GET " + target + " HTTP/1.1\r\nHost: localhost\r\n" + headers + "\r\n"));
+  beast::flat_buffer b;
+  http::response<http::string_body> res;
+  boost::system::error_code ec;
+  http::read(s, b, res, ec);
+  return {res.result_int(), std::string(res[http::field::www_authenticate]), res.body()};
+}
+
+/// A WebSocket client that offers subprotocols (and sends headers) of its choice.
+struct ws_with {
+  asio::io_context io;
+  websocket::stream<tcp::socket> ws{io};
+  websocket::response_type res;
+  boost::system::error_code ec;
+  ws_with(std::uint16_t port, const std::string& target, const std::string& protocols, const std::string& bearer = "") {
+    ws.next_layer().connect({asio::ip::make_address("127.0.0.1"), port});
+    set_timeout(ws.next_layer(), 10000);
+    ws.set_option(websocket::stream_base::decorator([protocols, bearer](websocket::request_type& r) {
+      if (!protocols.empty()) r.set(http::field::sec_websocket_protocol, protocols);
+      if (!bearer.empty()) r.set(http::field::authorization, "Bearer " + bearer);
+    }));
+    ws.handshake(res, "localhost", target, ec);
+  }
+  std::string next() {
+    beast::flat_buffer b;
+    boost::system::error_code e;
+    ws.read(b, e);
+    return e ? std::string() : beast::buffers_to_string(b.data());
+  }
+  websocket::close_reason wait_close() {
+    beast::flat_buffer b;
+    boost::system::error_code e;
+    while (!e) ws.read(b, e), b.consume(b.size());
+    return ws.reason();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("bearer tokens on every stream endpoint: none, a bad one, one in two places, one from each place") {
+  auto& pg = test::cluster();
+  pg.sql("CREATE TABLE auth_a(id int PRIMARY KEY, v text); CREATE PUBLICATION auth_a_pub FOR TABLE auth_a");
+  auto key = test::ec_key("ES256"), other = test::ec_key("ES256");
+  auth_setup setup(key.jwk("k1"));
+  running_gateway g("auth_a_slot", "auth_a_pub", setup.so);
+  const std::string good = test::token(key, "", "k1");
+
+  // No token: 401 with the challenge and no error code (RFC 6750 3.1), on each endpoint.
+  for (std::string target : {"/v1/stream", "/v1/stream?format=debezium"}) {
+    auto a = request(g.port(), target);
+    CHECK(a.status == 401);
+    CHECK(a.challenge == "Bearer realm=\"walgate\"");
+    CHECK(a.body.find("a bearer token is required") != std::string::npos);
+  }
+  for (std::string target : {"/v1/ws", "/v1/mux"}) {
+    auto a = request(g.port(), target, upgrade_headers);
+    CHECK(a.status == 401);
+    CHECK(a.challenge == "Bearer realm=\"walgate\"");
+  }
+  // The same for an SSE client (Accept: text/event-stream) and a browser's WebSocket.
+  CHECK(request(g.port(), "/v1/stream", "Accept: text/event-stream\r\n").status == 401);
+  {
+    ws_with w(g.port(), "/v1/ws", "");
+    CHECK(w.ec);   // the upgrade is refused
+    CHECK(w.res.result_int() == 401);
+  }
+  // What needs no token: health, readiness, the page.
+  CHECK(get_path(g.port(), "/healthz").first == 200);
+  CHECK(get_path(g.port(), "/readyz").first == 200);
+  CHECK(get_path(g.port(), "/").first == 200);
+
+  // A bad token: 401 invalid_token with the reason (never anything about the key).
+  struct bad_case {
+    std::string token, reason;
+  };
+  for (const auto& [t, reason] : std::vector<bad_case>{
+           {test::token(key, "", "k1", -5), "the token has expired"},
+           {test::token(other, "", "k1"), "the token's signature is not valid"},
+           {test::token(other, "", "k9"), "no key has the token's kid k9"},
+           {"not-a-token", "not a JWT: three base64url parts separated by '.' are expected"},
+       }) {
+    for (std::string how : {"header", "query", "ws"}) {
+      INFO(how << ": " << reason);
+      answer a;
+      if (how == "header") a = request(g.port(), "/v1/stream", "Authorization: Bearer " + t + "\r\n");
+      else if (how == "query") a = request(g.port(), "/v1/stream?access_token=" + t);
+      else a = request(g.port(), "/v1/ws", std::string(upgrade_headers) + "Sec-WebSocket-Protocol: walgate, bearer." + t + "\r\n");
+      CHECK(a.status == 401);
+      CHECK(a.challenge == "Bearer realm=\"walgate\", error=\"invalid_token\", error_description=\"" + reason + "\"");
+      CHECK(a.body.find(reason) != std::string::npos);
+      CHECK(a.body.find(t) == std::string::npos);   // the token is not echoed
+    }
+  }
+  // Two places at once, or a malformed header: 400 invalid_request.
+  {
+    auto a = request(g.port(), "/v1/stream?access_token=" + good, "Authorization: Bearer " + good + "\r\n");
+    CHECK(a.status == 400);
+    CHECK(a.challenge.find("error=\"invalid_request\"") != std::string::npos);
+    CHECK(request(g.port(), "/v1/stream", "Authorization: Bearer\r\n").status == 400);
+    // A subprotocol token without walgate: the answer could not name an offered protocol.
+    CHECK(request(g.port(), "/v1/ws", std::string(upgrade_headers) + "Sec-WebSocket-Protocol: bearer." + good + "\r\n").status == 400);
+    // Another scheme is no token.
+    CHECK(request(g.port(), "/v1/stream", "Authorization: Basic dXNlcjpwYXNz\r\n").status == 401);
+    // A subscription message does not carry a token.
+    ws_with m(g.port(), "/v1/mux?access_token=" + good, "");
+    REQUIRE_FALSE(m.ec);
+    m.ws.text(true);
+    m.ws.write(asio::buffer(std::string(R"({"type":"subscribe","id":"a","access_token":"x"})")));
+    auto reply = json::parse(m.next());
+    CHECK(reply.at("status") == 400);
+    CHECK(reply.at("parameter") == "access_token");
+  }
+
+  // A good token from each place: the stream.
+  stream_client ndjson(g.port(), "/v1/stream", {{"Authorization", "Bearer " + good}});
+  REQUIRE(ndjson.status() == 200);
+  stream_client sse(g.port(), "/v1/stream?access_token=" + good, {{"Accept", "text/event-stream"}});
+  REQUIRE(sse.status() == 200);
+  ws_with ws(g.port(), "/v1/ws", "walgate, bearer." + good);
+  REQUIRE_FALSE(ws.ec);
+  CHECK(ws.res[http::field::sec_websocket_protocol] == "walgate");   // never the token
+  ws_with ws_header(g.port(), "/v1/ws", "", good);
+  REQUIRE_FALSE(ws_header.ec);
+  CHECK(ws_header.res[http::field::sec_websocket_protocol] == "");
+  ws_with mux(g.port(), "/v1/mux", "walgate, bearer." + good);
+  REQUIRE_FALSE(mux.ec);
+  mux.ws.text(true);
+  mux.ws.write(asio::buffer(std::string(R"({"type":"subscribe","id":"s"})")));
+  CHECK(json::parse(mux.next()).at("type") == "subscribed");
+  pg.sql("INSERT INTO auth_a VALUES (1, 'one')");
+  auto e = ndjson.events(1);
+  REQUIRE(e.size() == 1);
+  CHECK(json::parse(e[0]).at("after").at("v") == "one");
+  CHECK(sse.sse(1).size() == 1);
+  CHECK(json::parse(ws.next()).at("after").at("v") == "one");
+  CHECK(json::parse(ws_header.next()).at("after").at("v") == "one");
+  CHECK(json::parse(mux.next()).at("data").at("after").at("v") == "one");
+  auto m = get_path(g.port(), "/metrics").second;
+  CHECK(m.find("walgate_auth_tokens_accepted_total 6") != std::string::npos);
+  CHECK(m.find("walgate_auth_key_reloads_total 1") != std::string::npos);
+}
+
+TEST_CASE("a token that expires mid-stream ends the stream with where to resume; a fresh token resumes with no gap") {
+  auto& pg = test::cluster();
+  pg.sql("CREATE TABLE auth_exp(id int PRIMARY KEY); CREATE PUBLICATION auth_exp_pub FOR TABLE auth_exp");
+  auto key = test::ed25519_key();
+  auth_setup setup(key.jwk("e"));
+  running_gateway g("auth_exp_slot", "auth_exp_pub", setup.so);
+  // Expires in 3 s (checked with no leeway here).
+  const std::string brief = test::token(key, "", "e", 3), fresh = test::token(key, "", "e");
+  stream_client ndjson(g.port(), "/v1/stream", {{"Authorization", "Bearer " + brief}});
+  stream_client sse(g.port(), "/v1/stream?access_token=" + brief, {{"Accept", "text/event-stream"}});
+  ws_with ws(g.port(), "/v1/ws?access_token=" + brief, "");
+  ws_with mux(g.port(), "/v1/mux?access_token=" + brief, "");
+  REQUIRE(ndjson.status() == 200);
+  REQUIRE(sse.status() == 200);
+  REQUIRE_FALSE(ws.ec);
+  REQUIRE_FALSE(mux.ec);
+  mux.ws.text(true);
+  mux.ws.write(asio::buffer(std::string(R"({"type":"subscribe","id":"s"})")));
+  REQUIRE(json::parse(mux.next()).at("type") == "subscribed");
+  pg.sql("INSERT INTO auth_exp SELECT g FROM generate_series(1, 5) g");
+  auto first = ndjson.events(5);
+  REQUIRE(first.size() == 5);
+  const std::string last_id = id_of(first.back());
+  REQUIRE(sse.sse(5).size() == 5);
+  for (int i = 0; i < 5; ++i) REQUIRE(!ws.next().empty());
+  for (int i = 0; i < 5; ++i) REQUIRE(!mux.next().empty());
+
+  // At exp: each says why it ends, and where to resume (after the last event it sent).
+  const auto t0 = std::chrono::steady_clock::now();
+  auto end = ndjson.events(1);
+  REQUIRE(end.size() == 1);
+  CHECK(end[0] == "{\"error\":\"the token expired\",\"resume_from\":\"" + last_id + "\"}");
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(6));
+  auto sse_end = sse.lines(3);
+  std::string joined;
+  for (const auto& l : sse_end) joined += l + "\n";
+  CHECK(joined.find("the token expired") != std::string::npos);
+  CHECK(joined.find(last_id) != std::string::npos);
+  auto why = ws.wait_close();
+  CHECK(why.code == 4001);
+  CHECK(std::string(why.reason.data(), why.reason.size()) == "the token expired; resume from " + last_id);
+  auto mux_end = json::parse(mux.next());
+  CHECK(mux_end.at("type") == "end");
+  CHECK(mux_end.at("reason") == "the token expired");
+  CHECK(mux_end.at("resume_from") == json::value(last_id));
+  auto mux_why = mux.wait_close();
+  CHECK(mux_why.code == 4001);
+  // The expired token is refused from now on.
+  CHECK(request(g.port(), "/v1/stream", "Authorization: Bearer " + brief + "\r\n").status == 401);
+
+  // Changes while they were away; then each resumes with a fresh token: exactly those.
+  pg.sql("INSERT INTO auth_exp SELECT g FROM generate_series(6, 9) g");
+  stream_client again(g.port(), "/v1/stream?from=" + last_id, {{"Authorization", "Bearer " + fresh}});
+  REQUIRE(again.status() == 200);
+  auto rest = again.events(4);
+  REQUIRE(rest.size() == 4);
+  for (int i = 0; i < 4; ++i) CHECK(json::parse(rest[static_cast<std::size_t>(i)]).at("after").at("id") == 6 + i);
+  ws_with ws2(g.port(), "/v1/ws?from=" + last_id, "walgate, bearer." + fresh);
+  REQUIRE_FALSE(ws2.ec);
+  CHECK(json::parse(ws2.next()).at("after").at("id") == 6);
+  auto m = get_path(g.port(), "/metrics").second;
+  CHECK(m.find("walgate_auth_expired_streams_total 4") != std::string::npos);
+}
+
+TEST_CASE("keys rotated while clients stream: the streams go on, the new key's tokens are accepted, the old one's refused") {
+  auto& pg = test::cluster();
+  pg.sql("CREATE TABLE auth_rot(id int PRIMARY KEY); CREATE PUBLICATION auth_rot_pub FOR TABLE auth_rot");
+  auto old_key = test::rsa_key("RS256"), new_key = test::rsa_key("PS256");
+  auth_setup setup(old_key.jwk("2026-11"));
+  running_gateway g("auth_rot_slot", "auth_rot_pub", setup.so);
+  stream_client before(g.port(), "/v1/stream", {{"Authorization", "Bearer " + test::token(old_key, "", "2026-11")}});
+  REQUIRE(before.status() == 200);
+  // The provider publishes the new key next to the old one, then drops the old one.
+  auto reload = [&] {
+    std::string error;
+    bool ok = false, done = false;
+    asio::post(g.io, [&] {
+      ok = setup.auth->reload(error);
+      done = true;
+    });
+    REQUIRE(test::wait_until([&] { return done; }));
+    REQUIRE_MESSAGE(ok, error);
+  };
+  write_file(setup.jwks, "{\"keys\":[" + old_key.jwk("2026-11") + "," + new_key.jwk("2026-12") + "]}");
+  reload();
+  stream_client both(g.port(), "/v1/stream", {{"Authorization", "Bearer " + test::token(new_key, "", "2026-12")}});
+  REQUIRE(both.status() == 200);
+  write_file(setup.jwks, "{\"keys\":[" + new_key.jwk("2026-12") + "]}");
+  reload();
+  CHECK(request(g.port(), "/v1/stream", "Authorization: Bearer " + test::token(old_key, "", "2026-11") + "\r\n").status == 401);
+  stream_client after(g.port(), "/v1/stream", {{"Authorization", "Bearer " + test::token(new_key, "", "2026-12")}});
+  REQUIRE(after.status() == 200);
+  pg.sql("INSERT INTO auth_rot VALUES (1)");
+  CHECK(before.events(1).size() == 1);   // connected with the old key: goes on until its token's exp
+  CHECK(both.events(1).size() == 1);
+  CHECK(after.events(1).size() == 1);
+}

@@ -1,7 +1,8 @@
 // Tokens and key files: untrusted bytes through the JWT verifier and the JWKS reader. The first
 // byte picks what the rest is:
-//   0  a token, verified against fixed keys (an HMAC secret, and RSA, P-256 and Ed25519 keys
-//      from RFC 7515 and RFC 8037): never accepted — nobody here can sign for them.
+//   0  a token, verified against fixed keys (an HMAC secret, and RSA, P-256 and Ed25519 public
+//      keys made once for this target, their private halves thrown away): never accepted —
+//      nobody can sign for them (and the seeds are not signed with the secret).
 //   1  a token's header.payload, signed here with the HMAC secret and verified: the claims path;
 //      what is accepted has an exp in the future and an object of claims.
 //   2  a JWKS document: read or refused with a reason; one that is read has a key.
@@ -30,9 +31,9 @@ const proxy::jwt::key_set& keys() {
     auto s = proxy::jwt::key_set::from_secret(secret, error);
     auto j = proxy::jwt::key_set::from_jwks(
         R"({"keys":[
-{"kty":"EC","kid":"p256","crv":"P-256","x":"f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU","y":"x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"},
-{"kty":"OKP","kid":"ed","crv":"Ed25519","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"},
-{"kty":"RSA","kid":"rsa","e":"AQAB","n":"ofgWCuLjybRlzo0tZWJjNiuSfb4p4fAkd_wWJcyQoTbji9k0l8W26mPddxHmfHQp-Vaw-4qPCJrcS2mJPMEzP1Pt0Bm4d4QlL-yRT-SFd2lZS-pCgNMsD1W_YpRPEwOWvG6b32690r2jZ47soMZo9wGzjb_7OMg0LOL-bSf63kpaSHSXndS5z5rexMdbBYUsLA9e-KXBdQOS-UTo7WTBEMa2R2CapHg665xsmtdVMTBQY4uDZlxvb3qCo5ZwKh9kG4LT6_I5IhlJH7aGhyxXFvUK-DWNmoudF8NAco9_h9iaGNj8q2ethFkMLs91kzk2PAcDTW9gb54h4FRWyuXpoQ"}]})",
+{"kty":"EC","kid":"p256","crv":"P-256","x":"TNeccGamipEanHqBznl-yRE6O3yDFh49PFuImMbQg_w","y":"oMh-8x8VUKhcMcAB3PlJ0nRHUGJlQTZB4h72c9vELXo"},
+{"kty":"OKP","kid":"ed","crv":"Ed25519","x":"gtz9dfViK8bpY8IQAuRZOHLiBnnq-LzWlvfl9Igiuk4"},
+{"kty":"RSA","kid":"rsa","e":"AQAB","n":"rXwhOHqhByP5S_YntBybUEsqB5_wEZYd-snS4ZeRlSsWWLx7RBnqc5NdyOinC7kL43xMjJVa0bd6_kNGgWx0caiyYET1caqvvCAi8i8gq8u-T8oHJ5ITqHaIwD0Kocp7X7Jlo_coiMurg6tmRZ_F7tyD6xFQjnwoILi_V9-JmXc8D4A8mB7IjuJcvW6vNj5N-kWG9NWtBucNbpNCYaDdVOrrpWW5KgcbUmy3IwCjzBz9b0NE_EgC0YgrXeAOe__bb9EZ5wBe0jvQmOs4E5q0hD_2akIp4Mc3H0hCWF14_RyUhBVnm2BRCbEVed8Q4Xcx3F6kcMqOlxvydasGfrLdhw"}]})",
         error);
     if (!s || !j) std::abort();
     s->merge(std::move(*j));

@@ -22,6 +22,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <csignal>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
@@ -170,6 +171,9 @@ class stream_sink final : public proxy::replication_sink {
 
 /// Runs the gateway until SIGINT/SIGTERM or a failure reconnecting cannot fix.
 int serve(const config& s, const std::function<void(std::uint16_t)>& on_listening) {
+  // SIGHUP reads the key files and the certificate again once serving; until then (connecting,
+  // creating the publication) it is ignored rather than ending the process.
+  std::signal(SIGHUP, SIG_IGN);
   auto parsed = proxy::parse_conninfo(s.pg);
   if (!parsed.params) {   // (checked as the setting was read; the environment's PG* may differ now)
     log_line("--pg: " + parsed.error);

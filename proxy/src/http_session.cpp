@@ -67,7 +67,8 @@ auth_outcome authenticate(server_core& core, const http::request<http::empty_bod
     auto v = req[f];
     return std::string_view(v.data(), v.size());
   };
-  const auto subprotocols = field(http::field::sec_websocket_protocol);
+  // (bearer.<token> is a WebSocket's way; on a plain request the header means nothing)
+  const auto subprotocols = beast::websocket::is_upgrade(req) ? field(http::field::sec_websocket_protocol) : std::string_view{};
   auto b = find_bearer(field(http::field::authorization), query_token, subprotocols);
   if (!b.error.empty()) {
     out.status = 400;

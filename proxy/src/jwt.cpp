@@ -109,6 +109,15 @@ std::optional<std::int64_t> numeric_date(const json::value& v) {
   return std::nullopt;
 }
 
+/// Leaves the thread's OpenSSL error queue empty however the scope ends (a failed verification
+/// or key import queues errors).
+struct clear_errors {
+  ~clear_errors() { ERR_clear_error(); }
+};
+
+/// Keys a token without kid is tried with, at most: each is a signature check on the event loop.
+constexpr int max_untargeted_keys = 4;
+
 std::optional<json::object> parse_object(std::string_view text) {
   json::parse_options po;
   po.max_depth = 32;
@@ -170,6 +179,7 @@ std::optional<key_set> key_set::from_secret(std::string_view secret, std::string
 }
 
 std::optional<key_set> key_set::from_jwks(std::string_view text, std::string& error) {
+  clear_errors guard;
   auto doc = parse_object(text);
   const json::array* list = doc ? (doc->if_contains("keys") ? doc->at("keys").if_array() : nullptr) : nullptr;
   if (!list) {
@@ -234,6 +244,8 @@ std::optional<key_set> key_set::from_jwks(std::string_view text, std::string& er
       if (!k->pkey) return fail("not an RSA public key");
       if (EVP_PKEY_get_bits(k->pkey) < 2048)
         return fail("an RSA key of " + std::to_string(EVP_PKEY_get_bits(k->pkey)) + " bits: at least 2048 are needed");
+      if (EVP_PKEY_get_bits(k->pkey) > 8192)
+        return fail("an RSA key of " + std::to_string(EVP_PKEY_get_bits(k->pkey)) + " bits: at most 8192");
     } else if (*ty == "EC") {
       k->type = kty::ec;
       const auto* crv = string_member(*o, "crv");
@@ -278,7 +290,6 @@ std::optional<key_set> key_set::from_jwks(std::string_view text, std::string& er
     }
     s.keys_.push_back(std::move(k));
   }
-  ERR_clear_error();
   if (s.keys_.empty()) {
     error = "the JWKS document has no keys";
     return std::nullopt;
@@ -328,13 +339,15 @@ std::optional<verified> verify(std::string_view token, const key_set& keys, cons
   auto sig = protocol::base64url_decode(token.substr(d2 + 1));
   if (!sig) return fail("the token's signature is not base64url");
 
-  // The key: the one(s) the token names, else every key that verifies its alg.
+  // The key: the one(s) the token names, else the first few keys that verify its alg.
   bool named = false, suitable = false, good = false;
+  int tried = 0;
   for (const auto& k : keys.keys()) {
     if (kid && !(k->has_kid && k->kid == *kid)) continue;
     named = true;
     if (!k->verifies(*alg)) continue;
     suitable = true;
+    if (!kid && ++tried > max_untargeted_keys) break;
     if (verify_with(*k, *alg, token.substr(0, d2), *sig)) {
       good = true;
       break;
@@ -387,7 +400,12 @@ std::optional<verified> verify(std::string_view token, const key_set& keys, cons
 namespace {
 
 bool verify_with(const key_set::key& k, const alg_info& a, std::string_view input, std::string_view sig) {
+  clear_errors guard;
   const auto* data = reinterpret_cast<const unsigned char*>(input.data());
+  // RSA signatures have exactly the modulus's length (RFC 8017 8.1.2, 8.2.2): OpenSSL's PSS
+  // path would take one with its leading zero bytes cut, a second spelling of the same token.
+  if ((a.fam == family::rsa || a.fam == family::rsa_pss) && sig.size() != static_cast<std::size_t>(EVP_PKEY_get_size(k.pkey)))
+    return false;
   if (a.fam == family::hmac) {
     unsigned char mac[EVP_MAX_MD_SIZE];
     unsigned int n = 0;
@@ -427,7 +445,6 @@ bool verify_with(const key_set::key& k, const alg_info& a, std::string_view inpu
   if (ok)
     ok = EVP_DigestVerify(ctx, reinterpret_cast<const unsigned char*>(s.data()), s.size(), data, input.size()) == 1;
   EVP_MD_CTX_free(ctx);
-  ERR_clear_error();   // (a failed verification leaves errors on the thread's queue; TLS reads it)
   return ok;
 }
 

@@ -129,7 +129,10 @@ function rowsOf(name) {
   return [...t.rows.values()].map((r) => Object.fromEntries(t.cols.map((c, i) => [c, r.values[i]])));
 }
 let perSecond = 0; const series = [];
-const es = new EventSource('/v1/stream?format=pgoutput2json&compact=true&snapshot=true');
+// With --auth jwt the page is opened as /?access_token=<token>: its streams carry it.
+const token = new URLSearchParams(location.search).get('access_token');
+const auth = token ? '&access_token=' + encodeURIComponent(token) : '';
+const es = new EventSource('/v1/stream?format=pgoutput2json&compact=true&snapshot=true' + auth);
 es.onopen = () => { document.getElementById('status').textContent = 'live'; };
 es.onerror = () => {
   document.getElementById('status').textContent = 'reconnecting…';
@@ -149,7 +152,7 @@ es.onmessage = (m) => {
   if (m.lastEventId) document.getElementById('lastid').textContent = m.lastEventId;
   apply(ev, m.lastEventId);
 };
-const messages = new EventSource('/v1/stream?ops=message');
+const messages = new EventSource('/v1/stream?ops=message' + auth);
 messages.onmessage = (m) => showMessage(JSON.parse(m.data));
 function chart(lag) {
   series.push({eps: perSecond / 2, lag}); perSecond = 0;

@@ -477,6 +477,7 @@ struct pg_connection::impl : std::enable_shared_from_this<pg_connection::impl> {
           }
           break;
         case protocol::auth_code::sasl: {
+          if (scram) co_return protocol_violation(*m, during);   // one exchange: a second could skip its proof
           if (!password) co_return need_password();
           bool plus_offered = false, plain_offered = false;
           for (auto mech : a->mechanisms) {

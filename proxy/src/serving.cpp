@@ -233,7 +233,7 @@ std::optional<refusal> position(server_core& core, stream_request r, std::string
 }
 
 server_core::expiry_handle server_core::at_expiry(std::int64_t exp, std::function<void()> f) {
-  if (opts.auth) exp += opts.auth->options().claims.leeway.count();
+  if (opts.auth) exp += opts.auth->options().claims.leeway.count();   // (exp is clamped far below overflow: jwt.cpp)
   expiry_handle h{exp, ++next_expiry_};
   expiries_.emplace(h, std::move(f));
   if (timer_for_ == 0 || exp < timer_for_) arm_expiry();
@@ -250,10 +250,15 @@ void server_core::arm_expiry() {
     return;
   }
   timer_for_ = expiries_.begin()->first.first;
-  const auto now = std::chrono::system_clock::now();
-  auto due = std::chrono::system_clock::time_point(std::chrono::seconds(timer_for_)) - now;
-  // The wall clock may be set meanwhile: looked at again at least every 10 s.
-  due = std::clamp<std::chrono::system_clock::duration>(due, std::chrono::milliseconds(0), std::chrono::seconds(10));
+  // In whole seconds (an exp in the year 3000 is no overflow), at the next second boundary past
+  // it; the wall clock may be set meanwhile: looked at again at least every 10 s.
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  const auto now_s = std::chrono::duration_cast<std::chrono::seconds>(now);
+  std::chrono::milliseconds due(0);
+  if (timer_for_ > now_s.count()) {
+    const std::int64_t whole = std::min<std::int64_t>(timer_for_ - now_s.count(), 10);
+    due = std::chrono::seconds(whole) - std::chrono::duration_cast<std::chrono::milliseconds>(now - now_s);
+  }
   expiry_timer_->expires_after(due);
   expiry_timer_->async_wait([this](boost::system::error_code ec) {
     if (ec) return;   // (re-armed, or the server goes)

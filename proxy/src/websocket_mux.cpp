@@ -357,7 +357,9 @@ awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request
       mux_sub& s = *m->subs[i];
       bool remove = false;
       if (s.job) {
-        if (s.job->started()) {
+        if (m->expired) {
+          // (its token is over: not started now; said below, with the others)
+        } else if (s.job->started()) {
           s.start.seq = s.job->start_seq();
           s.job->set_wake({});
           s.start.snapshot = std::move(s.job);

@@ -334,6 +334,9 @@ try {
         setTimeout(() => reject(new Error(`only ${JSON.stringify(got)}`)), 20000);
       }), { t: token(600), from: st.es_end.resume_from });
       if (JSON.stringify(rest) !== '["auth-4","auth-5","auth-6"]') throw new Error(`resumed with ${JSON.stringify(rest)}`);
+      // The live page opened with ?access_token= passes it on to its streams.
+      await p5.goto(`http://127.0.0.1:${port3}/?access_token=${token(600)}`);
+      await p5.waitForFunction(() => document.getElementById('status').textContent === 'live', null, { timeout: 20000 });
       if (glog.includes(brief.split('.')[2])) throw new Error('a token in the log');
     } finally {
       await p5.close();

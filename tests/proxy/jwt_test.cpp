@@ -96,13 +96,45 @@ TEST_CASE("every algorithm: a token signed by OpenSSL verifies; a changed bit an
     // A signature cut short, or empty.
     CHECK(refusal(t.substr(0, d2 + 1) + b64u(sig.substr(0, sig.size() - 1)), set) == "the token's signature is not valid");
     CHECK(refusal(t.substr(0, d2 + 1), set) != "");
-    // A secret file's key verifies the HS ones too.
-    if (k.alg.starts_with("HS")) {
-      auto s = jwt::key_set::from_secret(k.secret, error);
-      REQUIRE(s);
-      CHECK(accepted(test::token(k), *s));
-    }
   }
+  // A secret file's key verifies the HS ones too.
+  for (const auto& k : std::vector<test::test_key>(keys.begin(), keys.begin() + 3)) {
+    std::string error;
+    auto s = jwt::key_set::from_secret(k.secret, error);
+    REQUIRE(s);
+    CHECK(accepted(test::token(k), *s));
+  }
+}
+
+TEST_CASE("an RSA signature is exactly the modulus long: one with its leading zero byte cut is refused") {
+  for (const char* alg : {"PS256", "RS256"}) {
+    INFO(alg);
+    auto k = test::rsa_key(alg);
+    auto set = jwks_of(k.jwk());
+    // Sign until a signature begins with a zero byte (1 in 256).
+    std::string t, sig;
+    for (int i = 0; i < 5000; ++i) {
+      t = test::token(k, "\"n\":" + std::to_string(i));
+      sig = *protocol::base64url_decode(t.substr(t.rfind('.') + 1));
+      if (sig[0] == '\0') break;
+    }
+    REQUIRE(sig[0] == '\0');
+    CHECK(accepted(t, set));
+    CHECK(refusal(t.substr(0, t.rfind('.') + 1) + b64u(sig.substr(1)), set) == "the token's signature is not valid");
+  }
+}
+
+TEST_CASE("a token without kid is tried with the first 4 keys of its alg; with kid, with its key wherever it is") {
+  std::vector<test::test_key> ks;
+  std::string doc;
+  for (int i = 0; i < 5; ++i) {
+    ks.push_back(test::ec_key("ES256"));
+    doc += (i ? "," : "") + ks.back().jwk("k" + std::to_string(i));
+  }
+  auto set = jwks_of(doc);
+  CHECK(accepted(test::token(ks[3]), set));
+  CHECK(refusal(test::token(ks[4]), set) == "the token's signature is not valid");
+  CHECK(accepted(test::token(ks[4], "", "k4"), set));
 }
 
 TEST_CASE("claims: exp, nbf, iat with the leeway; iss; aud as a string or a list") {
@@ -247,6 +279,8 @@ TEST_CASE("JWKS documents: every key checked, each fault named") {
   CHECK(bad(R"({"keys":[{"kty":"oct","k":"c2hvcnQ"}]})") == "key 0: k (an HMAC secret) has fewer than 32 bytes");
   CHECK(bad(R"({"keys":[{"kty":"oct","k":"not base64url!"}]})") == "key 0: k is not base64url");
   CHECK(bad(R"({"keys":[{"kty":"RSA","e":"AQAB"}]})") == "key 0: no n");
+  CHECK(bad(R"({"keys":[{"kty":"RSA","e":"AQAB","n":")" + b64u(std::string(1026, '\xff')) + "\"}]}") ==
+        "key 0: an RSA key of 8208 bits: at most 8192");
   auto rsa = test::rsa_key("RS256");
   std::string enc = rsa.jwk("r");
   enc.replace(enc.find("\"use\":\"sig\""), 11, "\"use\":\"enc\"");
@@ -256,7 +290,15 @@ TEST_CASE("JWKS documents: every key checked, each fault named") {
   CHECK(bad("{\"keys\":[" + mismatched + "]}") == "key 0 (kid r): alg ES256 does not go with this key");
   // A good key after a bad one does not save the document: it is refused whole.
   CHECK(bad("{\"keys\":[" + rsa.jwk("r") + ",{\"kty\":\"oct\"}]}") == "key 1: no k");
+  // A JWK with its private members (as some providers' files have): they are ignored, the public
+  // key verifies.
+  auto ed = test::ed25519_key();
+  std::string with_private = ed.jwk("p");
+  with_private.insert(1, "\"d\":\"" + b64u(std::string(32, 'p')) + "\",");
   std::string error;
+  auto priv = jwt::key_set::from_jwks("{\"keys\":[" + with_private + "]}", error);
+  REQUIRE_MESSAGE(priv, error);
+  CHECK(accepted(test::token(ed, "", "p"), *priv));
   CHECK_FALSE(jwt::key_set::from_secret("too short", error));
   CHECK(error == "the HMAC secret has 9 bytes: at least 32 are needed (RFC 7518 3.2)");
 }

@@ -195,6 +195,8 @@ const std::vector<setting>& settings() {
                      &config::jwt_secret_file));
     s.push_back(text("jwks-file", "JWKS file (RFC 7517) of the RSA, EC, Ed25519 or HMAC keys tokens are verified with",
                      &config::jwks_file));
+    s.push_back(text("policy", "TOML file of [[grant]]s: the tables and ops each token may see, from its claims",
+                     &config::policy_file));
     s.push_back(text("jwt-issuer", "the iss tokens must have (empty: not checked)", &config::jwt_issuer));
     s.push_back(text("jwt-audience", "an aud tokens must have (empty: not checked)", &config::jwt_audience));
     s.push_back(number("jwt-leeway", "clock skew allowed on exp, nbf and iat, s (0-3600)", &config::jwt_leeway_s, 0, 3600,
@@ -469,8 +471,8 @@ std::string check(const config& c, command cmd) {
     if (c.auth_jwt && c.jwt_secret_file.empty() && c.jwks_file.empty())
       return "--auth jwt needs a key file: --jwt-secret-file or --jwks-file (or both)";
     if (!c.auth_jwt && (!c.jwt_secret_file.empty() || !c.jwks_file.empty() || !c.jwt_issuer.empty() ||
-                        !c.jwt_audience.empty()))
-      return "--jwt-secret-file, --jwks-file, --jwt-issuer and --jwt-audience go with --auth jwt";
+                        !c.jwt_audience.empty() || !c.policy_file.empty()))
+      return "--jwt-secret-file, --jwks-file, --jwt-issuer, --jwt-audience and --policy go with --auth jwt";
     if (!listens_on_loopback(c) && !c.auth_jwt && !c.allow_unauthenticated)
       return "--listen " + c.listen +
              " is not a loopback address and authentication is not configured: use --auth jwt, or pass "

@@ -24,6 +24,7 @@ struct config {
   bool allow_unauthenticated = false;
   bool auth_jwt = false;                ///< --auth jwt: stream clients need a bearer token (a JWT)
   std::string jwt_secret_file, jwks_file, jwt_issuer, jwt_audience;
+  std::string policy_file;              ///< --policy: the grants (tables, ops) tokens' claims give
   std::size_t jwt_leeway_s = 30;
   bool jwt_require_exp = true;
   std::string tls_cert, tls_key;

@@ -187,6 +187,7 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
     proxy::auth_options ao;
     ao.secret_file = s.jwt_secret_file;
     ao.jwks_file = s.jwks_file;
+    ao.policy_file = s.policy_file;
     ao.claims.issuer = s.jwt_issuer;
     ao.claims.audience = s.jwt_audience;
     ao.claims.leeway = std::chrono::seconds(s.jwt_leeway_s);
@@ -197,6 +198,7 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
       return 2;
     }
     log_line("authentication: bearer tokens (JWT), " + std::to_string(so.auth->keys()) + " key(s)" +
+             (s.policy_file.empty() ? "" : ", " + std::to_string(so.auth->policy_grants()) + " grant(s)") +
              (s.jwt_issuer.empty() ? "" : ", iss " + s.jwt_issuer) + (s.jwt_audience.empty() ? "" : ", aud " + s.jwt_audience));
   }
   if (!client_limit(s.max_clients, so, error)) {
@@ -340,7 +342,8 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
       if (ec) return;
       if (so.auth) {
         std::string e;
-        if (so.auth->reload(e)) log_line("SIGHUP: key files read again: " + std::to_string(so.auth->keys()) + " key(s)");
+        if (so.auth->reload(e)) log_line("SIGHUP: key files read again: " + std::to_string(so.auth->keys()) + " key(s)" +
+                                         (s.policy_file.empty() ? "" : ", " + std::to_string(so.auth->policy_grants()) + " grant(s)"));
         else log_line("SIGHUP: " + e + "; the keys in use stay");
       }
       if (!so.tls_cert.empty()) {

@@ -69,6 +69,7 @@ authenticator::stamp authenticator::stat_file(const std::filesystem::path& p) {
 bool authenticator::reload(std::string& error) {
   secret_stamp_ = stat_file(opts_.secret_file);
   jwks_stamp_ = stat_file(opts_.jwks_file);
+  policy_stamp_ = stat_file(opts_.policy_file);
   jwt::key_set all;
   if (!opts_.secret_file.empty()) {
     std::string text;
@@ -108,13 +109,33 @@ bool authenticator::reload(std::string& error) {
     ++reload_failures_;
     return false;
   }
+  std::shared_ptr<const policy> pol;
+  if (!opts_.policy_file.empty()) {
+    std::string text;
+    if (!read_file(opts_.policy_file, text, error)) {
+      ++reload_failures_;
+      return false;
+    }
+    std::string why;
+    auto p = policy::parse(text, why);
+    if (!p) {
+      error = opts_.policy_file.string() + ": " + why;
+      ++reload_failures_;
+      return false;
+    }
+    pol = std::make_shared<const policy>(std::move(*p));
+  }
+  // Keys and policy change together, or not at all.
   keys_ = std::make_shared<const jwt::key_set>(std::move(all));
+  policy_ = std::move(pol);
   ++reloads_;
   return true;
 }
 
 int authenticator::reload_if_changed(std::string& error) {
-  if (stat_file(opts_.secret_file) == secret_stamp_ && stat_file(opts_.jwks_file) == jwks_stamp_) return 0;
+  if (stat_file(opts_.secret_file) == secret_stamp_ && stat_file(opts_.jwks_file) == jwks_stamp_ &&
+      stat_file(opts_.policy_file) == policy_stamp_)
+    return 0;
   return reload(error) ? 1 : -1;
 }
 

@@ -94,6 +94,20 @@ auth_outcome authenticate(server_core& core, const http::request<http::empty_bod
   return out;
 }
 
+}  // namespace
+
+std::optional<std::pair<std::string, std::string>> within_grants(server_core& core, const identity& who, stream_request& r) {
+  if (!core.opts.auth || !core.opts.auth->has_policy()) return std::nullopt;
+  auto g = core.opts.auth->grants_for(who);
+  std::optional<std::pair<std::string, std::string>> no;
+  if (!g) no = std::pair<std::string, std::string>{"", "this token is granted nothing: no grant of the policy matches its claims"};
+  else no = authorize(std::move(g), r);
+  if (no) ++core.forbidden;
+  return no;
+}
+
+namespace {
+
 /// A WebSocket upgrade that offers bearer.<token> must offer walgate too: the answer has to
 /// name one of the offered subprotocols, and it names walgate (never the token).
 bool bearer_subprotocol_without_walgate(const http::request<http::empty_body>& req) {
@@ -276,6 +290,12 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
           co_return std::nullopt;
         }
         who = std::move(a.who);
+        // --policy: served within what the token grants, or 403 (never a silent narrowing).
+        if (auto no = within_grants(core, *who, *r)) {
+          co_await write_simple(core, s, req.version(), http::status::forbidden, "application/json",
+                                json_error(no->first, no->second), false, {}, cors);
+          co_return std::nullopt;
+        }
       }
       r->access_token.clear();   // (not kept with the stream)
       auto last_event_id = req["Last-Event-ID"];

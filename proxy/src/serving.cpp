@@ -150,6 +150,9 @@ server_core::server_core(boost::asio::any_io_executor ex, server_options o, gate
     metrics.add_value("walgate_auth_unauthorized_total", "counter",
                       "Stream requests refused for their token: 401, or 400 for one sent in more than one way.",
                       [this] { return unauthorized; });
+    metrics.add_value("walgate_auth_forbidden_total", "counter",
+                      "Stream requests and /v1/mux subscriptions refused (403): outside their token's grants (--policy).",
+                      [this] { return forbidden; });
     metrics.add_value("walgate_auth_expired_streams_total", "counter", "Streams ended because their token expired.",
                       [this] { return expired_streams; });
     metrics.add_value("walgate_auth_key_reloads_total", "counter", "Key files read (at start, SIGHUP, a change).",

@@ -136,6 +136,7 @@ struct server_core {
   void cancel_expiry(const expiry_handle& h);
   std::uint64_t expired_streams = 0;   ///< ended because their token expired
   std::uint64_t unauthorized = 0;      ///< stream requests answered 401 (or 400 for a malformed token request)
+  std::uint64_t forbidden = 0;         ///< stream requests (and mux subscriptions) refused for their grants (403)
   /// A spill file could not be read back (the client is disconnected mid-event).
   void spill_read_failed(const std::string& error);
   /// No more notifications or eager encodings from the gateway (the server stops).
@@ -158,6 +159,9 @@ struct refusal {
   std::string parameter, message;
   std::string_view retry_after;
 };
+/// With --policy: the request checked against its token's grants (and given them: r.granted);
+/// nullopt when it is within them, else the parameter at fault and why (403).
+std::optional<std::pair<std::string, std::string>> within_grants(server_core& core, const identity& who, stream_request& r);
 /// Admits a parsed stream request under --max-clients and finds where it starts in the log (a
 /// resume id, or Last-Event-ID when given, which wins over from): out set, or why not (410,
 /// 500, 503).

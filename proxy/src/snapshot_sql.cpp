@@ -1,5 +1,7 @@
 #include "snapshot_sql.hpp"
 
+#include "walgate/proxy/policy.hpp"
+
 #include "walgate/protocol/commands.hpp"
 #include "walgate/transform/pg_types.hpp"
 
@@ -21,6 +23,7 @@ std::string text_array(const std::vector<std::string>& items) {
 }
 
 bool selected(const stream_request& r, const std::string& schema, const std::string& table) {
+  if (r.granted && !r.granted->allows_table(schema, table)) return false;   // (--policy)
   if (r.tables.empty()) return true;
   for (const auto& t : r.tables)
     if (t.schema == schema && (t.any || t.table == table)) return true;

@@ -1,3 +1,4 @@
+#include "walgate/proxy/policy.hpp"
 #include "walgate/proxy/server.hpp"
 
 #include "walgate/protocol/commands.hpp"
@@ -249,6 +250,7 @@ std::optional<std::string> parse_mux_query(std::string_view target, request_erro
 
 bool matches(const stream_request& r, const logged_event& e) {
   if (r.ops && !(r.ops & (1u << (static_cast<char>(e.kind) - 'a')))) return false;
+  if (r.granted && !r.granted->allows(e.schema, e.table, static_cast<char>(e.kind))) return false;
   if (r.tables.empty()) return true;
   if (e.table.empty()) return false;   // messages have no table
   for (const auto& t : r.tables)

@@ -13,7 +13,7 @@ subscription::subscription(const log_reader& log, encoding_cache& encodings, str
       request_(std::move(request)),
       limits_(l),
       enc_(encoding_for(request_)),
-      unfiltered_(request_.tables.empty() && request_.ops == 0),
+      unfiltered_(request_.tables.empty() && request_.ops == 0 && !request_.granted),
       cursor_(start),
       skip_through_(skip_through),
       snapshot_(std::move(snapshot)) {

@@ -222,6 +222,11 @@ void on_client_message(mux_session<Stream>& m, std::string_view text, Send&& sen
     send(error_message(&name_json, 400, err.parameter, err.message));
     return;
   }
+  if (m.who)
+    if (auto no = within_grants(core, *m.who, *r)) {
+      send(error_message(&name_json, 403, no->first, no->second));
+      return;
+    }
   stream_start start;
   if (auto no = position(core, std::move(*r), {}, start)) {
     send(error_message(&name_json, no->status, no->parameter, no->message));

@@ -103,8 +103,19 @@ TEST_CASE("--auth jwt: a key file is needed and read at start; with it a non-loo
   auto h = run(base + "--auth jwt --jwt-secret-file " + secret);
   CHECK(h.status == 2);
   CHECK(h.output.find("the HMAC secret has 5 bytes: at least 32 are needed") != std::string::npos);
+  // --policy goes with --auth jwt, and is read at start with the keys.
+  auto i = run(base + "--policy /tmp/p.toml");
+  CHECK(i.status == 2);
+  CHECK(i.output.find("and --policy go with --auth jwt") != std::string::npos);
+  std::ofstream(secret, std::ios::trunc) << std::string(40, 's');
+  const std::string pol = "/tmp/walgate-cli-test-policy.toml";
+  std::ofstream(pol) << "[[grant]]\ntables = [\"public.t\"]\nrows = \"a = 1\"\n";
+  auto j = run(base + "--auth jwt --jwt-secret-file " + secret + " --policy " + pol);
+  CHECK(j.status == 2);
+  CHECK(j.output.find("--auth jwt: " + pol + ": grant 1: rows: row and column grants are not available") != std::string::npos);
   std::remove(f.c_str());
   std::remove(secret.c_str());
+  std::remove(pol.c_str());
 }
 
 TEST_CASE("flags over WALGATE_* environment over the config file") {

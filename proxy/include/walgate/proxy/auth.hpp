@@ -1,11 +1,13 @@
 // Who a stream client is: its bearer token (a JWT, jwt.hpp) checked against the keys of the
-// configured files — an HMAC secret file, a JWKS file, or both — which are read again on
+// configured files — an HMAC secret file, a JWKS file, or both — and what it may see (the
+// policy file's grants, policy.hpp); the files are read again on
 // reload() (SIGHUP) and when a file changes (reload_if_changed(), polled), without dropping a
 // connection: a reload that fails keeps the keys in use and says why. No Asio: the event loop
 // calls it.
 #pragma once
 
 #include "walgate/proxy/jwt.hpp"
+#include "walgate/proxy/policy.hpp"
 
 #include <cstdint>
 #include <filesystem>
@@ -19,6 +21,7 @@ namespace walgate::proxy {
 struct auth_options {
   std::filesystem::path secret_file;   ///< HS256/384/512: the file's bytes (one trailing newline dropped)
   std::filesystem::path jwks_file;     ///< a JWKS document (RFC 7517)
+  std::filesystem::path policy_file;   ///< the grants (policy.hpp); empty: every valid token sees everything
   jwt::options claims;                 ///< iss, aud, leeway, exp required
 };
 
@@ -37,6 +40,11 @@ class authenticator {
   int reload_if_changed(std::string& error);
   /// The token checked at the current time; nullopt with the reason for the client.
   std::optional<identity> verify(std::string_view token, std::string& error) const;
+  /// A policy is configured: requests are served within their token's grants.
+  bool has_policy() const { return policy_ != nullptr; }
+  /// The grants of a verified token (null: it matches no grant). Only with has_policy().
+  std::shared_ptr<const grants> grants_for(const identity& who) const { return policy_->grants_for(who.claims); }
+  std::size_t policy_grants() const { return policy_ ? policy_->size() : 0; }
 
   const auth_options& options() const { return opts_; }
   std::size_t keys() const { return keys_ ? keys_->size() : 0; }
@@ -54,7 +62,8 @@ class authenticator {
   static stamp stat_file(const std::filesystem::path& p);
   auth_options opts_;
   std::shared_ptr<const jwt::key_set> keys_;
-  stamp secret_stamp_, jwks_stamp_;
+  std::shared_ptr<const policy> policy_;
+  stamp secret_stamp_, jwks_stamp_, policy_stamp_;
   std::uint64_t reloads_ = 0, reload_failures_ = 0;
   mutable std::uint64_t accepted_ = 0, refused_ = 0;
 };

@@ -5,6 +5,7 @@
 #include "walgate/proxy/log_reader.hpp"
 #include "walgate/transform/formats.hpp"
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -12,6 +13,8 @@
 #include <vector>
 
 namespace walgate::proxy {
+
+struct grants;   // policy.hpp
 
 /// A table, or every table of a schema (any), as named in tables= or --create-publication.
 struct table_pattern {
@@ -43,6 +46,9 @@ struct stream_request {
   /// access_token= (RFC 6750 2.3): the bearer token of a client that cannot send a header
   /// (EventSource). Checked by the server, never logged.
   std::string access_token;
+  /// With --policy: what the client's token grants (events outside it are not sent); null: no
+  /// policy.
+  std::shared_ptr<const grants> granted;
 };
 struct request_error {
   std::string parameter, message;

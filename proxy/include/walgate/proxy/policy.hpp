@@ -1,0 +1,76 @@
+// Who may see which tables: the authorization policy (--policy FILE, TOML). Each [[grant]] gives
+// tables and operations to every token whose claims match its `when`:
+//
+//   [[grant]]
+//   when = { role = "sales" }                  # every listed claim equal (an array claim: holding it)
+//   tables = ["public.orders", "public.order_lines"]
+//   ops = ["insert", "update", "delete"]       # optional: every op
+//
+//   [[grant]]                                  # no when: every token
+//   tables = ["public.products"]
+//
+// A token's grants are the union of the grants it matches; a stream request is served only
+// within them (403 otherwise), and events outside them never reach it — decided on the event's
+// table and op in the gateway, no database query. Logical messages (no table) need a grant with
+// ops including "message". Row predicates and column lists are not part of this version: a grant
+// with `rows` or `columns` is refused when the file is read. No Asio.
+#pragma once
+
+#include "walgate/proxy/stream_request.hpp"
+
+#include <boost/json/object.hpp>
+#include <boost/json/value.hpp>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace walgate::proxy {
+
+/// What one token may see: table patterns with their ops (bits of transform::op chars; 0: all).
+struct grants {
+  std::vector<std::pair<table_pattern, unsigned>> tables;
+  bool messages = false;   ///< logical messages (a grant with ops "message")
+
+  /// The event's table and op are granted.
+  bool allows(std::string_view schema, std::string_view table, char op) const {
+    if (table.empty()) return messages;
+    for (const auto& [t, ops] : tables)
+      if (t.schema == schema && (t.any || t.table == table) && (ops == 0 || (ops & (1u << (op - 'a'))))) return true;
+    return false;
+  }
+  /// Some op of the table is granted (a snapshot's rows of it may be read).
+  bool allows_table(std::string_view schema, std::string_view table) const {
+    for (const auto& [t, ops] : tables)
+      if (t.schema == schema && (t.any || t.table == table)) return true;
+    return false;
+  }
+};
+
+/// Narrows nothing, refuses what is outside: every table the request names must be granted
+/// (schema.* only by a grant of schema.*), with every op it asks for (none named: it gets the
+/// granted ones). nullopt when the request is within its grants (r.granted set), else why, for a
+/// 403, and the parameter at fault.
+std::optional<std::pair<std::string, std::string>> authorize(std::shared_ptr<const grants> g, stream_request& r);
+
+class policy {
+ public:
+  /// Reads a policy file's text; nullopt with error naming the grant and what is wrong.
+  static std::optional<policy> parse(std::string_view toml, std::string& error);
+  /// The grants of a token with these claims; null when it matches none.
+  std::shared_ptr<const grants> grants_for(const boost::json::object& claims) const;
+  std::size_t size() const { return rules_.size(); }
+
+ private:
+  struct rule {
+    std::vector<std::pair<std::string, std::vector<boost::json::value>>> when;   // claim -> any of these
+    std::vector<table_pattern> tables;
+    unsigned ops = 0;
+  };
+  std::vector<rule> rules_;
+};
+
+}  // namespace walgate::proxy

@@ -1,0 +1,184 @@
+// The authorization policy (policy.hpp): the TOML file read (toml++), a token's grants from its
+// claims, and a request checked against them.
+#include "walgate/proxy/policy.hpp"
+
+#include <toml++/toml.h>
+
+#include <sstream>
+
+namespace walgate::proxy {
+
+namespace json = boost::json;
+
+namespace {
+
+/// An op's bit, as stream requests count them (stream_request.cpp).
+unsigned op_bit(std::string_view o) {
+  char c = o == "insert" ? 'c' : o == "update" ? 'u' : o == "delete" ? 'd' : o == "truncate" ? 't' : o == "message" ? 'm' : 0;
+  return c ? 1u << (c - 'a') : 0;
+}
+constexpr unsigned message_bit = 1u << ('m' - 'a');
+
+bool claim_matches(const json::value& claim, const json::value& want) {
+  auto equal = [](const json::value& a, const json::value& b) {
+    if (a.is_string() && b.is_string()) return a.get_string() == b.get_string();
+    if (a.is_bool() && b.is_bool()) return a.get_bool() == b.get_bool();
+    if (a.is_number() && b.is_number()) {
+      boost::system::error_code e1, e2;
+      auto x = a.to_number<double>(e1), y = b.to_number<double>(e2);
+      return !e1 && !e2 && x == y;
+    }
+    return false;
+  };
+  if (claim.is_array()) {
+    for (const auto& item : claim.get_array())
+      if (equal(item, want)) return true;
+    return false;
+  }
+  return equal(claim, want);
+}
+
+/// A TOML value of `when` as JSON (string, integer, boolean).
+std::optional<json::value> when_value(const toml::node& n) {
+  if (auto s = n.value_exact<std::string>()) return json::value(*s);
+  if (auto i = n.value_exact<std::int64_t>()) return json::value(*i);
+  if (auto b = n.value_exact<bool>()) return json::value(*b);
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<policy> policy::parse(std::string_view text, std::string& error) {
+  toml::table doc;
+  try {
+    doc = toml::parse(text);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream where;
+    where << e.source().begin;
+    error = std::string(e.description()) + " (" + where.str() + ")";
+    return std::nullopt;
+  }
+  policy p;
+  for (const auto& [key, node] : doc)
+    if (key.str() != "grant") {
+      error = "unknown key '" + std::string(key.str()) + "': a policy is a list of [[grant]]";
+      return std::nullopt;
+    }
+  const toml::array* list = doc["grant"].as_array();
+  if (!list || list->empty()) {
+    error = "no [[grant]]: a policy grants something (without --policy every valid token sees everything)";
+    return std::nullopt;
+  }
+  for (std::size_t i = 0; i < list->size(); ++i) {
+    const toml::table* g = (*list)[i].as_table();
+    const std::string name = "grant " + std::to_string(i + 1);
+    auto fail = [&](const std::string& why) {
+      error = name + ": " + why;
+      return std::nullopt;
+    };
+    if (!g) return fail("not a table ([[grant]])");
+    rule r;
+    for (const auto& [key, node] : *g) {
+      const std::string k(key.str());
+      if (k == "when") {
+        const toml::table* w = node.as_table();
+        if (!w) return fail("when is a table of claims: when = { role = \"sales\" }");
+        for (const auto& [claim, value] : *w) {
+          std::vector<json::value> any;
+          if (const toml::array* a = value.as_array()) {
+            for (const auto& item : *a) {
+              auto v = when_value(item);
+              if (!v) return fail("when." + std::string(claim.str()) + ": a string, an integer or a boolean, or a list of them");
+              any.push_back(std::move(*v));
+            }
+            if (any.empty()) return fail("when." + std::string(claim.str()) + ": an empty list matches nothing");
+          } else {
+            auto v = when_value(value);
+            if (!v) return fail("when." + std::string(claim.str()) + ": a string, an integer or a boolean, or a list of them");
+            any.push_back(std::move(*v));
+          }
+          r.when.emplace_back(std::string(claim.str()), std::move(any));
+        }
+      } else if (k == "tables") {
+        const toml::array* a = node.as_array();
+        if (!a || a->empty()) return fail("tables is a non-empty list: tables = [\"public.orders\", \"sales.*\"]");
+        for (const auto& item : *a) {
+          auto s = item.value_exact<std::string>();
+          if (!s) return fail("tables holds strings");
+          std::string why;
+          auto t = parse_table_list(*s, true, false, why);
+          if (!t) return fail("tables: " + why);
+          r.tables.insert(r.tables.end(), t->begin(), t->end());
+        }
+      } else if (k == "ops") {
+        const toml::array* a = node.as_array();
+        if (!a || a->empty()) return fail("ops is a non-empty list of insert, update, delete, truncate, message");
+        for (const auto& item : *a) {
+          auto s = item.value_exact<std::string>();
+          unsigned bit = s ? op_bit(*s) : 0;
+          if (!bit) return fail("ops: use insert, update, delete, truncate, message");
+          r.ops |= bit;
+        }
+      } else if (k == "rows" || k == "columns") {
+        return fail(k + ": row and column grants are not available in this version of walgate (tables and ops are)");
+      } else {
+        return fail("unknown key '" + k + "' (when, tables, ops)");
+      }
+    }
+    if (r.tables.empty() && !(r.ops & message_bit)) return fail("no tables (and no message op): it grants nothing");
+    p.rules_.push_back(std::move(r));
+  }
+  return p;
+}
+
+std::shared_ptr<const grants> policy::grants_for(const json::object& claims) const {
+  auto g = std::make_shared<grants>();
+  bool any = false;
+  for (const auto& r : rules_) {
+    bool match = true;
+    for (const auto& [claim, wanted] : r.when) {
+      const json::value* v = claims.if_contains(claim);
+      bool one = false;
+      for (const auto& w : wanted) one = one || (v && claim_matches(*v, w));
+      match = match && one;
+    }
+    if (!match) continue;
+    any = true;
+    for (const auto& t : r.tables) g->tables.emplace_back(t, r.ops & ~message_bit);
+    if (r.ops & message_bit) g->messages = true;
+  }
+  if (!any) return nullptr;
+  return g;
+}
+
+std::optional<std::pair<std::string, std::string>> authorize(std::shared_ptr<const grants> g, stream_request& r) {
+  auto covers = [&g](const table_pattern& want, unsigned& ops) {
+    bool found = false;
+    ops = 0;
+    for (const auto& [t, o] : g->tables)
+      if (t.schema == want.schema && (t.any || (!want.any && t.table == want.table))) {
+        found = true;
+        ops |= o == 0 ? ~0u : o;
+      }
+    return found;
+  };
+  const unsigned asked = r.ops & ~message_bit;
+  if ((r.ops & message_bit) && !g->messages)
+    return std::pair<std::string, std::string>{"ops", "logical messages are not granted to this token"};
+  for (const auto& t : r.tables) {
+    unsigned ops = 0;
+    if (!covers(t, ops))
+      return std::pair<std::string, std::string>{"tables", "table " + sql_table_name(t) + " is not granted to this token"};
+    if (asked && (asked & ~ops))
+      return std::pair<std::string, std::string>{"ops", "an op asked for on " + sql_table_name(t) + " is not granted to this token"};
+  }
+  if (r.tables.empty() && asked) {   // every table it may see: each asked op on at least one of them
+    unsigned all = 0;
+    for (const auto& [t, o] : g->tables) all |= o == 0 ? ~0u : o;
+    if (asked & ~all) return std::pair<std::string, std::string>{"ops", "an op asked for is granted on no table to this token"};
+  }
+  r.granted = std::move(g);
+  return std::nullopt;
+}
+
+}  // namespace walgate::proxy

@@ -1,0 +1,806 @@
+// Row predicates (predicate.hpp): a bounded recursive-descent parser, claims substituted per
+// token, and comparisons by the column's type.
+#include "walgate/proxy/predicate.hpp"
+
+#include <boost/json/value.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+
+namespace walgate::proxy::predicate {
+
+namespace json = boost::json;
+
+namespace {
+
+// --- lexing ----------------------------------------------------------------------------------
+
+struct token {
+  enum class kind { end, name, quoted_name, text, number, punct } k = kind::end;
+  std::string text;   // name (as written), quoted name or string (unescaped), number, punctuation
+  std::size_t at = 0;
+};
+
+bool name_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '$' || static_cast<unsigned char>(c) >= 0x80;
+}
+
+bool iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
+  return true;
+}
+
+class lexer {
+ public:
+  explicit lexer(std::string_view s) : s_(s) {}
+  bool next(token& t, std::string& error) {
+    while (pos_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[pos_]))) ++pos_;
+    t = token{};
+    t.at = pos_;
+    if (pos_ >= s_.size()) return true;
+    const char c = s_[pos_];
+    if (c == '\'' || c == '"') {
+      t.k = c == '\'' ? token::kind::text : token::kind::quoted_name;
+      ++pos_;
+      while (true) {
+        if (pos_ >= s_.size()) {
+          error = "at " + std::to_string(t.at) + ": an unterminated " + (c == '\'' ? "string" : "quoted name");
+          return false;
+        }
+        if (s_[pos_] == c) {
+          if (pos_ + 1 < s_.size() && s_[pos_ + 1] == c) {
+            t.text += c;
+            pos_ += 2;
+            continue;
+          }
+          ++pos_;
+          break;
+        }
+        t.text += s_[pos_++];
+      }
+      if (t.k == token::kind::quoted_name && t.text.empty()) {
+        error = "at " + std::to_string(t.at) + ": an empty quoted name";
+        return false;
+      }
+      return true;
+    }
+    if (std::isdigit(static_cast<unsigned char>(c)) ||
+        ((c == '-' || c == '+' || c == '.') && pos_ + 1 < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[pos_ + 1])) || s_[pos_ + 1] == '.'))) {
+      t.k = token::kind::number;
+      std::size_t start = pos_;
+      if (s_[pos_] == '-' || s_[pos_] == '+') ++pos_;
+      while (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) ++pos_;
+      if (pos_ < s_.size() && s_[pos_] == '.') {
+        ++pos_;
+        while (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) ++pos_;
+      }
+      if (pos_ < s_.size() && (s_[pos_] == 'e' || s_[pos_] == 'E')) {
+        std::size_t save = pos_++;
+        if (pos_ < s_.size() && (s_[pos_] == '-' || s_[pos_] == '+')) ++pos_;
+        if (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_])))
+          while (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) ++pos_;
+        else
+          pos_ = save;
+      }
+      t.text = std::string(s_.substr(start, pos_ - start));
+      if (t.text.find_first_of("0123456789") == std::string::npos) {
+        error = "at " + std::to_string(t.at) + ": a number without digits";
+        return false;
+      }
+      return true;
+    }
+    if (name_char(c)) {
+      t.k = token::kind::name;
+      std::size_t start = pos_;
+      while (pos_ < s_.size() && name_char(s_[pos_])) ++pos_;
+      t.text = std::string(s_.substr(start, pos_ - start));
+      return true;
+    }
+    t.k = token::kind::punct;
+    for (std::string_view p : {"!=", "<>", "<=", ">="})
+      if (s_.substr(pos_, 2) == p) {
+        t.text = std::string(p);
+        pos_ += 2;
+        return true;
+      }
+    if (std::string_view("=<>(),{}.").find(c) != std::string_view::npos) {
+      t.text = std::string(1, c);
+      ++pos_;
+      return true;
+    }
+    error = "at " + std::to_string(t.at) + ": unexpected character '" +
+            (static_cast<unsigned char>(c) < 0x20 ? std::string("?") : std::string(1, c)) + "'";
+    return false;
+  }
+
+ private:
+  std::string_view s_;
+  std::size_t pos_ = 0;
+};
+
+// --- parsing ---------------------------------------------------------------------------------
+
+class parser {
+ public:
+  parser(std::string_view s, std::string& error) : lex_(s), error_(error) {}
+
+  std::optional<node> run() {
+    if (!advance()) return std::nullopt;
+    auto n = expr(0);
+    if (!n) return std::nullopt;
+    if (cur_.k != token::kind::end) return fail("and, or or the end");
+    return n;
+  }
+
+ private:
+  lexer lex_;
+  std::string& error_;
+  token cur_;
+  std::size_t comparisons_ = 0;
+
+  bool advance() { return lex_.next(cur_, error_); }
+  std::optional<node> fail(const std::string& expected) {
+    std::string got = cur_.k == token::kind::end ? "the end" : "'" + cur_.text.substr(0, 40) + "'";
+    error_ = "at " + std::to_string(cur_.at) + ": expected " + expected + ", found " + got;
+    return std::nullopt;
+  }
+  bool is_keyword(std::string_view w) const { return cur_.k == token::kind::name && iequals(cur_.text, w); }
+  bool is_punct(std::string_view p) const { return cur_.k == token::kind::punct && cur_.text == p; }
+
+  std::optional<node> expr(int depth) {
+    if (depth > max_depth) {
+      error_ = "at " + std::to_string(cur_.at) + ": more than " + std::to_string(max_depth) + " levels of parentheses";
+      return std::nullopt;
+    }
+    node any;
+    any.k = node::kind::any;
+    while (true) {
+      node all;
+      all.k = node::kind::all;
+      while (true) {
+        auto f = factor(depth);
+        if (!f) return std::nullopt;
+        all.children.push_back(std::move(*f));
+        if (!is_keyword("and")) break;
+        if (!advance()) return std::nullopt;
+      }
+      any.children.push_back(all.children.size() == 1 ? std::move(all.children[0]) : std::move(all));
+      if (!is_keyword("or")) break;
+      if (!advance()) return std::nullopt;
+    }
+    if (any.children.size() == 1) return std::move(any.children[0]);
+    return any;
+  }
+
+  std::optional<node> factor(int depth) {
+    if (is_punct("(")) {
+      if (!advance()) return std::nullopt;
+      auto n = expr(depth + 1);
+      if (!n) return std::nullopt;
+      if (!is_punct(")")) return fail("')'");
+      if (!advance()) return std::nullopt;
+      return n;
+    }
+    node n;
+    n.k = node::kind::compare;
+    if (cur_.k == token::kind::quoted_name) {
+      n.c.column = cur_.text;
+    } else if (cur_.k == token::kind::name && !is_keyword("and") && !is_keyword("or") && !is_keyword("in") &&
+               !is_keyword("is") && !is_keyword("null") && !is_keyword("not") && !is_keyword("true") &&
+               !is_keyword("false")) {
+      n.c.column = cur_.text;
+    } else {
+      return fail("a column name or '('");
+    }
+    if (n.c.column.size() > 63) {
+      error_ = "at " + std::to_string(cur_.at) + ": a column name is at most 63 bytes";
+      return std::nullopt;
+    }
+    if (++comparisons_ > max_comparisons) {
+      error_ = "at " + std::to_string(cur_.at) + ": more than " + std::to_string(max_comparisons) + " comparisons";
+      return std::nullopt;
+    }
+    if (!advance()) return std::nullopt;
+    if (is_keyword("is")) {
+      if (!advance()) return std::nullopt;
+      n.c.op = cmp::is_null;
+      if (is_keyword("not")) {
+        n.c.op = cmp::is_not_null;
+        if (!advance()) return std::nullopt;
+      }
+      if (!is_keyword("null")) return fail("null");
+      if (!advance()) return std::nullopt;
+      return n;
+    }
+    if (is_keyword("in")) {
+      n.c.op = cmp::in;
+      if (!advance()) return std::nullopt;
+      if (is_punct("{")) {   // a claim that is a list
+        auto o = claim();
+        if (!o) return std::nullopt;
+        n.c.rhs.push_back(std::move(*o));
+        return n;
+      }
+      if (!is_punct("(")) return fail("'(' or a claim");
+      if (!advance()) return std::nullopt;
+      while (true) {
+        auto o = value();
+        if (!o) return std::nullopt;
+        if (n.c.rhs.size() >= max_list) {
+          error_ = "at " + std::to_string(cur_.at) + ": a list of more than " + std::to_string(max_list) + " items";
+          return std::nullopt;
+        }
+        n.c.rhs.push_back(std::move(*o));
+        if (is_punct(")")) break;
+        if (!is_punct(",")) return fail("',' or ')'");
+        if (!advance()) return std::nullopt;
+      }
+      if (!advance()) return std::nullopt;
+      return n;
+    }
+    if (cur_.k != token::kind::punct) return fail("=, !=, <, <=, >, >=, in or is");
+    const std::string& p = cur_.text;
+    if (p == "=") n.c.op = cmp::eq;
+    else if (p == "!=" || p == "<>") n.c.op = cmp::ne;
+    else if (p == "<") n.c.op = cmp::lt;
+    else if (p == "<=") n.c.op = cmp::le;
+    else if (p == ">") n.c.op = cmp::gt;
+    else if (p == ">=") n.c.op = cmp::ge;
+    else return fail("=, !=, <, <=, >, >=, in or is");
+    if (!advance()) return std::nullopt;
+    auto o = value();
+    if (!o) return std::nullopt;
+    n.c.rhs.push_back(std::move(*o));
+    return n;
+  }
+
+  std::optional<operand> value() {
+    operand o;
+    if (cur_.k == token::kind::text) {
+      o.value = literal{literal::kind::text, cur_.text};
+    } else if (cur_.k == token::kind::number) {
+      o.value = literal{literal::kind::number, cur_.text};
+    } else if (is_keyword("true") || is_keyword("false")) {
+      o.value = literal{literal::kind::boolean, is_keyword("true") ? "true" : "false"};
+    } else if (is_punct("{")) {
+      return claim();
+    } else {
+      fail("a string ('…'), a number, true, false or a claim ({claims.name})");
+      return std::nullopt;
+    }
+    if (!advance()) return std::nullopt;
+    return o;
+  }
+
+  std::optional<operand> claim() {
+    if (!advance()) return std::nullopt;   // past '{'
+    if (!is_keyword("claims")) {
+      fail("claims");
+      return std::nullopt;
+    }
+    if (!advance()) return std::nullopt;
+    operand o;
+    while (is_punct(".")) {
+      if (!advance()) return std::nullopt;
+      if (cur_.k != token::kind::name && cur_.k != token::kind::quoted_name) {
+        fail("a claim's name");
+        return std::nullopt;
+      }
+      if (o.claim.size() >= 8) {
+        error_ = "at " + std::to_string(cur_.at) + ": a claim path of more than 8 names";
+        return std::nullopt;
+      }
+      o.claim.push_back(cur_.text);
+      if (!advance()) return std::nullopt;
+    }
+    if (o.claim.empty()) {
+      fail("'.' and a claim's name");
+      return std::nullopt;
+    }
+    if (!is_punct("}")) {
+      fail("'}'");
+      return std::nullopt;
+    }
+    if (!advance()) return std::nullopt;
+    return o;
+  }
+};
+
+// --- claims ----------------------------------------------------------------------------------
+
+const json::value* find_claim(const json::object& claims, const std::vector<std::string>& path) {
+  const json::object* o = &claims;
+  const json::value* v = nullptr;
+  for (const auto& name : path) {
+    if (!o) return nullptr;
+    v = o->if_contains(name);
+    if (!v) return nullptr;
+    o = v->if_object();
+  }
+  return v;
+}
+
+std::optional<literal> to_literal(const json::value& v) {
+  if (v.is_string()) return literal{literal::kind::text, std::string(v.get_string())};
+  if (v.is_bool()) return literal{literal::kind::boolean, v.get_bool() ? "true" : "false"};
+  if (v.is_int64()) return literal{literal::kind::number, std::to_string(v.get_int64())};
+  if (v.is_uint64()) return literal{literal::kind::number, std::to_string(v.get_uint64())};
+  if (v.is_double()) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.17g", v.get_double());
+    return literal{literal::kind::number, buf};
+  }
+  return std::nullopt;
+}
+
+node constant(bool v) {
+  node n;
+  n.k = node::kind::constant;
+  n.value = v;
+  return n;
+}
+
+// --- text ------------------------------------------------------------------------------------
+
+bool plain_name(std::string_view s) {
+  if (s.empty()) return false;
+  for (char c : s)
+    if (!name_char(c)) return false;
+  for (std::string_view k : {"and", "or", "in", "is", "not", "null", "true", "false", "claims"})
+    if (iequals(s, k)) return false;
+  return !std::isdigit(static_cast<unsigned char>(s[0]));
+}
+
+std::string quote(std::string_view s, char q) {
+  std::string out(1, q);
+  for (char c : s) {
+    out += c;
+    if (c == q) out += q;
+  }
+  return out + q;
+}
+
+std::string operand_text(const operand& o) {
+  if (!o.claim.empty()) {
+    std::string out = "{claims";
+    for (const auto& n : o.claim) out += "." + (plain_name(n) ? n : quote(n, '"'));
+    return out + "}";
+  }
+  if (o.value->k == literal::kind::text) return quote(o.value->text, '\'');
+  return o.value->text;
+}
+
+// --- typed comparison ------------------------------------------------------------------------
+
+enum class vtype { exact, floating, boolean, instant, bpchar, uuid, text };
+
+vtype type_of(std::uint32_t oid) {
+  switch (oid) {
+    case 20: case 21: case 23: case 26: case 1700: return vtype::exact;   // int8, int2, int4, oid, numeric
+    case 700: case 701: return vtype::floating;
+    case 16: return vtype::boolean;
+    case 1082: case 1114: case 1184: return vtype::instant;                // date, timestamp, timestamptz
+    case 1042: return vtype::bpchar;
+    case 2950: return vtype::uuid;
+    default: return vtype::text;
+  }
+}
+
+/// A number as PostgreSQL's numeric holds it: -inf, finite (sign, integer digits without leading
+/// zeros, fraction digits without trailing zeros), +inf, NaN (greater than everything, equal to
+/// itself, as PostgreSQL orders them).
+struct exact_number {
+  int cls = 0;   // -1 -inf, 0 finite, 1 +inf, 2 NaN
+  bool neg = false;
+  std::string ip, fp;
+};
+
+std::optional<exact_number> read_exact(std::string_view s) {
+  exact_number n;
+  if (iequals(s, "NaN")) return n.cls = 2, n;
+  if (iequals(s, "Infinity") || iequals(s, "+Infinity")) return n.cls = 1, n;
+  if (iequals(s, "-Infinity")) return n.cls = -1, n;
+  std::size_t i = 0;
+  if (i < s.size() && (s[i] == '-' || s[i] == '+')) n.neg = s[i++] == '-';
+  std::size_t digits = 0;
+  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) n.ip += s[i++], ++digits;
+  if (i < s.size() && s[i] == '.') {
+    ++i;
+    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) n.fp += s[i++], ++digits;
+  }
+  if (digits == 0 || i != s.size()) return std::nullopt;   // (an exponent: not numeric's text)
+  n.ip.erase(0, std::min(n.ip.find_first_not_of('0'), n.ip.size()));
+  while (!n.fp.empty() && n.fp.back() == '0') n.fp.pop_back();
+  if (n.ip.empty() && n.fp.empty()) n.neg = false;   // -0 is 0
+  return n;
+}
+
+int compare_exact(const exact_number& a, const exact_number& b) {
+  if (a.cls != 0 || b.cls != 0) {
+    auto rank = [](const exact_number& x) { return x.cls == 0 ? 0 : x.cls == 2 ? 2 : x.cls; };
+    int ra = rank(a), rb = rank(b);
+    if (ra != rb) return ra < rb ? -1 : 1;
+    if (ra != 0) return 0;
+  }
+  if (a.neg != b.neg) return a.neg ? -1 : 1;
+  int mag;
+  if (a.ip.size() != b.ip.size()) mag = a.ip.size() < b.ip.size() ? -1 : 1;
+  else if (int c = a.ip.compare(b.ip)) mag = c < 0 ? -1 : 1;
+  else if (int c = a.fp.compare(b.fp)) mag = c < 0 ? -1 : 1;
+  else mag = 0;
+  return a.neg ? -mag : mag;
+}
+
+std::optional<double> read_float(std::string_view s) {
+  if (iequals(s, "NaN")) return std::numeric_limits<double>::quiet_NaN();
+  if (iequals(s, "Infinity") || iequals(s, "+Infinity")) return std::numeric_limits<double>::infinity();
+  if (iequals(s, "-Infinity")) return -std::numeric_limits<double>::infinity();
+  if (s.empty() || s.size() > 64) return std::nullopt;
+  std::string t(s);
+  char* end = nullptr;
+  double d = std::strtod(t.c_str(), &end);
+  if (end != t.c_str() + t.size() || std::isnan(d)) return std::nullopt;
+  return d;
+}
+
+int compare_float(double a, double b) {   // NaN above everything, equal to itself
+  const bool na = std::isnan(a), nb = std::isnan(b);
+  if (na || nb) return na == nb ? 0 : na ? 1 : -1;
+  return a < b ? -1 : a > b ? 1 : 0;
+}
+
+std::optional<bool> read_bool(std::string_view s) {
+  for (std::string_view t : {"t", "true", "yes", "on", "1"})
+    if (iequals(s, t)) return true;
+  for (std::string_view f : {"f", "false", "no", "off", "0"})
+    if (iequals(s, f)) return false;
+  return std::nullopt;
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's days_from_civil).
+std::int64_t days_from_civil(std::int64_t y, unsigned m, unsigned d) {
+  y -= m <= 2;
+  const std::int64_t era = (y >= 0 ? y : y - 399) / 400;
+  const unsigned yoe = static_cast<unsigned>(y - era * 400);
+  const unsigned doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+  const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  return era * 146097 + static_cast<std::int64_t>(doe) - 719468;
+}
+
+/// An instant in microseconds since the epoch: "YYYY-MM-DD", with " HH:MM[:SS[.ffffff]]" (or
+/// 'T'), with "Z" or "+HH[:MM[:SS]]"/"-HH…" (none: UTC); "infinity", "-infinity".
+std::optional<std::int64_t> read_instant(std::string_view s) {
+  if (iequals(s, "infinity")) return std::numeric_limits<std::int64_t>::max();
+  if (iequals(s, "-infinity")) return std::numeric_limits<std::int64_t>::min();
+  std::size_t i = 0;
+  auto num = [&](std::size_t min_digits, std::size_t max_digits, std::int64_t& out) {
+    std::size_t start = i;
+    out = 0;
+    while (i < s.size() && i - start < max_digits && std::isdigit(static_cast<unsigned char>(s[i]))) out = out * 10 + (s[i++] - '0');
+    return i - start >= min_digits;
+  };
+  auto expect = [&](char c) {
+    if (i < s.size() && s[i] == c) return ++i, true;
+    return false;
+  };
+  std::int64_t y, mo, d, h = 0, mi = 0, sec = 0, us = 0;
+  if (!num(4, 6, y) || !expect('-') || !num(2, 2, mo) || !expect('-') || !num(2, 2, d)) return std::nullopt;
+  if (mo < 1 || mo > 12 || d < 1 || d > 31) return std::nullopt;
+  if (i < s.size() && (s[i] == ' ' || s[i] == 'T' || s[i] == 't')) {
+    ++i;
+    if (!num(2, 2, h) || !expect(':') || !num(2, 2, mi)) return std::nullopt;
+    if (expect(':')) {
+      if (!num(2, 2, sec)) return std::nullopt;
+      if (expect('.')) {
+        std::size_t start = i;
+        std::int64_t frac = 0;
+        if (!num(1, 9, frac)) return std::nullopt;
+        for (std::size_t n = i - start; n < 6; ++n) frac *= 10;
+        for (std::size_t n = i - start; n > 6; --n) frac /= 10;
+        us = frac;
+      }
+    }
+    if (h > 24 || mi > 59 || sec > 60) return std::nullopt;
+  }
+  std::int64_t offset = 0;
+  if (i < s.size() && (s[i] == 'Z' || s[i] == 'z')) {
+    ++i;
+  } else if (i < s.size() && (s[i] == '+' || s[i] == '-')) {
+    const bool neg = s[i++] == '-';
+    std::int64_t oh = 0, om = 0, os = 0;
+    if (!num(2, 2, oh)) return std::nullopt;
+    if (expect(':') ? !num(2, 2, om) : (i < s.size() && !num(2, 2, om))) return std::nullopt;
+    if (expect(':') && !num(2, 2, os)) return std::nullopt;
+    offset = (oh * 3600 + om * 60 + os) * (neg ? -1 : 1);
+  }
+  if (i != s.size()) return std::nullopt;
+  const std::int64_t seconds = days_from_civil(y, static_cast<unsigned>(mo), static_cast<unsigned>(d)) * 86400 + h * 3600 +
+                               mi * 60 + sec - offset;
+  return seconds * 1'000'000 + us;
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (auto& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+std::string_view rtrim_spaces(std::string_view s) {
+  while (!s.empty() && s.back() == ' ') s.remove_suffix(1);
+  return s;
+}
+
+/// A value read as its column's type, ready to compare.
+struct typed {
+  vtype t = vtype::text;
+  exact_number exact;
+  double f = 0;
+  bool b = false;
+  std::int64_t instant = 0;
+  std::string text;   // bpchar (trimmed), uuid (lowercase), text
+};
+
+std::optional<typed> read_as(vtype t, std::string_view s) {
+  typed v;
+  v.t = t;
+  switch (t) {
+    case vtype::exact:
+      if (auto n = read_exact(s)) return v.exact = std::move(*n), v;
+      return std::nullopt;
+    case vtype::floating:
+      if (auto d = read_float(s)) return v.f = *d, v;
+      return std::nullopt;
+    case vtype::boolean:
+      if (auto b = read_bool(s)) return v.b = *b, v;
+      return std::nullopt;
+    case vtype::instant:
+      if (auto u = read_instant(s)) return v.instant = *u, v;
+      return std::nullopt;
+    case vtype::bpchar: v.text = std::string(rtrim_spaces(s)); return v;
+    case vtype::uuid: v.text = lower(s); return v;
+    case vtype::text: v.text = std::string(s); return v;
+  }
+  return std::nullopt;
+}
+
+int compare(const typed& a, const typed& b) {
+  switch (a.t) {
+    case vtype::exact: return compare_exact(a.exact, b.exact);
+    case vtype::floating: return compare_float(a.f, b.f);
+    case vtype::boolean: return a.b == b.b ? 0 : a.b ? 1 : -1;
+    case vtype::instant: return a.instant < b.instant ? -1 : a.instant > b.instant ? 1 : 0;
+    default: {
+      int c = a.text.compare(b.text);
+      return c < 0 ? -1 : c > 0 ? 1 : 0;
+    }
+  }
+}
+
+}  // namespace
+
+// --- public ----------------------------------------------------------------------------------
+
+std::optional<node> parse(std::string_view text, std::string& error) {
+  if (text.size() > max_text) {
+    error = "a predicate is at most " + std::to_string(max_text) + " bytes";
+    return std::nullopt;
+  }
+  if (text.find('\0') != std::string_view::npos) {
+    error = "a predicate holds no NUL byte";
+    return std::nullopt;
+  }
+  parser p(text, error);
+  return p.run();
+}
+
+node instantiate(const node& n, const json::object& claims) {
+  switch (n.k) {
+    case node::kind::constant: return n;
+    case node::kind::all:
+    case node::kind::any: {
+      node out;
+      out.k = n.k;
+      for (const auto& c : n.children) out.children.push_back(instantiate(c, claims));
+      return out;
+    }
+    case node::kind::compare: break;
+  }
+  node out = n;
+  out.c.rhs.clear();
+  for (const auto& o : n.c.rhs) {
+    if (o.claim.empty()) {
+      out.c.rhs.push_back(o);
+      continue;
+    }
+    const json::value* v = find_claim(claims, o.claim);
+    if (!v) return constant(false);
+    if (n.c.op == cmp::in && v->is_array()) {
+      if (v->get_array().size() > max_list) return constant(false);
+      for (const auto& item : v->get_array()) {
+        auto l = to_literal(item);
+        if (!l) return constant(false);
+        out.c.rhs.push_back(operand{std::move(l), {}});
+      }
+      continue;
+    }
+    auto l = to_literal(*v);
+    if (!l) return constant(false);
+    out.c.rhs.push_back(operand{std::move(l), {}});
+  }
+  if (n.c.op == cmp::in && out.c.rhs.empty()) return constant(false);   // in an empty list
+  return out;
+}
+
+std::vector<std::string> columns(const node& n) {
+  std::vector<std::string> out;
+  auto walk = [&out](const node& x, auto&& self) -> void {
+    if (x.k == node::kind::compare) {
+      if (std::find(out.begin(), out.end(), x.c.column) == out.end()) out.push_back(x.c.column);
+    } else {
+      for (const auto& c : x.children) self(c, self);
+    }
+  };
+  walk(n, walk);
+  return out;
+}
+
+std::string to_string(const node& n) {
+  switch (n.k) {
+    case node::kind::constant: return n.value ? "(1 = 1)" : "(1 = 0)";   // (not in the grammar's columns: for messages)
+    case node::kind::all:
+    case node::kind::any: {
+      std::string out = "(";
+      for (std::size_t i = 0; i < n.children.size(); ++i) {
+        if (i) out += n.k == node::kind::all ? " and " : " or ";
+        out += to_string(n.children[i]);
+      }
+      return out + ")";
+    }
+    case node::kind::compare: break;
+  }
+  std::string out = quote(n.c.column, '"');
+  switch (n.c.op) {
+    case cmp::is_null: return out + " is null";
+    case cmp::is_not_null: return out + " is not null";
+    case cmp::in: {
+      if (n.c.rhs.size() == 1 && !n.c.rhs[0].claim.empty()) return out + " in " + operand_text(n.c.rhs[0]);
+      out += " in (";
+      for (std::size_t i = 0; i < n.c.rhs.size(); ++i) out += (i ? ", " : "") + operand_text(n.c.rhs[i]);
+      return out + ")";
+    }
+    case cmp::eq: out += " = "; break;
+    case cmp::ne: out += " != "; break;
+    case cmp::lt: out += " < "; break;
+    case cmp::le: out += " <= "; break;
+    case cmp::gt: out += " > "; break;
+    case cmp::ge: out += " >= "; break;
+  }
+  return out + operand_text(n.c.rhs.at(0));
+}
+
+struct bound::impl {
+  struct item {
+    enum class kind { all, any, compare, constant } k = kind::constant;
+    std::vector<item> children;
+    std::size_t column = 0;
+    vtype type = vtype::text;
+    cmp op = cmp::eq;
+    std::vector<typed> values;   // the literals read as the column's type
+    bool value = false;          // constant
+  };
+  item root;
+};
+
+namespace {
+
+bool eval(const bound::impl::item& it, std::span<const cell> row) {
+  using kind = bound::impl::item::kind;
+  switch (it.k) {
+    case kind::constant: return it.value;
+    case kind::all:
+      for (const auto& c : it.children)
+        if (!eval(c, row)) return false;
+      return true;
+    case kind::any:
+      for (const auto& c : it.children)
+        if (eval(c, row)) return true;
+      return false;
+    case kind::compare: break;
+  }
+  if (it.column >= row.size()) return false;
+  const cell& v = row[it.column];
+  if (it.op == cmp::is_null) return v.s == cell::state::null;
+  if (it.op == cmp::is_not_null) return v.s != cell::state::null;   // (unchanged TOAST is a value, not null)
+  if (v.s != cell::state::text) return false;
+  auto x = read_as(it.type, v.text);
+  if (!x) return false;
+  if (it.op == cmp::in) {
+    for (const auto& l : it.values)
+      if (compare(*x, l) == 0) return true;
+    return false;
+  }
+  const int c = compare(*x, it.values.at(0));
+  switch (it.op) {
+    case cmp::eq: return c == 0;
+    case cmp::ne: return c != 0;
+    case cmp::lt: return c < 0;
+    case cmp::le: return c <= 0;
+    case cmp::gt: return c > 0;
+    case cmp::ge: return c >= 0;
+    default: return false;
+  }
+}
+
+std::optional<bound::impl::item> bind_item(const node& n, std::span<const column_info> cols, std::string& error) {
+  using item = bound::impl::item;
+  item it;
+  switch (n.k) {
+    case node::kind::constant:
+      it.k = item::kind::constant;
+      it.value = n.value;
+      return it;
+    case node::kind::all:
+    case node::kind::any:
+      it.k = n.k == node::kind::all ? item::kind::all : item::kind::any;
+      for (const auto& c : n.children) {
+        auto b = bind_item(c, cols, error);
+        if (!b) return std::nullopt;
+        it.children.push_back(std::move(*b));
+      }
+      return it;
+    case node::kind::compare: break;
+  }
+  auto col = std::find_if(cols.begin(), cols.end(), [&](const column_info& c) { return c.name == n.c.column; });
+  if (col == cols.end()) {
+    error = "no column \"" + n.c.column + "\"";
+    return std::nullopt;
+  }
+  it.k = item::kind::compare;
+  it.column = static_cast<std::size_t>(col - cols.begin());
+  it.type = type_of(col->type_oid);
+  it.op = n.c.op;
+  for (const auto& o : n.c.rhs) {
+    if (!o.claim.empty() || !o.value) {
+      error = "a claim left in a predicate being bound (instantiate it first)";
+      return std::nullopt;
+    }
+    // A literal of another kind than the column's: a number compared with a text column is
+    // compared as its text; a string with a number column is read as a number. What cannot be
+    // read as the column's type never matches.
+    auto v = read_as(it.type, o.value->text);
+    if (v) it.values.push_back(std::move(*v));
+  }
+  if (it.op != cmp::is_null && it.op != cmp::is_not_null && it.values.empty()) {
+    item f;
+    f.k = item::kind::constant;
+    f.value = false;
+    return f;
+  }
+  if (it.op != cmp::in && it.op != cmp::is_null && it.op != cmp::is_not_null && it.values.size() != 1) {
+    item f;   // (the one literal could not be read as the column's type)
+    f.k = item::kind::constant;
+    f.value = false;
+    return f;
+  }
+  return it;
+}
+
+}  // namespace
+
+bool bound::evaluate(std::span<const cell> row) const { return p && eval(p->root, row); }
+
+std::optional<bound> bind_to(const node& n, std::span<const column_info> cols, std::string& error) {
+  auto root = bind_item(n, cols, error);
+  if (!root) return std::nullopt;
+  auto i = std::make_shared<bound::impl>();
+  i->root = std::move(*root);
+  bound b;
+  b.p = std::move(i);
+  return b;
+}
+
+}  // namespace walgate::proxy::predicate

@@ -1,0 +1,161 @@
+// The authorization policy (proxy/src/policy.cpp): the file, a token's grants from its claims, a
+// request checked against them (403, never a silent narrowing), and the events they let through.
+#include "walgate/proxy/log_reader.hpp"
+#include "walgate/proxy/policy.hpp"
+
+#include <boost/json/parse.hpp>
+
+#include <doctest/doctest.h>
+
+using namespace walgate;
+using namespace walgate::proxy;
+namespace json = boost::json;
+
+namespace {
+
+policy parsed(const std::string& toml) {
+  std::string error;
+  auto p = policy::parse(toml, error);
+  REQUIRE_MESSAGE(p, error);
+  return std::move(*p);
+}
+
+std::string parse_error(const std::string& toml) {
+  std::string error;
+  CHECK_FALSE(policy::parse(toml, error));
+  return error;
+}
+
+std::shared_ptr<const grants> of(const policy& p, const std::string& claims) {
+  return p.grants_for(json::parse(claims).as_object());
+}
+
+stream_request request(const std::string& query) {
+  request_error err;
+  auto r = parse_stream_query(query.empty() ? std::string("/v1/stream") : "/v1/stream?" + query, err);
+  REQUIRE_MESSAGE(r, err.message);
+  return *r;
+}
+
+logged_event event(const std::string& schema, const std::string& table, transform::op kind) {
+  logged_event e;
+  e.schema = schema;
+  e.table = table;
+  e.kind = kind;
+  return e;
+}
+
+const char* sales_policy = R"(
+[[grant]]
+when = { role = "sales" }
+tables = ["public.orders", "public.order_lines"]
+ops = ["insert", "update"]
+
+[[grant]]
+when = { groups = ["audit", "admin"] }
+tables = ["audit.*"]
+ops = ["insert", "message"]
+
+[[grant]]
+tables = ["public.products"]
+)";
+
+}  // namespace
+
+TEST_CASE("policy: a token's grants are the union of the grants its claims match") {
+  auto p = parsed(sales_policy);
+  CHECK(p.size() == 3);
+  auto sales = of(p, R"({"role":"sales"})");
+  REQUIRE(sales);
+  CHECK(sales->allows("public", "orders", 'c'));
+  CHECK(sales->allows("public", "order_lines", 'u'));
+  CHECK_FALSE(sales->allows("public", "orders", 'd'));
+  CHECK(sales->allows("public", "products", 'd'));   // the grant for every token: all ops
+  CHECK_FALSE(sales->allows("audit", "log", 'c'));
+  CHECK_FALSE(sales->allows("", "", 'm'));
+  CHECK(sales->allows_table("public", "orders"));
+  CHECK_FALSE(sales->allows_table("public", "customers"));
+  // An array claim holding one of the values; several grants at once.
+  auto auditor = of(p, R"({"role":"sales","groups":["staff","audit"]})");
+  REQUIRE(auditor);
+  CHECK(auditor->allows("audit", "anything", 'c'));
+  CHECK_FALSE(auditor->allows("audit", "anything", 'u'));
+  CHECK(auditor->allows("", "", 'm'));
+  CHECK(auditor->allows("public", "orders", 'c'));
+  // Values compare by kind: the string "1" is not the number 1.
+  auto numbers = parsed("[[grant]]\nwhen = { level = 3, beta = true }\ntables = [\"public.t\"]\n");
+  CHECK(of(numbers, R"({"level":3,"beta":true})"));
+  CHECK(of(numbers, R"({"level":3.0,"beta":true})"));
+  CHECK_FALSE(of(numbers, R"({"level":"3","beta":true})"));
+  CHECK_FALSE(of(numbers, R"({"level":3})"));
+  // Only the grant for every token: a token without role still has it.
+  auto anyone = of(p, R"({})");
+  REQUIRE(anyone);
+  CHECK(anyone->tables.size() == 1);
+  CHECK_FALSE(of(parsed("[[grant]]\nwhen = { role = \"x\" }\ntables = [\"public.t\"]\n"), R"({"role":"y"})"));
+}
+
+TEST_CASE("policy: a request within its grants is served with them; outside them, 403 naming why") {
+  auto p = parsed(sales_policy);
+  auto sales = of(p, R"({"role":"sales"})");
+  auto r = request("tables=public.orders&ops=insert");
+  CHECK_FALSE(authorize(sales, r));
+  REQUIRE(r.granted);
+  r = request("");   // no tables, no ops: what it may see
+  CHECK_FALSE(authorize(sales, r));
+  CHECK(matches(r, event("public", "orders", transform::op::insert)));
+  CHECK_FALSE(matches(r, event("public", "orders", transform::op::delete_)));
+  CHECK_FALSE(matches(r, event("public", "customers", transform::op::insert)));
+  CHECK(matches(r, event("public", "products", transform::op::truncate)));
+  CHECK_FALSE(matches(r, event("", "", transform::op::message)));
+  r = request("tables=public.customers");
+  auto no = authorize(sales, r);
+  REQUIRE(no);
+  CHECK(no->first == "tables");
+  CHECK(no->second == "table \"public\".\"customers\" is not granted to this token");
+  CHECK_FALSE(r.granted);
+  r = request("tables=public.orders&ops=delete");
+  no = authorize(sales, r);
+  REQUIRE(no);
+  CHECK(no->first == "ops");
+  r = request("tables=public.*");   // a schema's every table: only with a grant of schema.*
+  no = authorize(sales, r);
+  REQUIRE(no);
+  CHECK(no->first == "tables");
+  r = request("ops=message");
+  no = authorize(sales, r);
+  REQUIRE(no);
+  CHECK(no->second == "logical messages are not granted to this token");
+  r = request("ops=delete");   // some table of its grants has delete (products)
+  CHECK_FALSE(authorize(sales, r));
+  CHECK(matches(r, event("public", "products", transform::op::delete_)));
+  CHECK_FALSE(matches(r, event("public", "orders", transform::op::delete_)));
+  auto auditor = of(p, R"({"groups":["audit"]})");
+  r = request("tables=audit.*&ops=insert,message");
+  CHECK_FALSE(authorize(auditor, r));
+  r = request("tables=audit.log");   // one table of a granted schema
+  CHECK_FALSE(authorize(auditor, r));
+  CHECK(matches(r, event("audit", "log", transform::op::insert)));
+  CHECK_FALSE(matches(r, event("audit", "log", transform::op::update)));
+}
+
+TEST_CASE("policy: a file that is wrong is an error naming the grant") {
+  CHECK(parse_error("").find("no [[grant]]") != std::string::npos);
+  CHECK(parse_error("[grant]\ntables = [\"public.t\"]\n").find("no [[grant]]") != std::string::npos);
+  CHECK(parse_error("x = 1\n") == "unknown key 'x': a policy is a list of [[grant]]");
+  CHECK(parse_error("[[grant]]\ntables = [\"public.t\"\n").find("(line 2") != std::string::npos);
+  CHECK(parse_error("[[grant]]\nwhen = { role = \"a\" }\n") == "grant 1: no tables (and no message op): it grants nothing");
+  CHECK(parse_error("[[grant]]\ntables = [\"public.t\"]\n[[grant]]\ntables = [\"t\"]\n") ==
+        "grant 2: tables: malformed table name 't': use schema.table or schema.* (names may be quoted: \"My Schema\".\"Order Items\", \"a\"\"b\" for a\"b)");
+  CHECK(parse_error("[[grant]]\ntables = [\"public.t\"]\nops = [\"select\"]\n") ==
+        "grant 1: ops: use insert, update, delete, truncate, message");
+  CHECK(parse_error("[[grant]]\ntables = [\"public.t\"]\nrows = \"tenant = {claims.tenant}\"\n") ==
+        "grant 1: rows: row and column grants are not available in this version of walgate (tables and ops are)");
+  CHECK(parse_error("[[grant]]\ntables = [\"public.t\"]\ncolumns = [\"id\"]\n").find("grant 1: columns:") == 0);
+  CHECK(parse_error("[[grant]]\ntables = [\"public.t\"]\nwhen = { role = 1.5 }\n") ==
+        "grant 1: when.role: a string, an integer or a boolean, or a list of them");
+  CHECK(parse_error("[[grant]]\ntables = [\"public.t\"]\nwhen = { role = [] }\n") ==
+        "grant 1: when.role: an empty list matches nothing");
+  CHECK(parse_error("[[grant]]\ntables = [\"public.t\"]\nwhen = \"role\"\n").find("when is a table of claims") != std::string::npos);
+  CHECK(parse_error("[[grant]]\ntables = [\"public.t\"]\nschema = \"x\"\n") == "grant 1: unknown key 'schema' (when, tables, ops)");
+}

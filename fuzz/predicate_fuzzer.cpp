@@ -20,16 +20,23 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (error.empty()) std::abort();   // every refusal says why
     return 0;
   }
+  // Written back, it reads the same (when the text fits the limit: quoting and spaces can make
+  // it longer than what was parsed; never deeper).
   const std::string text = to_string(*n);
-  auto again = parse(text, error);
-  if (!again || to_string(*again) != text) std::abort();
+  if (text.size() <= max_text) {
+    auto again = parse(text, error);
+    if (!again || to_string(*again) != text) std::abort();
+  }
   static const boost::json::object claims =
       boost::json::parse(R"({"tenant":"acme","orgs":[1,2,"3"],"n":7.5,"admin":true,"app":{"t":"x"}})").as_object();
   static const std::vector<column_info> cols = {{"a", 23}, {"b", 1700}, {"c", 701}, {"d", 16}, {"e", 1184},
                                                 {"f", 1082}, {"g", 1042}, {"h", 2950}, {"i", 25}, {"tenant", 25}};
   auto inst = instantiate(*n, claims);
   auto b = bind_to(inst, cols, error);
-  if (!b) return 0;   // a column the relation lacks
+  if (!b) {
+    if (error.rfind("no column ", 0) != 0) std::abort();   // (instantiate leaves no claim)
+    return 0;
+  }
   static const std::vector<std::vector<cell>> rows = {
       {{cell::state::text, "10"}, {cell::state::text, "1.50"}, {cell::state::text, "NaN"}, {cell::state::text, "t"},
        {cell::state::text, "2026-01-01 00:00:00+00"}, {cell::state::text, "infinity"}, {cell::state::text, "ab  "},

@@ -364,7 +364,9 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
       if (ec) return;
       std::string e;
       int r = so.auth->reload_if_changed(e);
-      if (r > 0) log_line("a key file changed: read again, " + std::to_string(so.auth->keys()) + " key(s)");
+      if (r > 0)
+        log_line("a key file changed: read again, " + std::to_string(so.auth->keys()) + " key(s)" +
+                 (s.policy_file.empty() ? "" : ", " + std::to_string(so.auth->policy_grants()) + " grant(s)"));
       else if (r < 0) log_line("a key file changed and cannot be used: " + e + "; the keys in use stay");
       watch_keys();
     });

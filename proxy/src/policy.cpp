@@ -24,6 +24,14 @@ bool claim_matches(const json::value& claim, const json::value& want) {
     if (a.is_string() && b.is_string()) return a.get_string() == b.get_string();
     if (a.is_bool() && b.is_bool()) return a.get_bool() == b.get_bool();
     if (a.is_number() && b.is_number()) {
+      // Integers exactly (a 64-bit id is not a double); a fraction as a double.
+      if (!a.is_double() && !b.is_double()) {
+        if (a.is_int64() && b.is_int64()) return a.get_int64() == b.get_int64();
+        if (a.is_uint64() && b.is_uint64()) return a.get_uint64() == b.get_uint64();
+        const auto& s = a.is_int64() ? a : b;   // one int64, one uint64
+        const auto& u = a.is_int64() ? b : a;
+        return s.get_int64() >= 0 && static_cast<std::uint64_t>(s.get_int64()) == u.get_uint64();
+      }
       boost::system::error_code e1, e2;
       auto x = a.to_number<double>(e1), y = b.to_number<double>(e2);
       return !e1 && !e2 && x == y;
@@ -83,6 +91,7 @@ std::optional<policy> policy::parse(std::string_view text, std::string& error) {
       if (k == "when") {
         const toml::table* w = node.as_table();
         if (!w) return fail("when is a table of claims: when = { role = \"sales\" }");
+        if (w->empty()) return fail("when = {} matches every token: leave when out to say so");
         for (const auto& [claim, value] : *w) {
           std::vector<json::value> any;
           if (const toml::array* a = value.as_array()) {
@@ -119,13 +128,17 @@ std::optional<policy> policy::parse(std::string_view text, std::string& error) {
           if (!bit) return fail("ops: use insert, update, delete, truncate, message");
           r.ops |= bit;
         }
+        r.ops_given = true;
       } else if (k == "rows" || k == "columns") {
         return fail(k + ": row and column grants are not available in this version of walgate (tables and ops are)");
       } else {
         return fail("unknown key '" + k + "' (when, tables, ops)");
       }
     }
+    if (!r.ops_given) r.ops = grants::table_ops;   // every op of its tables (messages are asked for by name)
     if (r.tables.empty() && !(r.ops & message_bit)) return fail("no tables (and no message op): it grants nothing");
+    if (!r.tables.empty() && !(r.ops & grants::table_ops))
+      return fail("ops has no op of a table (insert, update, delete, truncate) for its tables: give message a grant of its own");
     p.rules_.push_back(std::move(r));
   }
   return p;
@@ -144,7 +157,7 @@ std::shared_ptr<const grants> policy::grants_for(const json::object& claims) con
     }
     if (!match) continue;
     any = true;
-    for (const auto& t : r.tables) g->tables.emplace_back(t, r.ops & ~message_bit);
+    for (const auto& t : r.tables) g->tables.emplace_back(t, r.ops & grants::table_ops);
     if (r.ops & message_bit) g->messages = true;
   }
   if (!any) return nullptr;
@@ -158,7 +171,7 @@ std::optional<std::pair<std::string, std::string>> authorize(std::shared_ptr<con
     for (const auto& [t, o] : g->tables)
       if (t.schema == want.schema && (t.any || (!want.any && t.table == want.table))) {
         found = true;
-        ops |= o == 0 ? ~0u : o;
+        ops |= o;
       }
     return found;
   };
@@ -174,7 +187,7 @@ std::optional<std::pair<std::string, std::string>> authorize(std::shared_ptr<con
   }
   if (r.tables.empty() && asked) {   // every table it may see: each asked op on at least one of them
     unsigned all = 0;
-    for (const auto& [t, o] : g->tables) all |= o == 0 ? ~0u : o;
+    for (const auto& [t, o] : g->tables) all |= o;
     if (asked & ~all) return std::pair<std::string, std::string>{"ops", "an op asked for is granted on no table to this token"};
   }
   r.granted = std::move(g);

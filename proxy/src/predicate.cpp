@@ -5,6 +5,7 @@
 #include <boost/json/value.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -72,12 +73,12 @@ class lexer {
     if (std::isdigit(static_cast<unsigned char>(c)) ||
         ((c == '-' || c == '+' || c == '.') && pos_ + 1 < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[pos_ + 1])) || s_[pos_ + 1] == '.'))) {
       t.k = token::kind::number;
-      std::size_t start = pos_;
+      std::size_t start = pos_, mantissa_digits = 0;
       if (s_[pos_] == '-' || s_[pos_] == '+') ++pos_;
-      while (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) ++pos_;
+      while (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) ++pos_, ++mantissa_digits;
       if (pos_ < s_.size() && s_[pos_] == '.') {
         ++pos_;
-        while (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) ++pos_;
+        while (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) ++pos_, ++mantissa_digits;
       }
       if (pos_ < s_.size() && (s_[pos_] == 'e' || s_[pos_] == 'E')) {
         std::size_t save = pos_++;
@@ -88,7 +89,7 @@ class lexer {
           pos_ = save;
       }
       t.text = std::string(s_.substr(start, pos_ - start));
-      if (t.text.find_first_of("0123456789") == std::string::npos) {
+      if (mantissa_digits == 0) {
         error = "at " + std::to_string(t.at) + ": a number without digits";
         return false;
       }
@@ -330,10 +331,11 @@ std::optional<literal> to_literal(const json::value& v) {
   if (v.is_bool()) return literal{literal::kind::boolean, v.get_bool() ? "true" : "false"};
   if (v.is_int64()) return literal{literal::kind::number, std::to_string(v.get_int64())};
   if (v.is_uint64()) return literal{literal::kind::number, std::to_string(v.get_uint64())};
-  if (v.is_double()) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.17g", v.get_double());
-    return literal{literal::kind::number, buf};
+  if (v.is_double()) {   // the shortest digits that are this double, without an exponent (numeric reads them)
+    char buf[400];
+    auto r = std::to_chars(buf, buf + sizeof buf, v.get_double(), std::chars_format::fixed);
+    if (r.ec != std::errc()) return std::nullopt;
+    return literal{literal::kind::number, std::string(buf, r.ptr)};
   }
   return std::nullopt;
 }
@@ -377,14 +379,15 @@ std::string operand_text(const operand& o) {
 
 // --- typed comparison ------------------------------------------------------------------------
 
-enum class vtype { exact, floating, boolean, instant, bpchar, uuid, text };
+enum class vtype { exact, floating, boolean, instant, local_instant, bpchar, uuid, text };
 
 vtype type_of(std::uint32_t oid) {
   switch (oid) {
     case 20: case 21: case 23: case 26: case 1700: return vtype::exact;   // int8, int2, int4, oid, numeric
     case 700: case 701: return vtype::floating;
     case 16: return vtype::boolean;
-    case 1082: case 1114: case 1184: return vtype::instant;                // date, timestamp, timestamptz
+    case 1082: case 1114: return vtype::local_instant;                     // date, timestamp (no time zone)
+    case 1184: return vtype::instant;                                        // timestamptz
     case 1042: return vtype::bpchar;
     case 2950: return vtype::uuid;
     default: return vtype::text;
@@ -472,11 +475,22 @@ std::int64_t days_from_civil(std::int64_t y, unsigned m, unsigned d) {
   return era * 146097 + static_cast<std::int64_t>(doe) - 719468;
 }
 
-/// An instant in microseconds since the epoch: "YYYY-MM-DD", with " HH:MM[:SS[.ffffff]]" (or
-/// 'T'), with "Z" or "+HH[:MM[:SS]]"/"-HH…" (none: UTC); "infinity", "-infinity".
-std::optional<std::int64_t> read_instant(std::string_view s) {
-  if (iequals(s, "infinity")) return std::numeric_limits<std::int64_t>::max();
-  if (iequals(s, "-infinity")) return std::numeric_limits<std::int64_t>::min();
+/// An instant: seconds since the epoch and microseconds (ordered as a pair, so that PostgreSQL's
+/// whole date range, to year 5874897, is no overflow).
+struct instant_t {
+  std::int64_t seconds = 0;
+  std::int64_t micros = 0;
+  auto operator<=>(const instant_t&) const = default;
+};
+
+bool leap(std::int64_t y) { return (y % 4 == 0 && y % 100 != 0) || y % 400 == 0; }
+
+/// "YYYY-MM-DD", with " HH:MM[:SS[.fraction]]" (or 'T'), with "Z" or "+HH[:MM[:SS]]"/"-HH…"
+/// (none: UTC; ignored when local: a timestamp without time zone, as PostgreSQL casts such a
+/// literal); "infinity", "-infinity". Fractions rounded to microseconds.
+std::optional<instant_t> read_instant(std::string_view s, bool local) {
+  if (iequals(s, "infinity")) return instant_t{std::numeric_limits<std::int64_t>::max(), 0};
+  if (iequals(s, "-infinity")) return instant_t{std::numeric_limits<std::int64_t>::min(), 0};
   std::size_t i = 0;
   auto num = [&](std::size_t min_digits, std::size_t max_digits, std::int64_t& out) {
     std::size_t start = i;
@@ -489,8 +503,9 @@ std::optional<std::int64_t> read_instant(std::string_view s) {
     return false;
   };
   std::int64_t y, mo, d, h = 0, mi = 0, sec = 0, us = 0;
-  if (!num(4, 6, y) || !expect('-') || !num(2, 2, mo) || !expect('-') || !num(2, 2, d)) return std::nullopt;
-  if (mo < 1 || mo > 12 || d < 1 || d > 31) return std::nullopt;
+  if (!num(4, 7, y) || !expect('-') || !num(2, 2, mo) || !expect('-') || !num(2, 2, d)) return std::nullopt;
+  static constexpr int month_days[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  if (mo < 1 || mo > 12 || d < 1 || d > month_days[mo - 1] + (mo == 2 && leap(y))) return std::nullopt;
   if (i < s.size() && (s[i] == ' ' || s[i] == 'T' || s[i] == 't')) {
     ++i;
     if (!num(2, 2, h) || !expect(':') || !num(2, 2, mi)) return std::nullopt;
@@ -500,12 +515,13 @@ std::optional<std::int64_t> read_instant(std::string_view s) {
         std::size_t start = i;
         std::int64_t frac = 0;
         if (!num(1, 9, frac)) return std::nullopt;
-        for (std::size_t n = i - start; n < 6; ++n) frac *= 10;
-        for (std::size_t n = i - start; n > 6; --n) frac /= 10;
-        us = frac;
+        std::size_t n = i - start;
+        for (; n < 7; ++n) frac *= 10;   // 7 digits: one past microseconds, to round
+        for (; n > 7; --n) frac /= 10;
+        us = (frac + 5) / 10;
       }
     }
-    if (h > 24 || mi > 59 || sec > 60) return std::nullopt;
+    if (h > 24 || mi > 59 || sec > 60 || (h == 24 && (mi || sec || us))) return std::nullopt;
   }
   std::int64_t offset = 0;
   if (i < s.size() && (s[i] == 'Z' || s[i] == 'z')) {
@@ -519,9 +535,11 @@ std::optional<std::int64_t> read_instant(std::string_view s) {
     offset = (oh * 3600 + om * 60 + os) * (neg ? -1 : 1);
   }
   if (i != s.size()) return std::nullopt;
-  const std::int64_t seconds = days_from_civil(y, static_cast<unsigned>(mo), static_cast<unsigned>(d)) * 86400 + h * 3600 +
-                               mi * 60 + sec - offset;
-  return seconds * 1'000'000 + us;
+  if (local) offset = 0;
+  std::int64_t seconds = days_from_civil(y, static_cast<unsigned>(mo), static_cast<unsigned>(d)) * 86400 + h * 3600 +
+                         mi * 60 + sec - offset;
+  if (us >= 1'000'000) ++seconds, us -= 1'000'000;   // (rounded up to the next second)
+  return instant_t{seconds, us};
 }
 
 std::string lower(std::string_view s) {
@@ -540,7 +558,7 @@ struct typed {
   exact_number exact;
   double f = 0;
   bool b = false;
-  std::int64_t instant = 0;
+  instant_t instant;
   std::string text;   // bpchar (trimmed), uuid (lowercase), text
 };
 
@@ -558,7 +576,8 @@ std::optional<typed> read_as(vtype t, std::string_view s) {
       if (auto b = read_bool(s)) return v.b = *b, v;
       return std::nullopt;
     case vtype::instant:
-      if (auto u = read_instant(s)) return v.instant = *u, v;
+    case vtype::local_instant:
+      if (auto u = read_instant(s, t == vtype::local_instant)) return v.instant = *u, v;
       return std::nullopt;
     case vtype::bpchar: v.text = std::string(rtrim_spaces(s)); return v;
     case vtype::uuid: v.text = lower(s); return v;
@@ -572,7 +591,8 @@ int compare(const typed& a, const typed& b) {
     case vtype::exact: return compare_exact(a.exact, b.exact);
     case vtype::floating: return compare_float(a.f, b.f);
     case vtype::boolean: return a.b == b.b ? 0 : a.b ? 1 : -1;
-    case vtype::instant: return a.instant < b.instant ? -1 : a.instant > b.instant ? 1 : 0;
+    case vtype::instant:
+    case vtype::local_instant: return a.instant < b.instant ? -1 : a.instant > b.instant ? 1 : 0;
     default: {
       int c = a.text.compare(b.text);
       return c < 0 ? -1 : c > 0 ? 1 : 0;
@@ -650,15 +670,18 @@ std::vector<std::string> columns(const node& n) {
 
 std::string to_string(const node& n) {
   switch (n.k) {
-    case node::kind::constant: return n.value ? "(1 = 1)" : "(1 = 0)";   // (not in the grammar's columns: for messages)
+    case node::kind::constant: return n.value ? "(true)" : "(false)";   // (an instantiated one's: for messages, not parse())
     case node::kind::all:
     case node::kind::any: {
-      std::string out = "(";
+      std::string out;
       for (std::size_t i = 0; i < n.children.size(); ++i) {
         if (i) out += n.k == node::kind::all ? " and " : " or ";
-        out += to_string(n.children[i]);
+        // Parentheses only where they are needed (an or inside an and): never deeper than
+        // what was parsed.
+        const bool wrap = n.k == node::kind::all && n.children[i].k == node::kind::any;
+        out += wrap ? "(" + to_string(n.children[i]) + ")" : to_string(n.children[i]);
       }
-      return out + ")";
+      return out;
     }
     case node::kind::compare: break;
   }

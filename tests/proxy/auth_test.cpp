@@ -370,9 +370,11 @@ ops = ["insert", "update", "delete", "message"]
   // The sales token's streams: every format over NDJSON, SSE, WebSocket, a /v1/mux subscription,
   // and a snapshot.
   std::vector<std::unique_ptr<stream_client>> lines;
-  for (const char* f : {"native", "debezium", "pgoutput2json", "waltail", "wal2json"})
+  for (const char* f : {"native", "debezium", "pgoutput2json", "waltail", "wal2json", "pgoutput2json-compact"})
     lines.push_back(std::make_unique<stream_client>(g.port(), std::string("/v1/stream?format=") + f,
                                                     std::vector<std::pair<std::string, std::string>>{{"Authorization", "Bearer " + sales}}));
+  stream_client tombstones(g.port(), "/v1/stream?format=debezium&tombstones=true", {{"Authorization", "Bearer " + sales}});
+  stream_client ops_messages(g.port(), "/v1/stream?ops=message", {{"Authorization", "Bearer " + ops}});
   stream_client sse(g.port(), "/v1/stream?access_token=" + sales, {{"Accept", "text/event-stream"}});
   stream_client snap(g.port(), "/v1/stream?snapshot=true", {{"Authorization", "Bearer " + sales}});
   ws_with ws(g.port(), "/v1/ws?format=debezium", "walgate, bearer." + sales);
@@ -382,6 +384,8 @@ ops = ["insert", "update", "delete", "message"]
   REQUIRE(sse.status() == 200);
   REQUIRE(snap.status() == 200);
   REQUIRE(ops_client.status() == 200);
+  REQUIRE(tombstones.status() == 200);
+  REQUIRE(ops_messages.status() == 200);
   REQUIRE_FALSE(ws.ec);
   REQUIRE_FALSE(mux.ec);
   mux.ws.text(true);
@@ -410,19 +414,35 @@ ops = ["insert", "update", "delete", "message"]
          "UPDATE gr_secret SET v = 'classified3' WHERE id = 1; DELETE FROM gr_secret WHERE id = 2;"
          "SELECT pg_logical_emit_message(true, 'classified-prefix', 'classified message');"
          "INSERT INTO gr_prod VALUES (2, 'p2'); UPDATE gr_prod SET v = 'p2b' WHERE id = 2;"
+         "TRUNCATE gr_secret; DELETE FROM gr_prod WHERE id = 1;"
          "INSERT INTO gr_prod VALUES (999, 'last')");
   // What the sales token may see: 2 changes of gr_orders (the insert, the update; not the
-  // delete), 3 of gr_prod — and not a byte of gr_secret or the message.
-  const std::size_t want = 5;
+  // delete), 4 of gr_prod — and not a byte of gr_secret, its truncate or the message.
+  const std::size_t want = 6;
   auto no_secret = [](const std::string& s) {
     return s.find("secret") == std::string::npos && s.find("classified") == std::string::npos;
   };
+  std::vector<std::string> native;
   for (auto& c : lines) {
     auto got = c->events(want);
     REQUIRE(got.size() == want);
     for (const auto& l : got) CHECK_MESSAGE(no_secret(l), l);
     CHECK(got.back().find("last") != std::string::npos);
+    if (native.empty()) native = got;
   }
+  auto with_tombstone = tombstones.events(want + 1);   // the delete of gr_prod's row 1, then its tombstone
+  REQUIRE(with_tombstone.size() == want + 1);
+  for (const auto& l : with_tombstone) CHECK_MESSAGE(no_secret(l), l);
+  CHECK(with_tombstone[want - 1].find("\"value\":null") != std::string::npos);
+  auto message = ops_messages.events(1);
+  REQUIRE(message.size() == 1);
+  CHECK(message[0].find("classified-prefix") != std::string::npos);
+  // Resuming within the grants: from the third event, the other three.
+  stream_client resumed(g.port(), "/v1/stream?from=" + id_of(native[2]), {{"Authorization", "Bearer " + sales}});
+  auto rest = resumed.events(3);
+  REQUIRE(rest.size() == 3);
+  CHECK(rest[0] == native[3]);
+  CHECK(rest[2] == native[5]);
   auto se = sse.sse(want);
   REQUIRE(se.size() == want);
   for (const auto& [id, data] : se) CHECK_MESSAGE(no_secret(data), data);

@@ -1,11 +1,17 @@
 // The authorization policy (proxy/src/policy.cpp): the file, a token's grants from its claims, a
 // request checked against them (403, never a silent narrowing), and the events they let through.
+#include "walgate/proxy/auth.hpp"
 #include "walgate/proxy/log_reader.hpp"
 #include "walgate/proxy/policy.hpp"
+
+#include "temp_dir.hpp"
 
 #include <boost/json/parse.hpp>
 
 #include <doctest/doctest.h>
+
+#include <fstream>
+#include <thread>
 
 using namespace walgate;
 using namespace walgate::proxy;
@@ -93,6 +99,28 @@ TEST_CASE("policy: a token's grants are the union of the grants its claims match
   REQUIRE(anyone);
   CHECK(anyone->tables.size() == 1);
   CHECK_FALSE(of(parsed("[[grant]]\nwhen = { role = \"x\" }\ntables = [\"public.t\"]\n"), R"({"role":"y"})"));
+  // 64-bit ids compare exactly (9007199254740993 is not a double).
+  auto ids = parsed("[[grant]]\nwhen = { uid = 9007199254740993 }\ntables = [\"public.t\"]\n");
+  CHECK(of(ids, R"({"uid":9007199254740993})"));
+  CHECK_FALSE(of(ids, R"({"uid":9007199254740992})"));
+  CHECK(of(ids, R"({"uid":[1, 9007199254740993]})"));
+}
+
+TEST_CASE("policy: the rows that exist go with insert; a grant without ops gives its tables every op, not messages") {
+  auto p = parsed(sales_policy);
+  auto sales = of(p, R"({"role":"sales"})");
+  CHECK(sales->allows("public", "orders", 'r'));   // the log's initial snapshot rows, a snapshot's rows
+  CHECK(sales->allows_table("public", "orders"));
+  auto deletes = of(parsed("[[grant]]\ntables = [\"public.t\"]\nops = [\"delete\"]\n"), "{}");
+  CHECK(deletes->allows("public", "t", 'd'));
+  CHECK_FALSE(deletes->allows("public", "t", 'r'));
+  CHECK_FALSE(deletes->allows_table("public", "t"));   // no snapshot of it
+  auto all = of(parsed("[[grant]]\ntables = [\"public.t\"]\n"), "{}");
+  for (char op : {'c', 'u', 'd', 't', 'r'}) CHECK(all->allows("public", "t", op));
+  CHECK_FALSE(all->allows("", "", 'm'));
+  auto messages = of(parsed("[[grant]]\nops = [\"message\"]\n"), "{}");
+  CHECK(messages->allows("", "", 'm'));
+  CHECK(messages->tables.empty());
 }
 
 TEST_CASE("policy: a request within its grants is served with them; outside them, 403 naming why") {
@@ -158,4 +186,34 @@ TEST_CASE("policy: a file that is wrong is an error naming the grant") {
         "grant 1: when.role: an empty list matches nothing");
   CHECK(parse_error("[[grant]]\ntables = [\"public.t\"]\nwhen = \"role\"\n").find("when is a table of claims") != std::string::npos);
   CHECK(parse_error("[[grant]]\ntables = [\"public.t\"]\nschema = \"x\"\n") == "grant 1: unknown key 'schema' (when, tables, ops)");
+  CHECK(parse_error("[[grant]]\ntables = [\"audit.*\"]\nops = [\"message\"]\n") ==
+        "grant 1: ops has no op of a table (insert, update, delete, truncate) for its tables: give message a grant of its own");
+  CHECK(parse_error("[[grant]]\nwhen = {}\ntables = [\"public.t\"]\n") ==
+        "grant 1: when = {} matches every token: leave when out to say so");
+}
+
+TEST_CASE("policy: read with the keys, again when it changes; one that cannot be used keeps the one in use") {
+  walgate::test::temp_dir dir;
+  const auto secret = dir.path / "secret", pol = dir.path / "policy.toml";
+  std::ofstream(secret) << std::string(32, 'k');
+  std::ofstream(pol) << "[[grant]]\ntables = [\"public.a\"]\n";
+  auth_options o;
+  o.secret_file = secret;
+  o.policy_file = pol;
+  authenticator auth(o);
+  std::string error;
+  REQUIRE_MESSAGE(auth.reload(error), error);
+  REQUIRE(auth.has_policy());
+  identity who;
+  CHECK(auth.grants_for(who)->allows("public", "a", 'c'));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::ofstream(pol, std::ios::trunc) << "[[grant]]\ntables = [\"public.b\"]\n";
+  CHECK(auth.reload_if_changed(error) == 1);
+  CHECK(auth.grants_for(who)->allows("public", "b", 'c'));
+  CHECK_FALSE(auth.grants_for(who)->allows("public", "a", 'c'));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::ofstream(pol, std::ios::trunc) << "[[grant]]\nrows = \"x = 1\"\n";
+  CHECK(auth.reload_if_changed(error) == -1);
+  CHECK(error.find("policy.toml: grant 1: rows:") != std::string::npos);
+  CHECK(auth.grants_for(who)->allows("public", "b", 'c'));   // the one in use stays
 }

@@ -59,6 +59,13 @@ TEST_CASE("predicates: the language, written back as text that reads the same") 
     const std::string text = to_string(n);
     CHECK(to_string(parsed(text)) == text);
   }
+  // Never deeper when written back: 32 levels read, 32 written.
+  std::string deep = "a = 1";
+  for (int i = 0; i < 32; ++i) deep = "a = 1 or (" + deep + ")";
+  auto d = parsed(deep);
+  CHECK(to_string(parsed(to_string(d))) == to_string(d));
+  CHECK(to_string(parsed("(a = 1 or b = 2) and c = 3")) == "(\"a\" = 1 or \"b\" = 2) and \"c\" = 3");
+  CHECK(parse_error("a = +.e5") == "at 4: a number without digits");
   // and binds tighter than or.
   auto n = parsed("a = 1 or b = 2 and c = 3");
   REQUIRE(n.k == node::kind::any);
@@ -106,6 +113,10 @@ TEST_CASE("predicates: claims substituted per token; a missing one matches nothi
   CHECK_FALSE(t.eval("org in {claims.orgs}", row, R"({"orgs":[]})"));
   CHECK(t.eval("org in {claims.org}", row, R"({"org":7})"));   // one value: a list of one
   CHECK(t.eval("org = {claims.org}", row, R"({"org":"7"})"));   // a string claim read as the column's number
+  CHECK(t.eval("org = {claims.org}", row, R"({"org":7.0})"));   // a double claim: its shortest digits
+  table n{{{"x", 1700}}};
+  CHECK(n.eval("x = {claims.x}", {"0.1"}, R"({"x":0.1})"));
+  CHECK(n.eval("x = {claims.x}", {"1000000000000000000000"}, R"({"x":1e21})"));
   CHECK(t.eval("admin = {claims.admin}", row, R"({"admin":true})"));
   CHECK(t.eval("org = {claims.n} or tenant = 'acme'", row, R"({})"));   // the other branch decides
 }
@@ -126,7 +137,8 @@ TEST_CASE("predicates: compared as the column's type") {
   CHECK(t.eval("n = 0", row({{1, "-0.000"}})));
   CHECK(t.eval("n > 99999999999999999999.1", row({{1, "99999999999999999999.10000000000000000001"}})));
   CHECK(t.eval("n < -1.5", row({{1, "-2"}})));
-  CHECK(t.eval("n > 1e30", row({{1, "NaN"}})) == false);   // (1e30 is not numeric's text: never matches)
+  CHECK_FALSE(t.eval("n > 1e30", row({{1, "5"}})));   // (1e30 is not numeric's text: never matches)
+  CHECK_FALSE(t.eval("n < 1e30", row({{1, "5"}})));
   CHECK(t.eval("n > 123456789012345678901234567890", row({{1, "NaN"}})));   // NaN above every number
   CHECK(t.eval("n > 5", row({{1, "Infinity"}})));
   CHECK(t.eval("f = 0.5", row({{2, "0.5"}})));
@@ -142,6 +154,16 @@ TEST_CASE("predicates: compared as the column's type") {
   CHECK(t.eval("d < '2000-01-01'", row({{6, "1999-12-31"}})));
   CHECK(t.eval("d > '2999-01-01'", row({{6, "infinity"}})));
   CHECK_FALSE(t.eval("d > '2000-13-01'", row({{6, "2026-01-01"}})));   // a bad literal matches nothing
+  CHECK_FALSE(t.eval("d < '2026-02-30'", row({{6, "2026-01-01"}})));
+  CHECK(t.eval("d < '2024-02-29'", row({{6, "2024-02-28"}})));       // a leap day
+  CHECK(t.eval("d > '294277-01-01'", row({{6, "5874897-12-31"}})));  // PostgreSQL's last date: no overflow
+  CHECK(t.eval("ts < '393999-12-31'", row({{4, "5603-01-01 00:00:00+00"}})));
+  // A timestamp without time zone ignores a literal's offset (as PostgreSQL's cast does).
+  CHECK(t.eval("t = '2026-03-01 10:00:00+05'", row({{5, "2026-03-01 10:00:00"}})));
+  CHECK(t.eval("ts = '2026-03-01 10:00:00.0000004Z'", row({{4, "2026-03-01 10:00:00+00"}})));   // rounded
+  CHECK(t.eval("ts = '2026-03-01 10:00:00.9999996Z'", row({{4, "2026-03-01 10:00:01+00"}})));
+  CHECK(t.eval("ts = '2026-03-01 24:00:00Z'", row({{4, "2026-03-02 00:00:00+00"}})));
+  CHECK_FALSE(t.eval("ts = '2026-03-01 24:00:01Z'", row({{4, "2026-03-02 00:00:01+00"}})));
   // char(n) without its padding, uuid in any case, text byte by byte.
   CHECK(t.eval("c = 'ab'", row({{7, "ab   "}})));
   CHECK(t.eval("u = 'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11'", row({{8, "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"}})));

@@ -12,7 +12,8 @@
 // A token's grants are the union of the grants it matches; a stream request is served only
 // within them (403 otherwise), and events outside them never reach it — decided on the event's
 // table and op in the gateway, no database query. Logical messages (no table) need a grant with
-// ops including "message". Row predicates and column lists are not part of this version: a grant
+// ops including "message" (a grant without ops gives its tables every op, not messages); the
+// rows a snapshot reads need insert. Row predicates and column lists are not part of this version: a grant
 // with `rows` or `columns` is refused when the file is read. No Asio.
 #pragma once
 
@@ -30,24 +31,26 @@
 
 namespace walgate::proxy {
 
-/// What one token may see: table patterns with their ops (bits of transform::op chars; 0: all).
+/// What one token may see: table patterns with their ops (bits of transform::op chars, never 0).
+/// The rows that exist — a snapshot's, and the log's initial snapshot (op read) — go with
+/// insert: a token that may see a table's inserts may see its rows.
+constexpr unsigned op_bit_of(char op) { return 1u << (op - 'a'); }
+
 struct grants {
+  static constexpr unsigned table_ops = op_bit_of('c') | op_bit_of('u') | op_bit_of('d') | op_bit_of('t');
   std::vector<std::pair<table_pattern, unsigned>> tables;
   bool messages = false;   ///< logical messages (a grant with ops "message")
 
   /// The event's table and op are granted.
   bool allows(std::string_view schema, std::string_view table, char op) const {
     if (table.empty()) return messages;
+    const unsigned want = op_bit_of(op == 'r' ? 'c' : op);
     for (const auto& [t, ops] : tables)
-      if (t.schema == schema && (t.any || t.table == table) && (ops == 0 || (ops & (1u << (op - 'a'))))) return true;
+      if (t.schema == schema && (t.any || t.table == table) && (ops & want)) return true;
     return false;
   }
-  /// Some op of the table is granted (a snapshot's rows of it may be read).
-  bool allows_table(std::string_view schema, std::string_view table) const {
-    for (const auto& [t, ops] : tables)
-      if (t.schema == schema && (t.any || t.table == table)) return true;
-    return false;
-  }
+  /// A snapshot may read the table's rows: its inserts are granted.
+  bool allows_table(std::string_view schema, std::string_view table) const { return allows(schema, table, 'r'); }
 };
 
 /// Narrows nothing, refuses what is outside: every table the request names must be granted
@@ -69,6 +72,7 @@ class policy {
     std::vector<std::pair<std::string, std::vector<boost::json::value>>> when;   // claim -> any of these
     std::vector<table_pattern> tables;
     unsigned ops = 0;
+    bool ops_given = false;
   };
   std::vector<rule> rules_;
 };

@@ -12,8 +12,10 @@
 // column := name | "quoted name" ("" for a quote). Keywords in any case.
 //
 // Comparison follows the column's type: integers, numeric and floats as numbers (numeric exactly,
-// digit by digit), bool as a truth value, date/timestamp/timestamptz as instants (a timestamp
-// without time zone as UTC; literals in ISO 8601), char(n) without its trailing spaces, uuid in
+// digit by digit), bool as a truth value, date/timestamp/timestamptz as instants (a date or a
+// timestamp without time zone as UTC, an offset in its literal ignored as PostgreSQL's cast
+// does; literals in ISO 8601, to year 5874897, fractions rounded to microseconds), char(n)
+// without its trailing spaces, uuid in
 // any case; everything else as text, byte by byte (not the database's collation). A null, a
 // TOASTed value that did not change (not sent: `is not null` holds, nothing else), a value or
 // literal that cannot be read as the column's type, or a claim the token does not have: the
@@ -78,7 +80,8 @@ std::optional<node> parse(std::string_view text, std::string& error);
 node instantiate(const node& n, const boost::json::object& claims);
 /// The columns a predicate names, each once, in order of appearance.
 std::vector<std::string> columns(const node& n);
-/// The predicate as text that parse() reads back to the same tree (for messages and tests).
+/// The predicate as text; a parsed one's (no constants: not instantiated) parse() reads back to
+/// the same text, with at most as many levels of parentheses (for messages and tests).
 std::string to_string(const node& n);
 
 /// A relation's column, as pgoutput describes it.

@@ -467,4 +467,20 @@ ops = ["insert", "update", "delete", "message"]
   for (const auto& l : secret) CHECK(json::parse(l).at("table") == "gr_secret");
   auto m = get_path(g.port(), "/metrics").second;
   CHECK(m.find("walgate_auth_forbidden_total 7") != std::string::npos);
+
+  // The policy changes (gr_orders no longer granted to sales): a connected stream keeps the
+  // grants it was admitted with; a new request gets the new ones.
+  write_file(policy_file, "[[grant]]\nwhen = { role = \"sales\" }\ntables = [\"public.gr_prod\"]\n");
+  std::atomic<bool> ok = false, done = false;
+  asio::post(g.io, [&] {
+    ok = setup.auth->reload(error);
+    done = true;
+  });
+  REQUIRE(test::wait_until([&] { return done.load(); }));
+  REQUIRE_MESSAGE(ok.load(), error);
+  CHECK(refused("tables=public.gr_orders", sales).status == 403);
+  pg.sql("INSERT INTO gr_orders VALUES (3, 'after the change')");
+  auto kept = lines[0]->events(1);
+  REQUIRE(kept.size() == 1);
+  CHECK(kept[0].find("after the change") != std::string::npos);
 }

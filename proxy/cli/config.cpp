@@ -242,6 +242,14 @@ const std::vector<setting>& settings() {
         "streaming",
         "on: PostgreSQL 14+ sends large transactions while they run (held here until their commit); off: at commit",
         &config::streaming, {{"on", true}, {"off", false}}));
+    s.push_back(text("origin",
+                     "none: changes replayed from a replication origin are not streamed (bidirectional setups); any "
+                     "(PostgreSQL 16+)",
+                     &config::origin, on_serve, [](const std::string& v) -> std::string {
+                       return v.empty() || v == "none" || v == "any"
+                                  ? std::string()
+                                  : source_names("origin") + ": '" + v + "' is not one of none any";
+                     }));
     s.push_back(choice<bool>(
         "snapshot",
         "initial: when walgate creates the slot, the rows of the published tables go into the log first; never: changes only",

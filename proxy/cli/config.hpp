@@ -40,6 +40,7 @@ struct config {
   transform::encoder_options::decimal_mode decimal = transform::encoder_options::decimal_mode::string;
   transform::encoder_options::time_precision time = transform::encoder_options::time_precision::adaptive_time_microseconds;
   bool streaming = true;                ///< ask PostgreSQL 14+ to stream large transactions while they run
+  std::string origin;                   ///< --origin none|any (PostgreSQL 16+); empty: not asked (any)
   bool no_fsync = false;
   bool initial_snapshot = true;            ///< --snapshot initial (the slot's rows into the log when walgate creates it) or never
   std::size_t snapshot_workers = 4;        ///< connections copying the initial snapshot

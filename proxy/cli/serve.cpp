@@ -271,6 +271,7 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
   rs.publications = s.publications;
   rs.messages_when_supported = true;
   rs.streaming_when_supported = s.streaming;
+  if (!s.origin.empty()) rs.origin = s.origin;   // (PostgreSQL 16+: before, the stream does not start, saying so)
   rs.status_interval = std::chrono::milliseconds(s.status_interval_ms);
   // The initial snapshot: when walgate creates the slot (never for one that exists), its exported
   // snapshot goes into the log before the first streamed transaction.

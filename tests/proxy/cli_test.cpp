@@ -59,6 +59,10 @@ TEST_CASE("a wrong setting is a one-line error naming it") {
   CHECK(g.status == 2);
   CHECK(g.output.find("--allow-origin (or WALGATE_ALLOW_ORIGIN, or allow-origin in the config file): "
                       "'https://app.example/path' is not an origin") != std::string::npos);
+  auto o = run(base + "--origin local");
+  CHECK(o.status == 2);
+  CHECK(o.output.find("--origin (or WALGATE_ORIGIN, or origin in the config file): 'local' is not one of none any") !=
+        std::string::npos);
   auto e = run("--publication p --pg 'host=x bogus=1'");
   CHECK(e.status == 2);
   CHECK(e.output.find("--pg (or WALGATE_PG, or pg in the config file): invalid connection string") != std::string::npos);

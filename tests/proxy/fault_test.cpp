@@ -1098,3 +1098,49 @@ TEST_CASE("the walgate executable rotates its keys on a changed JWKS file and on
   for (const auto& t : {ta, tb, tc}) CHECK(log.find(t.substr(t.rfind('.') + 1)) == std::string::npos);
   std::filesystem::remove(jwks);
 }
+
+TEST_CASE("--origin none: changes replayed from a replication origin are not streamed (PostgreSQL 16+; before, walgate stops saying why); without it they come with their origin") {
+  auto& pg = test::cluster();
+  sql_conn q(pg.conninfo());
+  std::vector<std::vector<std::string>> v;
+  REQUIRE(q.exec("SELECT current_setting('server_version_num')::int / 10000", &v));
+  const bool supported = std::stoi(v.at(0).at(0)) >= 16;
+  REQUIRE(q.exec("SELECT pg_replication_origin_create('fo_elsewhere')"));
+  // One change made as if replayed from elsewhere (the session's origin set), one local.
+  auto write = [&](const std::string& table) {
+    REQUIRE(q.exec("SELECT pg_replication_origin_session_setup('fo_elsewhere')"));
+    REQUIRE(q.exec("INSERT INTO " + table + " VALUES (1, 'replayed')"));
+    REQUIRE(q.exec("SELECT pg_replication_origin_session_reset()"));
+    REQUIRE(q.exec("INSERT INTO " + table + " VALUES (2, 'local')"));
+  };
+  // --origin none.
+  scenario none("fo");
+  none.gw.args.insert(none.gw.args.end(), {"--origin", "none"});
+  std::vector<std::string> got;
+  bool refused = false;
+  if (supported) {
+    none.start_streaming();
+    write("fo_a");
+    got = first_lines(none.port, "/v1/stream?from=0/0:0", 1);
+  } else {
+    none.start();
+    refused = test::wait_until([&] { return none.gw.log().find("the origin option needs PostgreSQL 16 or later") != std::string::npos; },
+                               std::chrono::seconds(30));
+    none.gw.kill_with(SIGKILL);
+  }
+  CHECK_MESSAGE(refused == !supported, none.gw.log());
+  CHECK(got.size() == (supported ? 1u : 0u));
+  for (const auto& l : got) CHECK(json::parse(l).at("after").at("v") == "local");
+  // Without it: both, the replayed one with its origin in the native event.
+  scenario any("fq");
+  any.start_streaming();
+  write("fq_a");
+  auto both = first_lines(any.port, "/v1/stream?from=0/0:0", 2);
+  REQUIRE(both.size() == 2);
+  auto replayed = json::parse(both[0]).as_object(), local = json::parse(both[1]).as_object();
+  CHECK(replayed.at("after").at("v") == "replayed");
+  CHECK(replayed.at("origin") == "fo_elsewhere");
+  CHECK(local.at("after").at("v") == "local");
+  CHECK_FALSE(local.contains("origin"));
+  REQUIRE(q.exec("SELECT pg_replication_origin_drop('fo_elsewhere')"));
+}

@@ -441,6 +441,10 @@ void encode_native(std::string& out, const change& c, const encoder_options& o) 
   out += "\",\"commit_time\":\"";
   temporal::append_iso8601(out, protocol::pg_us_to_unix(t.commit_time));
   out.push_back('"');
+  if (t.origin) {   // the transaction was replayed from elsewhere (pg_replication_origin_session_setup)
+    out += ",\"origin\":";
+    append_json_string(out, *t.origin);
+  }
   if (c.kind == op::message) {
     out += ",\"op\":\"message\"";
     append_message_fields(out, *c.message);

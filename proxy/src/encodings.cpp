@@ -6,6 +6,11 @@
 
 namespace walgate::proxy {
 
+namespace {
+payload_ptr encode_small(const logged_event& e, encoding enc, const transform::change& from,
+                         const transform::encoder_options& options, std::string& scratch);
+}  // namespace
+
 encoding encoding_for(const stream_request& r) {
   switch (r.fmt) {
     case transform::format::native: return encoding::native;
@@ -32,6 +37,41 @@ payload_ptr encoding_cache::get(const logged_event& e, encoding enc, std::string
     }
     encode_into(e, enc, record_scratch_.get());
   }
+  return slot;
+}
+
+const transform::change* encoding_cache::decode(const logged_event& e, std::string& error) {
+  auto r = transform::read_record(protocol::as_bytes(e.record), record_scratch_);
+  if (!r) {
+    error = "event #" + std::to_string(e.seq) + " in the event log cannot be read (" + r.error().message() + ")";
+    return nullptr;
+  }
+  return &record_scratch_.get();
+}
+
+payload_ptr encoding_cache::get_as(const logged_event& e, encoding enc, transform::op as, std::string& error) {
+  if (!e.moved) e.moved = std::make_shared<std::array<payload_ptr, 2 * static_cast<std::size_t>(encoding::count_)>>();
+  auto& slot = (*e.moved)[static_cast<std::size_t>(enc) * 2 + (as == transform::op::insert ? 0 : 1)];
+  if (slot) return slot;
+  const transform::change* from = decode(e, error);
+  if (!from) return nullptr;
+  transform::change c = *from;
+  if (as == transform::op::insert) {
+    c.kind = transform::op::insert;
+    c.before_kind = 0;
+    c.before = {};
+  } else {
+    c.kind = transform::op::delete_;
+    // Only an update with its old row moves a row out (without one its key, and so the
+    // predicate's columns, did not change): the delete is of that old row, never the new one.
+    if (c.before.empty()) {
+      error = "event #" + std::to_string(e.seq) + ": a row moved out of a grant without its old row";
+      return nullptr;
+    }
+    c.after = {};
+  }
+  slot = encode_small(e, enc, c, opts_.encoder, encode_scratch_);
+  log_.account_encoding(e, slot->memory());
   return slot;
 }
 

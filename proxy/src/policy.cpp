@@ -129,14 +129,22 @@ std::optional<policy> policy::parse(std::string_view text, std::string& error) {
           r.ops |= bit;
         }
         r.ops_given = true;
-      } else if (k == "rows" || k == "columns") {
-        return fail(k + ": row and column grants are not available in this version of walgate (tables and ops are)");
+      } else if (k == "rows") {
+        auto s = node.value_exact<std::string>();
+        if (!s) return fail("rows is a predicate: rows = \"tenant_id = {claims.tenant}\"");
+        std::string why;
+        auto n = predicate::parse(*s, why);
+        if (!n) return fail("rows: " + why);
+        r.rows = std::make_shared<const predicate::node>(std::move(*n));
+      } else if (k == "columns") {
+        return fail("columns: column grants are not available in this version of walgate (tables, ops and rows are)");
       } else {
-        return fail("unknown key '" + k + "' (when, tables, ops)");
+        return fail("unknown key '" + k + "' (when, tables, ops, rows)");
       }
     }
     if (!r.ops_given) r.ops = grants::table_ops;   // every op of its tables (messages are asked for by name)
     if (r.tables.empty() && !(r.ops & message_bit)) return fail("no tables (and no message op): it grants nothing");
+    if (r.rows && r.tables.empty()) return fail("rows without tables: rows limit a grant's tables");
     if (!r.tables.empty() && !(r.ops & grants::table_ops))
       return fail("ops has no op of a table (insert, update, delete, truncate) for its tables: give message a grant of its own");
     p.rules_.push_back(std::move(r));
@@ -157,7 +165,12 @@ std::shared_ptr<const grants> policy::grants_for(const json::object& claims) con
     }
     if (!match) continue;
     any = true;
-    for (const auto& t : r.tables) g->tables.emplace_back(t, r.ops & grants::table_ops);
+    std::shared_ptr<const predicate::node> rows;
+    if (r.rows) rows = std::make_shared<const predicate::node>(predicate::instantiate(*r.rows, claims));
+    for (const auto& t : r.tables) {
+      g->tables.emplace_back(t, r.ops & grants::table_ops);
+      g->rows.push_back(rows);
+    }
     if (r.ops & message_bit) g->messages = true;
   }
   if (!any) return nullptr;

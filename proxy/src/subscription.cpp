@@ -1,9 +1,104 @@
 #include "walgate/proxy/subscription.hpp"
 
+#include "walgate/proxy/policy.hpp"
+#include "walgate/proxy/predicate.hpp"
 #include "walgate/proxy/snapshot.hpp"
 #include "walgate/transform/json.hpp"
 
+#include <algorithm>
+
 namespace walgate::proxy {
+
+/// A granted table's row predicates, bound to one definition of it: per entry of the grants
+/// (its index), the bound predicate; failed: why the table cannot be served by row.
+struct subscription::row_state {
+  struct table {
+    std::vector<std::pair<std::size_t, predicate::bound>> entries;
+    std::string failed;
+  };
+  std::map<std::string, table> tables;   // schema.table + definition signature
+  std::vector<predicate::cell> cells;
+};
+
+subscription::row_verdict subscription::rows_verdict(const logged_event& e, std::string& error) {
+  const grants& g = *request_.granted;
+  const char op = static_cast<char>(e.kind);
+  if (e.table.empty() || e.kind == transform::op::truncate || !g.row_filtered(e.schema, e.table, op)) return row_verdict::pass;
+  const transform::change* c = encodings_.decode(e, error);
+  if (!c || !c->relation) {
+    if (error.empty()) error = "event #" + std::to_string(e.seq) + " in the event log has no table definition";
+    return row_verdict::damaged;
+  }
+  if (!row_state_) row_state_ = std::make_unique<row_state>();
+  const auto& rel = *c->relation;
+  std::string key = e.schema + '\0' + e.table + '\0';   // (no name holds a NUL)
+  for (const auto& col : rel.columns) key += col.name + '\x1f' + std::to_string(col.type_oid) + (col.key ? "k" : "") + '\x1e';
+  key += rel.replica_identity;
+  auto [it, made] = row_state_->tables.try_emplace(key);
+  auto& t = it->second;
+  if (made) {
+    std::vector<predicate::column_info> cols;
+    for (const auto& col : rel.columns) cols.push_back({col.name, col.type_oid});
+    for (std::size_t i = 0; i < g.tables.size() && t.failed.empty(); ++i) {
+      const auto& [pattern, ops] = g.tables[i];
+      if (!g.rows[i] || pattern.schema != e.schema || !(pattern.any || pattern.table == e.table)) continue;
+      std::string why;
+      auto b = predicate::bind_to(*g.rows[i], cols, why);
+      if (!b) continue;   // a table without the predicate's column (schema.*): none of its rows by this grant
+      // A row leaves a client's grant by an update or a delete: its old values must be sent for
+      // the predicate's columns — the replica identity's, or every one under FULL.
+      if (ops & (op_bit_of('u') | op_bit_of('d')))
+        for (const auto& name : predicate::columns(*g.rows[i])) {
+          auto col = std::find_if(rel.columns.begin(), rel.columns.end(), [&](const auto& x) { return x.name == name; });
+          if (col != rel.columns.end() && !col->key && rel.replica_identity != 'f' && t.failed.empty())
+            t.failed = "row grant on " + e.schema + "." + e.table + ": column " + name +
+                       " is not in the replica identity (ALTER TABLE " + e.schema + "." + e.table + " REPLICA IDENTITY FULL)";
+        }
+      t.entries.emplace_back(i, std::move(*b));
+    }
+  }
+  if (!t.failed.empty()) {
+    error = t.failed;
+    return row_verdict::failed;
+  }
+  // Whether a row's values are within the grants of this op (one grant that takes every row of
+  // the table was ruled out by row_filtered).
+  const unsigned want = op_bit_of(op == 'r' ? 'c' : op);
+  // (A TOASTed value an update did not change is not in the new row: the old row's is the same.)
+  auto within = [&](protocol::pgoutput::tuple_view row, protocol::pgoutput::tuple_view old = {}) {
+    auto& cells = row_state_->cells;
+    cells.clear();
+    for (std::size_t k = 0; k < row.size(); ++k) {
+      const auto* col = &row[k];
+      if (col->kind == protocol::pgoutput::column_kind::unchanged_toast && k < old.size() &&
+          old[k].kind != protocol::pgoutput::column_kind::unchanged_toast && old[k].kind != protocol::pgoutput::column_kind::null)
+        col = &old[k];
+      predicate::cell x;
+      if (col->kind == protocol::pgoutput::column_kind::null) x.s = predicate::cell::state::null;
+      else if (col->kind == protocol::pgoutput::column_kind::unchanged_toast) x.s = predicate::cell::state::unchanged;
+      else x = {predicate::cell::state::text, protocol::as_string_view(col->value)};
+      cells.push_back(x);
+    }
+    for (const auto& [i, b] : t.entries)
+      if ((g.tables[i].second & want) && b.evaluate(cells)) return true;
+    return false;
+  };
+  switch (c->kind) {
+    case transform::op::insert:
+    case transform::op::read: return within(c->after) ? row_verdict::pass : row_verdict::skip;
+    case transform::op::delete_: return within(c->before) ? row_verdict::pass : row_verdict::skip;
+    case transform::op::update: {
+      const bool now = within(c->after, c->before);
+      // No old row sent: the key did not change, and the predicate's columns are key columns.
+      const bool before = c->before.empty() ? now : within(c->before);
+      if (before && now) return row_verdict::pass;
+      if (now) return row_verdict::as_insert;
+      if (before) return row_verdict::as_delete;
+      return row_verdict::skip;
+    }
+    default: return row_verdict::pass;
+  }
+}
 
 subscription::subscription(const log_reader& log, encoding_cache& encodings, stream_request request,
                            std::uint64_t start, std::optional<transform::event_id> skip_through, limits l,
@@ -112,6 +207,21 @@ void subscription::read_some(std::vector<item>& out) {
     }
     if (!matches(request_, *e)) continue;
     if (window && snapshot_->covers(*e)) continue;
+    // Row grants: the event's values decide; an update that moves a row in or out of them is
+    // sent as an insert or a delete, so that the client's rows stay exactly what it may see.
+    auto verdict = row_verdict::pass;
+    if (request_.granted) {
+      std::string why;
+      verdict = rows_verdict(*e, why);
+      if (verdict == row_verdict::failed || verdict == row_verdict::damaged) {
+        cursor_ = e->seq;
+        if (out.empty()) close(verdict == row_verdict::damaged ? end::damaged : end::grant, why);
+        break;
+      }
+      if (verdict == row_verdict::skip) continue;
+    }
+    const bool moved = verdict == row_verdict::as_insert || verdict == row_verdict::as_delete;
+    const auto as = verdict == row_verdict::as_insert ? transform::op::insert : transform::op::delete_;
     // pgoutput2json compact: the schema goes with the first row of a table for this client,
     // and again when the table's definition is not the one last sent — as the encoding of e's
     // row with its schema, made once and shared like the others.
@@ -124,7 +234,7 @@ void subscription::read_some(std::vector<item>& out) {
       if (*sent != signature) want = encoding::pgoutput2json_schema;
     }
     std::string error;
-    auto p = encodings_.get(*e, want, error);
+    auto p = moved ? encodings_.get_as(*e, want, as, error) : encodings_.get(*e, want, error);
     if (!p) {
       // A damaged record: the batch ends before it; with nothing before it, the client is
       // closed with the reason and the id to resume from.
@@ -142,7 +252,7 @@ void subscription::read_some(std::vector<item>& out) {
     bytes += p->size();
     const auto what = window ? kind::snapshot_change : kind::event;
     out.push_back({std::move(p), e->id, what});
-    if (request_.tombstones && e->kind == transform::op::delete_)
+    if (request_.tombstones && (moved ? as == transform::op::delete_ : e->kind == transform::op::delete_))
       if (auto t = encodings_.tombstone(*e)) out.push_back({std::move(t), e->id, what});
     if (bytes >= limits_.batch_bytes) break;
   }

@@ -224,7 +224,7 @@ void on_client_message(mux_session<Stream>& m, std::string_view text, Send&& sen
   }
   if (m.who)
     if (auto no = within_grants(core, *m.who, *r)) {
-      send(error_message(&name_json, 403, no->first, no->second));
+      send(error_message(&name_json, no->status, no->parameter, no->message));
       return;
     }
   stream_start start;

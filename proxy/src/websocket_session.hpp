@@ -177,7 +177,8 @@ void arm_watchdog(asio::steady_timer& timer, std::chrono::milliseconds timeout, 
 /// WebSocket close codes of walgate's own (RFC 6455 7.4.2: 4000-4999 are the application's).
 inline constexpr std::uint16_t close_token_expired = 4001;
 
-/// The closing frame: 1001 for a shutdown, 4001 when the client's token expired, else 1013;
+/// The closing frame: 1001 for a shutdown, 4001 when the client's token expired, 1008 when its
+/// grants cannot be applied to a table (--policy rows), else 1013;
 /// with the reason (cut to fit) and where to resume when there is a position.
 template <class Stream>
 awaitable<void> send_close(session<Stream>& s, subscription::end why_end, std::string_view reason, std::string_view resume_id) {
@@ -186,7 +187,9 @@ awaitable<void> send_close(session<Stream>& s, subscription::end why_end, std::s
     why.code = websocket::close_code::going_away;
     why.reason = "server shutting down";
   } else {
-    why.code = why_end == subscription::end::expired ? close_token_expired : std::uint16_t(websocket::close_code::try_again_later);
+    why.code = why_end == subscription::end::expired ? close_token_expired
+               : why_end == subscription::end::grant  ? std::uint16_t(websocket::close_code::policy_error)
+                                                      : std::uint16_t(websocket::close_code::try_again_later);
     why.reason = std::string(reason.substr(0, 85));   // ASCII: cut anywhere
   }
   if (!resume_id.empty()) why.reason += "; resume from " + std::string(resume_id);

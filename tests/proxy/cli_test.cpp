@@ -113,10 +113,10 @@ TEST_CASE("--auth jwt: a key file is needed and read at start; with it a non-loo
   CHECK(i.output.find("and --policy go with --auth jwt") != std::string::npos);
   std::ofstream(secret, std::ios::trunc) << std::string(40, 's');
   const std::string pol = "/tmp/walgate-cli-test-policy.toml";
-  std::ofstream(pol) << "[[grant]]\ntables = [\"public.t\"]\nrows = \"a = 1\"\n";
+  std::ofstream(pol) << "[[grant]]\ntables = [\"public.t\"]\ncolumns = [\"a\"]\n";
   auto j = run(base + "--auth jwt --jwt-secret-file " + secret + " --policy " + pol);
   CHECK(j.status == 2);
-  CHECK(j.output.find("--auth jwt: " + pol + ": grant 1: rows: row and column grants are not available") != std::string::npos);
+  CHECK(j.output.find("--auth jwt: " + pol + ": grant 1: columns: column grants are not available") != std::string::npos);
   std::remove(f.c_str());
   std::remove(secret.c_str());
   std::remove(pol.c_str());

@@ -106,6 +106,24 @@ TEST_CASE("policy: a token's grants are the union of the grants its claims match
   CHECK(of(ids, R"({"uid":[1, 9007199254740993]})"));
 }
 
+TEST_CASE("policy: rows limit a grant's tables, with the token's claims in the predicate") {
+  auto p = parsed("[[grant]]\ntables = [\"public.items\"]\nrows = \"tenant = {claims.tenant}\"\n"
+                  "[[grant]]\nwhen = { role = \"admin\" }\ntables = [\"public.items\"]\nops = [\"delete\"]\n");
+  auto user = of(p, R"({"tenant":"acme"})");
+  REQUIRE(user->rows.size() == 1);
+  REQUIRE(user->rows[0]);
+  CHECK(walgate::proxy::predicate::to_string(*user->rows[0]) == "\"tenant\" = 'acme'");
+  CHECK(user->row_filtered("public", "items", 'c'));
+  CHECK(user->row_filtered("public", "items", 'r'));
+  CHECK_FALSE(user->row_filtered("public", "other", 'c'));
+  auto admin = of(p, R"({"tenant":"acme","role":"admin"})");
+  CHECK(admin->row_filtered("public", "items", 'u'));
+  CHECK_FALSE(admin->row_filtered("public", "items", 'd'));   // one grant of every row for deletes
+  auto none = of(p, R"({})");   // no tenant claim: no row
+  REQUIRE(none->rows[0]);
+  CHECK(none->rows[0]->k == walgate::proxy::predicate::node::kind::constant);
+}
+
 TEST_CASE("policy: the rows that exist go with insert; a grant without ops gives its tables every op, not messages") {
   auto p = parsed(sales_policy);
   auto sales = of(p, R"({"role":"sales"})");
@@ -177,15 +195,16 @@ TEST_CASE("policy: a file that is wrong is an error naming the grant") {
         "grant 2: tables: malformed table name 't': use schema.table or schema.* (names may be quoted: \"My Schema\".\"Order Items\", \"a\"\"b\" for a\"b)");
   CHECK(parse_error("[[grant]]\ntables = [\"public.t\"]\nops = [\"select\"]\n") ==
         "grant 1: ops: use insert, update, delete, truncate, message");
-  CHECK(parse_error("[[grant]]\ntables = [\"public.t\"]\nrows = \"tenant = {claims.tenant}\"\n") ==
-        "grant 1: rows: row and column grants are not available in this version of walgate (tables and ops are)");
+  CHECK(parse_error("[[grant]]\ntables = [\"public.t\"]\nrows = \"tenant = \"\n") ==
+        "grant 1: rows: at 9: expected a string ('…'), a number, true, false or a claim ({claims.name}), found the end");
+  CHECK(parse_error("[[grant]]\nops = [\"message\"]\nrows = \"a = 1\"\n") == "grant 1: rows without tables: rows limit a grant's tables");
   CHECK(parse_error("[[grant]]\ntables = [\"public.t\"]\ncolumns = [\"id\"]\n").find("grant 1: columns:") == 0);
   CHECK(parse_error("[[grant]]\ntables = [\"public.t\"]\nwhen = { role = 1.5 }\n") ==
         "grant 1: when.role: a string, an integer or a boolean, or a list of them");
   CHECK(parse_error("[[grant]]\ntables = [\"public.t\"]\nwhen = { role = [] }\n") ==
         "grant 1: when.role: an empty list matches nothing");
   CHECK(parse_error("[[grant]]\ntables = [\"public.t\"]\nwhen = \"role\"\n").find("when is a table of claims") != std::string::npos);
-  CHECK(parse_error("[[grant]]\ntables = [\"public.t\"]\nschema = \"x\"\n") == "grant 1: unknown key 'schema' (when, tables, ops)");
+  CHECK(parse_error("[[grant]]\ntables = [\"public.t\"]\nschema = \"x\"\n") == "grant 1: unknown key 'schema' (when, tables, ops, rows)");
   CHECK(parse_error("[[grant]]\ntables = [\"audit.*\"]\nops = [\"message\"]\n") ==
         "grant 1: ops has no op of a table (insert, update, delete, truncate) for its tables: give message a grant of its own");
   CHECK(parse_error("[[grant]]\nwhen = {}\ntables = [\"public.t\"]\n") ==
@@ -212,8 +231,8 @@ TEST_CASE("policy: read with the keys, again when it changes; one that cannot be
   CHECK(auth.grants_for(who)->allows("public", "b", 'c'));
   CHECK_FALSE(auth.grants_for(who)->allows("public", "a", 'c'));
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  std::ofstream(pol, std::ios::trunc) << "[[grant]]\nrows = \"x = 1\"\n";
+  std::ofstream(pol, std::ios::trunc) << "[[grant]]\ncolumns = [\"x\"]\n";
   CHECK(auth.reload_if_changed(error) == -1);
-  CHECK(error.find("policy.toml: grant 1: rows:") != std::string::npos);
+  CHECK(error.find("policy.toml: grant 1: columns:") != std::string::npos);
   CHECK(auth.grants_for(who)->allows("public", "b", 'c'));   // the one in use stays
 }

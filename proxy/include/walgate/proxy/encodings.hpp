@@ -32,6 +32,13 @@ class encoding_cache {
 
   /// e in enc, made now if not yet; null when e's record cannot be read (error says why).
   payload_ptr get(const logged_event& e, encoding enc, std::string& error);
+  /// e's change, decoded from its record: valid until the next call on this cache; null when
+  /// the record cannot be read (error says why).
+  const transform::change* decode(const logged_event& e, std::string& error);
+  /// e (an update) encoded in enc as an insert of its new row (as = insert) or a delete of its
+  /// old row's key — or its whole old row under REPLICA IDENTITY FULL (as = delete_); made once
+  /// per event, encoding and op, kept with the event (logged_event::moved).
+  payload_ptr get_as(const logged_event& e, encoding enc, transform::op as, std::string& error);
   /// A Debezium tombstone for a deleted row ({"key":…,"value":null}); null if unreadable.
   payload_ptr tombstone(const logged_event& e);
   /// The signature of e's table definition (column names, types, typmods, key flags) that

@@ -46,12 +46,18 @@ struct logged_event {
   std::uint64_t end_offset = 0;
   /// Encodings, made once on first demand and shared by every client (single-threaded).
   mutable std::array<payload_ptr, static_cast<std::size_t>(encoding::count_)> json;
+  /// Encodings of the event as another op, per encoding: an update that moves a row into a
+  /// client's row grant is sent to it as an insert, out of it as a delete (made on demand).
+  mutable std::shared_ptr<std::array<payload_ptr, 2 * static_cast<std::size_t>(encoding::count_)>> moved;
   mutable bool in_tail = false;   ///< held by the log's memory tail (its encodings count there)
   mutable std::size_t accounted = 0;   ///< what the tail counts for it: memory() when last counted
   std::size_t memory() const {
     std::size_t n = sizeof(*this) + record.size() + schema.size() + table.size();
     for (const auto& j : json)
       if (j) n += j->memory();
+    if (moved)
+      for (const auto& j : *moved)
+        if (j) n += j->memory();
     return n;
   }
 };

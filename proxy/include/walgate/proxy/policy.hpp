@@ -13,10 +13,12 @@
 // within them (403 otherwise), and events outside them never reach it — decided on the event's
 // table and op in the gateway, no database query. Logical messages (no table) need a grant with
 // ops including "message" (a grant without ops gives its tables every op, not messages); the
-// rows a snapshot reads need insert. Row predicates and column lists are not part of this version: a grant
-// with `rows` or `columns` is refused when the file is read. No Asio.
+// rows a snapshot reads need insert. `rows = "<predicate>"` (predicate.hpp) limits a grant to the
+// rows it holds, decided on each event's values; column lists are not part of this version (a
+// grant with `columns` is refused when the file is read). No Asio.
 #pragma once
 
+#include "walgate/proxy/predicate.hpp"
 #include "walgate/proxy/stream_request.hpp"
 
 #include <boost/json/object.hpp>
@@ -39,7 +41,23 @@ constexpr unsigned op_bit_of(char op) { return 1u << (op - 'a'); }
 struct grants {
   static constexpr unsigned table_ops = op_bit_of('c') | op_bit_of('u') | op_bit_of('d') | op_bit_of('t');
   std::vector<std::pair<table_pattern, unsigned>> tables;
+  /// Per entry of tables: its grant's row predicate, its claims substituted (null: every row).
+  std::vector<std::shared_ptr<const predicate::node>> rows;
   bool messages = false;   ///< logical messages (a grant with ops "message")
+
+  /// Some entry that grants op on the table limits its rows: the event's values decide.
+  bool row_filtered(std::string_view schema, std::string_view table, char op) const {
+    const unsigned want = op_bit_of(op == 'r' ? 'c' : op);
+    bool limited = false;
+    for (std::size_t i = 0; i < tables.size(); ++i) {
+      const auto& [t, ops] = tables[i];
+      if (t.schema == schema && (t.any || t.table == table) && (ops & want)) {
+        if (!rows[i]) return false;   // one grant of every row is enough
+        limited = true;
+      }
+    }
+    return limited;
+  }
 
   /// The event's table and op are granted.
   bool allows(std::string_view schema, std::string_view table, char op) const {
@@ -73,6 +91,7 @@ class policy {
     std::vector<table_pattern> tables;
     unsigned ops = 0;
     bool ops_given = false;
+    std::shared_ptr<const predicate::node> rows;   // null: every row
   };
   std::vector<rule> rules_;
 };

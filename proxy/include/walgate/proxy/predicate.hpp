@@ -1,4 +1,4 @@
-// Row predicates of the authorization policy (and of a client's own where= filter): comparisons
+// Row predicates of the authorization policy (rows = … in a grant): comparisons
 // of a column with a literal or a token claim, joined with and/or, evaluated in the gateway on the
 // values of a decoded change — no SQL is run.
 //

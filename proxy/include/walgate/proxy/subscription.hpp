@@ -29,7 +29,7 @@ class subscription {
     std::size_t lag_bytes = 64u << 20;      ///< a live client further behind is closed (slow)
   };
   /// Why a subscription ended.
-  enum class end { none, client_gone, slow, not_retained, damaged, shutdown, snapshot_failed, expired };
+  enum class end { none, client_gone, slow, not_retained, damaged, shutdown, snapshot_failed, expired, grant };
   /// What an item is: an event of the log (its id resumes after it); a row of the client's
   /// snapshot, or a change that committed while the snapshot was taken (no id: a client cut
   /// off before the snapshot's end starts it again); the snapshot's end marker (its id resumes
@@ -121,6 +121,11 @@ class subscription {
   phase phase_ = phase::live;
   std::vector<payload_ptr> rows_scratch_;
   std::chrono::steady_clock::time_point rows_done_{};
+  /// Row grants (--policy rows): each granted table's predicates bound to its definition.
+  struct row_state;
+  std::unique_ptr<row_state> row_state_;
+  enum class row_verdict { pass, skip, as_insert, as_delete, failed, damaged };
+  row_verdict rows_verdict(const logged_event& e, std::string& error);
 };
 
 }  // namespace walgate::proxy

@@ -5,7 +5,8 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http/empty_body.hpp>
 #include <boost/beast/http/parser.hpp>
-#include <boost/url/src.hpp>   // header-only Boost.URL: the fuzz build links no Boost library
+#include <boost/json/src.hpp>   // header-only Boost.JSON and Boost.URL: the fuzz build links no Boost library
+#include <boost/url/src.hpp>
 
 #include <cstddef>
 #include <cstdint>

@@ -307,6 +307,7 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
         }
       }
       r->access_token.clear();   // (not kept with the stream)
+      instantiate_where(*r, who ? &who->claims : nullptr);
       auto last_event_id = req["Last-Event-ID"];
       if (auto no = position(core, std::move(*r), std::string_view(last_event_id.data(), last_event_id.size()), start)) {
         co_await write_simple(core, s, req.version(), static_cast<http::status>(no->status), "application/json",

@@ -1,4 +1,7 @@
 #include "walgate/proxy/policy.hpp"
+#include "walgate/proxy/predicate.hpp"
+
+#include <boost/json/object.hpp>
 #include "walgate/proxy/server.hpp"
 
 #include "walgate/protocol/commands.hpp"
@@ -196,6 +199,18 @@ std::optional<stream_request> parse_stream_query(std::string_view target, reques
         error = {"compact", "use true or false"};
         return std::nullopt;
       }
+    } else if (key == "where") {
+      if (r.where) {
+        error = {"where", "where is given twice: join the conditions with and"};
+        return std::nullopt;
+      }
+      std::string why;
+      auto n = predicate::parse(value, why);
+      if (!n) {
+        error = {"where", why};
+        return std::nullopt;
+      }
+      r.where = std::make_shared<const predicate::node>(std::move(*n));
     } else if (key == "access_token") {
       if (!r.access_token.empty()) {
         error = {"access_token", "access_token is given twice"};
@@ -246,6 +261,12 @@ std::optional<std::string> parse_mux_query(std::string_view target, request_erro
     token = std::string(p.value);
   }
   return token;
+}
+
+void instantiate_where(stream_request& r, const boost::json::object* claims) {
+  if (!r.where) return;
+  static const boost::json::object none;
+  r.where = std::make_shared<const predicate::node>(predicate::instantiate(*r.where, claims ? *claims : none));
 }
 
 bool matches(const stream_request& r, const logged_event& e) {

@@ -14,6 +14,7 @@ namespace walgate::proxy {
 struct subscription::row_state {
   struct table {
     std::vector<std::pair<std::size_t, predicate::bound>> entries;
+    std::optional<predicate::bound> where;   // the request's where= (nullopt: a column it names is not in the table)
     std::string failed;
   };
   std::map<std::string, table> tables;   // schema.table + definition signature
@@ -21,9 +22,13 @@ struct subscription::row_state {
 };
 
 subscription::row_verdict subscription::rows_verdict(const logged_event& e, std::string& error) {
-  const grants& g = *request_.granted;
+  static const grants no_grants;
+  const grants& g = request_.granted ? *request_.granted : no_grants;
   const char op = static_cast<char>(e.kind);
-  if (e.table.empty() || e.kind == transform::op::truncate || !g.row_filtered(e.schema, e.table, op)) return row_verdict::pass;
+  if (e.table.empty() || e.kind == transform::op::truncate) return row_verdict::pass;
+  const bool by_grant = request_.granted && g.row_filtered(e.schema, e.table, op);
+  const bool by_where = request_.where != nullptr;
+  if (!by_grant && !by_where) return row_verdict::pass;
   const transform::change* c = encodings_.decode(e, error);
   if (!c || !c->relation) {
     if (error.empty()) error = "event #" + std::to_string(e.seq) + " in the event log has no table definition";
@@ -56,6 +61,18 @@ subscription::row_verdict subscription::rows_verdict(const logged_event& e, std:
         }
       t.entries.emplace_back(i, std::move(*b));
     }
+    if (request_.where && t.failed.empty()) {
+      std::string why;
+      t.where = predicate::bind_to(*request_.where, cols, why);
+      // (where= applies to updates and deletes too: its columns must be in the old row)
+      if (t.where)
+        for (const auto& name : predicate::columns(*request_.where)) {
+          auto col = std::find_if(rel.columns.begin(), rel.columns.end(), [&](const auto& x) { return x.name == name; });
+          if (col != rel.columns.end() && !col->key && rel.replica_identity != 'f' && t.failed.empty())
+            t.failed = "where= on " + e.schema + "." + e.table + ": column " + name +
+                       " is not in the replica identity (ALTER TABLE " + e.schema + "." + e.table + " REPLICA IDENTITY FULL)";
+        }
+    }
   }
   if (!t.failed.empty()) {
     error = t.failed;
@@ -79,6 +96,8 @@ subscription::row_verdict subscription::rows_verdict(const logged_event& e, std:
       else x = {predicate::cell::state::text, protocol::as_string_view(col->value)};
       cells.push_back(x);
     }
+    if (by_where && !(t.where && t.where->evaluate(cells))) return false;
+    if (!by_grant) return true;
     for (const auto& [i, b] : t.entries)
       if ((g.tables[i].second & want) && b.evaluate(cells)) return true;
     return false;
@@ -108,7 +127,7 @@ subscription::subscription(const log_reader& log, encoding_cache& encodings, str
       request_(std::move(request)),
       limits_(l),
       enc_(encoding_for(request_)),
-      unfiltered_(request_.tables.empty() && request_.ops == 0 && !request_.granted),
+      unfiltered_(request_.tables.empty() && request_.ops == 0 && !request_.granted && !request_.where),
       cursor_(start),
       skip_through_(skip_through),
       snapshot_(std::move(snapshot)) {
@@ -210,7 +229,7 @@ void subscription::read_some(std::vector<item>& out) {
     // Row grants: the event's values decide; an update that moves a row in or out of them is
     // sent as an insert or a delete, so that the client's rows stay exactly what it may see.
     auto verdict = row_verdict::pass;
-    if (request_.granted) {
+    if (request_.granted || request_.where) {
       std::string why;
       verdict = rows_verdict(*e, why);
       if (verdict == row_verdict::failed || verdict == row_verdict::damaged) {

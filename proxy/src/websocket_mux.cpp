@@ -222,6 +222,7 @@ void on_client_message(mux_session<Stream>& m, std::string_view text, Send&& sen
     send(error_message(&name_json, 400, err.parameter, err.message));
     return;
   }
+  instantiate_where(*r, m.who ? &m.who->claims : nullptr);
   if (m.who)
     if (auto no = within_grants(core, *m.who, *r)) {
       send(error_message(&name_json, no->status, no->parameter, no->message));

@@ -649,3 +649,56 @@ rows = "note >= 'z'"
   CHECK(json::parse(toast[1]).at("op") == "update");
   CHECK(json::parse(toast[1]).at("after").at("note") == "__unchanged_toast__");
 }
+
+TEST_CASE("where=: a client's own row filter, with rows moving in and out as inserts and deletes; claims in it with a token") {
+  auto& pg = test::cluster();
+  pg.sql("CREATE TABLE wq(id int PRIMARY KEY, n int, v text); ALTER TABLE wq REPLICA IDENTITY FULL;"
+         "CREATE TABLE wq_keyed(id int PRIMARY KEY, n int); CREATE PUBLICATION wq_pub FOR TABLE wq, wq_keyed");
+  running_gateway g("wq_slot", "wq_pub");
+  // Malformed: 400 naming where=.
+  auto bad = request(g.port(), "/v1/stream?where=n%20%3E");
+  CHECK(bad.status == 400);
+  CHECK(bad.body.find("\"parameter\":\"where\"") != std::string::npos);
+  stream_client c(g.port(), "/v1/stream?tables=public.wq&where=n%20%3E%3D%2010%20or%20v%20%3D%20%27pinned%27");
+  stream_client keyed(g.port(), "/v1/stream?tables=public.wq_keyed&where=n%20%3E%3D%2010");
+  REQUIRE(c.status() == 200);
+  REQUIRE(keyed.status() == 200);
+  pg.sql("INSERT INTO wq VALUES (1, 5, 'x'), (2, 15, 'x'), (3, 1, 'pinned'), (4, 20, 'x')");
+  pg.sql("UPDATE wq SET n = 3 WHERE id = 2");     // out: a delete
+  pg.sql("UPDATE wq SET n = 30 WHERE id = 1");    // in: an insert
+  pg.sql("UPDATE wq SET n = 21 WHERE id = 4");    // stays: an update
+  pg.sql("UPDATE wq SET n = 2 WHERE id = 3");     // stays (pinned)
+  pg.sql("DELETE FROM wq WHERE id = 2");          // was out: nothing
+  pg.sql("INSERT INTO wq VALUES (99, 99, 'last')");
+  std::vector<std::string> ops;
+  tenant_model m;
+  for (int n = 0; n < 100; ++n) {
+    auto l = c.events(1);
+    REQUIRE(l.size() == 1);
+    auto v = json::parse(l[0]);
+    ops.push_back(std::string(v.at("op").as_string()) + " " + json::serialize(v.at(v.at("op") == "delete" ? "before" : "after").at("id")));
+    if (l[0].find("last") != std::string::npos) break;
+  }
+  CHECK(ops == std::vector<std::string>{"insert 2", "insert 3", "insert 4", "delete 2", "insert 1", "update 4", "update 3",
+                                        "insert 99"});
+  // A table that is not FULL: its where= columns must be in the key.
+  pg.sql("INSERT INTO wq_keyed VALUES (1, 50)");
+  auto end = keyed.events(1);
+  REQUIRE(end.size() == 1);
+  CHECK(end[0].find("where= on public.wq_keyed: column n is not in the replica identity") != std::string::npos);
+  // With a token, claims in where= are the token's.
+  auto key = test::hmac_key("HS256", std::string(32, 'w'));
+  auth_setup setup(key.jwk());
+  running_gateway ga("wq_auth_slot", "wq_pub", setup.so);
+  stream_client mine(ga.port(), "/v1/stream?tables=public.wq&where=n%20%3D%20%7Bclaims.n%7D",
+                     {{"Authorization", "Bearer " + test::token(key, R"("n":7)")}});
+  REQUIRE(mine.status() == 200);
+  pg.sql("INSERT INTO wq VALUES (7, 7, 'seven'), (8, 8, 'eight'), (100, 100, 'last2')");
+  auto got = mine.events(1);
+  REQUIRE(got.size() == 1);
+  CHECK(json::parse(got[0]).at("after").at("v") == "seven");
+  pg.sql("INSERT INTO wq VALUES (9, 7, 'seven again')");
+  got = mine.events(1);
+  REQUIRE(got.size() == 1);
+  CHECK(json::parse(got[0]).at("after").at("v") == "seven again");
+}

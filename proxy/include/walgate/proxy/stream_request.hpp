@@ -5,6 +5,8 @@
 #include "walgate/proxy/log_reader.hpp"
 #include "walgate/transform/formats.hpp"
 
+#include <boost/json/fwd.hpp>
+
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,6 +17,9 @@
 namespace walgate::proxy {
 
 struct grants;   // policy.hpp
+namespace predicate {
+struct node;     // predicate.hpp
+}
 
 /// A table, or every table of a schema (any), as named in tables= or --create-publication.
 struct table_pattern {
@@ -49,7 +54,13 @@ struct stream_request {
   /// With --policy: what the client's token grants (events outside it are not sent); null: no
   /// policy.
   std::shared_ptr<const grants> granted;
+  /// where=: the client's own row filter (predicate.hpp), its claims substituted once the token
+  /// is known (instantiate_where); null: none.
+  std::shared_ptr<const predicate::node> where;
 };
+/// Substitutes the token's claims in a request's where= (none without a token: a claim then
+/// matches nothing).
+void instantiate_where(stream_request& r, const boost::json::object* claims);
 struct request_error {
   std::string parameter, message;
 };

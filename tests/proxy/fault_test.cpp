@@ -574,8 +574,9 @@ TEST_CASE("the initial snapshot under a writer, kill -9 in the middle of it: the
     REQUIRE_MESSAGE(test::wait_until([&] { return sc.gw.log().find(" pieces on ") != std::string::npos; },
                                      std::chrono::seconds(30)),
                     sc.gw.log());
-    // In the middle of the copy (400,000 rows take well over a second here).
-    std::this_thread::sleep_for(std::chrono::milliseconds(random_ms(20, 250)));
+    // In the middle of the copy: 400,000 rows take a few hundred ms on a fast machine (the copy
+    // runs on 4 connections, rows parsed on their threads), so the kill comes within 60 ms.
+    std::this_thread::sleep_for(std::chrono::milliseconds(random_ms(5, 60)));
     const std::string before_kill = sc.gw.log();
     REQUIRE(sc.gw.kill_with(SIGKILL) == 128 + SIGKILL);
     REQUIRE_MESSAGE(before_kill.find("rows/s)") == std::string::npos, "the copy ended before the kill:\n" << before_kill);
@@ -1105,22 +1106,22 @@ TEST_CASE("--origin none: changes replayed from a replication origin are not str
   std::vector<std::vector<std::string>> v;
   REQUIRE(q.exec("SELECT current_setting('server_version_num')::int / 10000", &v));
   const bool supported = std::stoi(v.at(0).at(0)) >= 16;
-  REQUIRE(q.exec("SELECT pg_replication_origin_create('fo_elsewhere')"));
+  REQUIRE(q.exec("SELECT pg_replication_origin_create('org_elsewhere')"));
   // One change made as if replayed from elsewhere (the session's origin set), one local.
   auto write = [&](const std::string& table) {
-    REQUIRE(q.exec("SELECT pg_replication_origin_session_setup('fo_elsewhere')"));
+    REQUIRE(q.exec("SELECT pg_replication_origin_session_setup('org_elsewhere')"));
     REQUIRE(q.exec("INSERT INTO " + table + " VALUES (1, 'replayed')"));
     REQUIRE(q.exec("SELECT pg_replication_origin_session_reset()"));
     REQUIRE(q.exec("INSERT INTO " + table + " VALUES (2, 'local')"));
   };
   // --origin none.
-  scenario none("fo");
+  scenario none("org_none");
   none.gw.args.insert(none.gw.args.end(), {"--origin", "none"});
   std::vector<std::string> got;
   bool refused = false;
   if (supported) {
     none.start_streaming();
-    write("fo_a");
+    write("org_none_a");
     got = first_lines(none.port, "/v1/stream?from=0/0:0", 1);
   } else {
     none.start();
@@ -1132,15 +1133,15 @@ TEST_CASE("--origin none: changes replayed from a replication origin are not str
   CHECK(got.size() == (supported ? 1u : 0u));
   for (const auto& l : got) CHECK(json::parse(l).at("after").at("v") == "local");
   // Without it: both, the replayed one with its origin in the native event.
-  scenario any("fq");
+  scenario any("org_any");
   any.start_streaming();
-  write("fq_a");
+  write("org_any_a");
   auto both = first_lines(any.port, "/v1/stream?from=0/0:0", 2);
   REQUIRE(both.size() == 2);
   auto replayed = json::parse(both[0]).as_object(), local = json::parse(both[1]).as_object();
   CHECK(replayed.at("after").at("v") == "replayed");
-  CHECK(replayed.at("origin") == "fo_elsewhere");
+  CHECK(replayed.at("origin") == "org_elsewhere");
   CHECK(local.at("after").at("v") == "local");
   CHECK_FALSE(local.contains("origin"));
-  REQUIRE(q.exec("SELECT pg_replication_origin_drop('fo_elsewhere')"));
+  REQUIRE(q.exec("SELECT pg_replication_origin_drop('org_elsewhere')"));
 }

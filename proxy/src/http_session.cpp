@@ -51,7 +51,7 @@ awaitable<void> write_simple(server_core& core, Stream& s, unsigned version, htt
 struct auth_outcome {
   std::shared_ptr<const identity> who;
   unsigned status = 0;   // 0: served
-  std::string message, challenge;
+  std::string parameter, message, challenge;
 };
 
 /// A reason as an auth-param's quoted-string: no quote, backslash or control character.
@@ -123,6 +123,21 @@ bool bearer_subprotocol_without_walgate(const http::request<http::empty_body>& r
   auto v = req[http::field::sec_websocket_protocol];
   std::string_view offer(v.data(), v.size());
   return !find_bearer({}, {}, offer).token.empty() && !offers_subprotocol(offer, "walgate");
+}
+
+/// Who a stream request is (/v1/ws and /v1/mux: websocket), or the answer that refuses it: the
+/// subprotocol offer checked, then (with --auth jwt) the token. who is null without --auth.
+auth_outcome identify(server_core& core, const http::request<http::empty_body>& req, std::string_view query_token,
+                      bool websocket) {
+  if (websocket && bearer_subprotocol_without_walgate(req)) {
+    auth_outcome out;
+    out.status = 400;
+    out.parameter = "Sec-WebSocket-Protocol";
+    out.message = "offer the subprotocol walgate with bearer.<token> (the answer names walgate)";
+    return out;
+  }
+  if (!core.opts.auth) return {};
+  return authenticate(core, req, query_token);
 }
 
 }  // namespace
@@ -237,23 +252,13 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
                               json_error(err.parameter, err.message), false, {}, cors);
         co_return std::nullopt;
       }
-      if (bearer_subprotocol_without_walgate(req)) {
-        co_await write_simple(core, s, req.version(), http::status::bad_request, "application/json",
-                              json_error("Sec-WebSocket-Protocol",
-                                         "offer the subprotocol walgate with bearer.<token> (the answer names walgate)"),
-                              false, {}, cors);
+      auto a = identify(core, req, *query_token, true);
+      if (a.status) {
+        co_await write_simple(core, s, req.version(), static_cast<http::status>(a.status), "application/json",
+                              json_error(a.parameter, a.message), false, {}, cors, a.challenge);
         co_return std::nullopt;
       }
-      std::shared_ptr<const identity> who;
-      if (opts.auth) {
-        auto a = authenticate(core, req, *query_token);
-        if (a.status) {
-          co_await write_simple(core, s, req.version(), static_cast<http::status>(a.status), "application/json",
-                                json_error("", a.message), false, {}, cors, a.challenge);
-          co_return std::nullopt;
-        }
-        who = std::move(a.who);
-      }
+      std::shared_ptr<const identity> who = std::move(a.who);
       if (!beast::websocket::is_upgrade(req)) {
         co_await write_simple(core, s, req.version(), http::status::upgrade_required, "application/json",
                               json_error("", "/v1/mux needs a WebSocket upgrade"), false, {}, cors);
@@ -283,22 +288,14 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
         co_return std::nullopt;
       }
       // Who it is, before anything about the log is said to it.
-      if (path == "/v1/ws" && bearer_subprotocol_without_walgate(req)) {
-        co_await write_simple(core, s, req.version(), http::status::bad_request, "application/json",
-                              json_error("Sec-WebSocket-Protocol",
-                                         "offer the subprotocol walgate with bearer.<token> (the answer names walgate)"),
-                              false, {}, cors);
+      auto a = identify(core, req, r->access_token, path == "/v1/ws");
+      if (a.status) {
+        co_await write_simple(core, s, req.version(), static_cast<http::status>(a.status), "application/json",
+                              json_error(a.parameter, a.message), false, {}, cors, a.challenge);
         co_return std::nullopt;
       }
-      std::shared_ptr<const identity> who;
-      if (opts.auth) {
-        auto a = authenticate(core, req, r->access_token);
-        if (a.status) {
-          co_await write_simple(core, s, req.version(), static_cast<http::status>(a.status), "application/json",
-                                json_error("", a.message), false, {}, cors, a.challenge);
-          co_return std::nullopt;
-        }
-        who = std::move(a.who);
+      std::shared_ptr<const identity> who = std::move(a.who);
+      if (who) {
         // --policy: served within what the token grants, or 403 (never a silent narrowing).
         if (auto no = within_grants(core, *who, *r, !req["Last-Event-ID"].empty())) {
           co_await write_simple(core, s, req.version(), static_cast<http::status>(no->status), "application/json",

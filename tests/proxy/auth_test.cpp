@@ -434,9 +434,13 @@ ops = ["insert", "update", "delete", "message"]
   REQUIRE(with_tombstone.size() == want + 1);
   for (const auto& l : with_tombstone) CHECK_MESSAGE(no_secret(l), l);
   CHECK(with_tombstone[want - 1].find("\"value\":null") != std::string::npos);
-  auto message = ops_messages.events(1);
-  REQUIRE(message.size() == 1);
-  CHECK(message[0].find("classified-prefix") != std::string::npos);
+  if (pg.server_major() >= 14) {   // pgoutput sends logical messages from PostgreSQL 14
+    auto message = ops_messages.events(1);
+    REQUIRE(message.size() == 1);
+    CHECK(message[0].find("classified-prefix") != std::string::npos);
+  } else {
+    MESSAGE("the ops token's logical message is not checked on PostgreSQL " << pg.server_major() << " (pgoutput sends messages from 14)");
+  }
   // Resuming within the grants: from the third event, the other three.
   stream_client resumed(g.port(), "/v1/stream?from=" + id_of(native[2]), {{"Authorization", "Bearer " + sales}});
   auto rest = resumed.events(3);

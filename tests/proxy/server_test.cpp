@@ -306,7 +306,10 @@ TEST_CASE("table and op filters; resume by from and Last-Event-ID with no gap an
 }
 
 TEST_CASE("non-transactional logical messages are logged and served in WAL order, and resumable") {
-  if (test::cluster().server_major() < 14) return;   // pgoutput sends messages from PostgreSQL 14
+  if (test::cluster().server_major() < 14) {
+    MESSAGE("SKIPPED on PostgreSQL " << test::cluster().server_major() << ": pgoutput sends logical messages from 14");
+    return;
+  }
   setup_tables("ntm");
   running_gateway g("ntm_slot", "ntm_pub");
   stream_client all(g.port(), "/v1/stream");

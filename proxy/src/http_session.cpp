@@ -96,7 +96,7 @@ auth_outcome authenticate(server_core& core, const http::request<http::empty_bod
 
 }  // namespace
 
-std::optional<refusal> within_grants(server_core& core, const identity& who, stream_request& r, bool resuming) {
+std::optional<refusal> within_grants(server_core& core, const identity& who, stream_request& r) {
   if (!core.opts.auth || !core.opts.auth->has_policy()) return std::nullopt;
   auto g = core.opts.auth->grants_for(who);
   std::optional<std::pair<std::string, std::string>> no;
@@ -106,12 +106,6 @@ std::optional<refusal> within_grants(server_core& core, const identity& who, str
     ++core.forbidden;
     return refusal{403, no->first, no->second, {}};
   }
-  // A per-client snapshot reads whole tables: not yet for a token whose grants limit rows.
-  bool limited = false;
-  for (const auto& rows : r.granted->rows) limited = limited || rows != nullptr;
-  if (limited && r.snapshot && !r.from && !resuming)
-    return refusal{501, "snapshot", "snapshot=true is not available (yet) to a token whose grants limit rows (rows = …): "
-                                    "resume from 0/0:0 for the log's initial snapshot, which is filtered", {}};
   return std::nullopt;
 }
 
@@ -297,7 +291,7 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
       std::shared_ptr<const identity> who = std::move(a.who);
       if (who) {
         // --policy: served within what the token grants, or 403 (never a silent narrowing).
-        if (auto no = within_grants(core, *who, *r, !req["Last-Event-ID"].empty())) {
+        if (auto no = within_grants(core, *who, *r)) {
           co_await write_simple(core, s, req.version(), static_cast<http::status>(no->status), "application/json",
                                 json_error(no->parameter, no->message), false, {}, cors);
           co_return std::nullopt;

@@ -4,6 +4,7 @@
 
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <sstream>
 
 namespace walgate::proxy {
@@ -175,6 +176,80 @@ std::shared_ptr<const grants> policy::grants_for(const json::object& claims) con
   }
   if (!any) return nullptr;
   return g;
+}
+
+table_rows table_rows::make(const stream_request& r, std::string_view schema, std::string_view table,
+                            const std::vector<column>& columns, char replica_identity, bool check_identity) {
+  table_rows t;
+  const grants* g = r.granted.get();
+  if (g)
+    for (char op : {'c', 'u', 'd'})
+      if (g->row_filtered(schema, table, op)) t.filtered_ops |= op_bit_of(op);
+  t.by_grant = t.filtered_ops != 0;
+  t.by_where = r.where != nullptr;
+  std::vector<predicate::column_info> cols;
+  for (const auto& c : columns) cols.push_back({c.name, c.type_oid});
+  // A row leaves a client's rows by an update or a delete: its old values must be sent for the
+  // predicate's columns — the replica identity's, or every one under FULL.
+  auto check = [&](const predicate::node& n, const std::string& what) {
+    if (!check_identity || replica_identity == 'f' || !t.failed.empty()) return;
+    for (const auto& name : predicate::columns(n)) {
+      auto col = std::find_if(columns.begin(), columns.end(), [&](const column& x) { return x.name == name; });
+      if (col != columns.end() && !col->key)
+        t.failed = what + " on " + std::string(schema) + "." + std::string(table) + ": column " + name +
+                   " is not in the replica identity (ALTER TABLE " + std::string(schema) + "." + std::string(table) +
+                   " REPLICA IDENTITY FULL)";
+    }
+  };
+  if (t.by_grant)
+    for (std::size_t i = 0; i < g->tables.size(); ++i) {
+      const auto& [pattern, ops] = g->tables[i];
+      if (!g->rows[i] || pattern.schema != schema || !(pattern.any || pattern.table == table)) continue;
+      std::string why;
+      auto b = predicate::bind_to(*g->rows[i], cols, why);
+      if (!b) continue;   // a table without the predicate's column (schema.*): none of its rows by this grant
+      if (ops & (op_bit_of('u') | op_bit_of('d'))) check(*g->rows[i], "row grant");
+      t.entries.emplace_back(i, std::move(*b));
+    }
+  if (t.by_where) {
+    std::string why;
+    t.where = predicate::bind_to(*r.where, cols, why);
+    if (t.where) check(*r.where, "where=");   // (where= applies to updates and deletes too)
+  }
+  return t;
+}
+
+bool table_rows::within(const grants* g, char op, std::span<const predicate::cell> row) const {
+  if (by_where && !(where && where->evaluate(row))) return false;
+  const unsigned want = op_bit_of(op == 'r' ? 'c' : op);
+  if (!(filtered_ops & want)) return true;   // a grant takes every row of this op
+  for (const auto& [i, b] : entries)
+    if ((g->tables[i].second & want) && b.evaluate(row)) return true;
+  return false;
+}
+
+std::string table_rows::sql(const grants* g, const std::vector<column>& columns,
+                            const std::function<std::string(std::string_view)>& literal) const {
+  std::vector<predicate::column_info> cols;
+  for (const auto& c : columns) cols.push_back({c.name, c.type_oid});
+  std::string out;
+  if (by_where) {
+    if (!where) return "false";
+    if (auto s = where->sql(cols, literal); !s.empty()) out = "(" + s + ")";
+  }
+  if (filtered_ops & op_bit_of('c')) {
+    std::string any;
+    bool wide = false;
+    for (const auto& [i, b] : entries) {
+      if (!(g->tables[i].second & op_bit_of('c'))) continue;
+      auto s = b.sql(cols, literal);
+      if (s.empty()) wide = true;
+      any += (any.empty() ? "(" : " OR (") + s + ")";
+    }
+    if (any.empty()) any = "false";
+    if (!wide) out += (out.empty() ? "(" : " AND (") + any + ")";
+  }
+  return out;
 }
 
 std::optional<std::pair<std::string, std::string>> authorize(std::shared_ptr<const grants> g, stream_request& r) {

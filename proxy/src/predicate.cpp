@@ -812,9 +812,95 @@ std::optional<bound::impl::item> bind_item(const node& n, std::span<const column
   return it;
 }
 
+bool uuid_text(std::string_view s) {   // 8-4-4-4-12 hex digits, or 32 without hyphens
+  const bool hyphens = s.size() == 36;
+  if (!hyphens && s.size() != 32) return false;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const bool dash = hyphens && (i == 8 || i == 13 || i == 18 || i == 23);
+    if (dash ? s[i] != '-' : !std::isxdigit(static_cast<unsigned char>(s[i]))) return false;
+  }
+  return true;
+}
+
+/// One literal as SQL of the comparison's type, or "" when its SQL meaning is not the gateway's.
+std::string sql_value(const typed& v, std::uint32_t oid, const std::function<std::string(std::string_view)>& literal) {
+  switch (v.t) {
+    case vtype::exact: {
+      if (v.exact.cls != 0 || oid == 26) return {};   // (oid has no comparison with numeric)
+      std::string n = (v.exact.neg ? "-" : "") + (v.exact.ip.empty() ? std::string("0") : v.exact.ip);
+      if (!v.exact.fp.empty()) n += "." + v.exact.fp;
+      return literal(n) + "::numeric";
+    }
+    case vtype::boolean: return v.b ? "true" : "false";
+    case vtype::bpchar: return literal(v.text);
+    case vtype::text:   // text, varchar, name (other types read as text have SQL meanings of their own)
+      return oid == 25 || oid == 1043 || oid == 19 ? literal(v.text) : std::string();
+    case vtype::uuid: return uuid_text(v.text) ? literal(v.text) + "::uuid" : std::string();
+    default: return {};   // floats, instants: the gateway alone decides
+  }
+}
+
+std::string sql_item(const bound::impl::item& it, std::span<const column_info> cols,
+                     const std::function<std::string(std::string_view)>& literal) {
+  using kind = bound::impl::item::kind;
+  switch (it.k) {
+    case kind::constant: return it.value ? std::string() : "false";
+    case kind::all: {
+      std::string out;
+      for (const auto& c : it.children) {
+        auto s = sql_item(c, cols, literal);
+        if (s.empty()) continue;   // (true, or not pushed down: a wider condition)
+        out += (out.empty() ? "(" : " AND (") + s + ")";
+      }
+      return out;
+    }
+    case kind::any: {
+      std::string out;
+      for (const auto& c : it.children) {
+        auto s = sql_item(c, cols, literal);
+        if (s.empty()) return {};   // one side not pushed down: the whole or is not
+        out += (out.empty() ? "(" : " OR (") + s + ")";
+      }
+      return out;
+    }
+    case kind::compare: break;
+  }
+  if (it.column >= cols.size()) return {};
+  std::string col;   // the name as SQL writes it, quoted
+  col += '"';
+  for (char ch : cols[it.column].name) {
+    if (ch == '"') col += '"';
+    col += ch;
+  }
+  col += '"';
+  if (it.op == cmp::is_null) return col + " IS NULL";
+  if (it.op == cmp::is_not_null) return col + " IS NOT NULL";
+  const bool ordered = it.type == vtype::exact;   // <, != … mean the same in SQL for numbers only
+  if (!ordered && it.op != cmp::eq && it.op != cmp::in) return {};
+  std::vector<std::string> values;
+  for (const auto& v : it.values) {
+    auto s = sql_value(v, cols[it.column].type_oid, literal);
+    if (s.empty()) return {};
+    values.push_back(std::move(s));
+  }
+  if (values.empty()) return {};
+  if (it.op == cmp::in) {
+    std::string out = col + " IN (";
+    for (std::size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + values[i];
+    return out + ")";
+  }
+  const char* op = it.op == cmp::eq ? " = " : it.op == cmp::ne ? " <> " : it.op == cmp::lt ? " < " : it.op == cmp::le ? " <= "
+                   : it.op == cmp::gt ? " > " : " >= ";
+  return col + op + values[0];
+}
+
 }  // namespace
 
 bool bound::evaluate(std::span<const cell> row) const { return p && eval(p->root, row); }
+
+std::string bound::sql(std::span<const column_info> columns, const std::function<std::string(std::string_view)>& literal) const {
+  return p ? sql_item(p->root, columns, literal) : "false";
+}
 
 std::optional<bound> bind_to(const node& n, std::span<const column_info> cols, std::string& error) {
   auto root = bind_item(n, cols, error);

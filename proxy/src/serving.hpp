@@ -160,9 +160,8 @@ struct refusal {
   std::string_view retry_after;
 };
 /// With --policy: the request checked against its token's grants (and given them: r.granted);
-/// nullopt when it is within them, else why (403; 501 for snapshot=true with row grants, unless
-/// resuming).
-std::optional<refusal> within_grants(server_core& core, const identity& who, stream_request& r, bool resuming = false);
+/// nullopt when it is within them, else why (403).
+std::optional<refusal> within_grants(server_core& core, const identity& who, stream_request& r);
 /// Admits a parsed stream request under --max-clients and finds where it starts in the log (a
 /// resume id, or Last-Event-ID when given, which wins over from): out set, or why not (410,
 /// 500, 503).

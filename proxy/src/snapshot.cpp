@@ -3,6 +3,8 @@
 #include "walgate/protocol/commands.hpp"
 #include "walgate/proxy/gateway.hpp"
 #include "walgate/proxy/metrics.hpp"
+#include "walgate/proxy/policy.hpp"
+#include "walgate/proxy/predicate.hpp"
 #include "walgate/transform/pg_types.hpp"
 
 #include <boost/asio/post.hpp>
@@ -240,9 +242,31 @@ void snapshot_job::run() {
     transform::encode_change(out, c, f, o);
     return payload::in_memory(std::move(out));
   };
+  std::vector<predicate::cell> cells;
   for (const auto& [key, t] : tables) {
     if (t.identity.columns.empty()) continue;   // nothing published of it (pgoutput sends no rows either)
-    const std::string sql = copy_sql(t);
+    // Row grants and where=: the rows within them, as the changes are decided (table_rows). The
+    // SELECT carries what of them PostgreSQL decides alike (values quoted by libpq), so that it
+    // reads only those rows where it can; every row read is then checked here.
+    std::vector<table_rows::column> cols;
+    for (const auto& c : t.identity.columns) cols.push_back({c.name, c.type_oid, c.key});
+    const auto limit = table_rows::make(request_, t.schema, t.name, cols, t.identity.replica_identity, false);
+    std::string condition;
+    if (limit.limits()) {
+      bool quoting_failed = false;
+      condition = limit.sql(request_.granted.get(), cols, [&](std::string_view v) {
+        char* q = PQescapeLiteral(conn.c, v.data(), v.size());
+        if (!q) {
+          quoting_failed = true;
+          return std::string("NULL");
+        }
+        std::string out(q);
+        PQfreemem(q);
+        return out;
+      });
+      if (quoting_failed) condition.clear();   // (the gateway's check alone)
+    }
+    const std::string sql = copy_sql(t, {}, condition);
     if (!exec(conn.c, sql, PGRES_COPY_OUT, error)) {
       fail(503, error);
       return;
@@ -257,6 +281,21 @@ void snapshot_job::run() {
         return;
       }
       std::string_view line(buf, static_cast<std::size_t>(n));
+      if (limit.limits()) {
+        if (!protocol::parse_copy_text_row(line, storage, values, error)) {
+          PQfreemem(buf);
+          fail(502, error);
+          return;
+        }
+        cells.clear();
+        for (const auto& v : values)
+          cells.push_back(v.kind == pg::column_kind::null ? predicate::cell{}
+                                                           : predicate::cell{predicate::cell::state::text, protocol::as_string_view(v.value)});
+        if (!limit.within(request_.granted.get(), 'r', cells)) {
+          PQfreemem(buf);
+          continue;
+        }
+      }
       ++ordinal;
       payload_ptr p;
       if (f == transform::format::debezium) {

@@ -9,24 +9,17 @@
 
 namespace walgate::proxy {
 
-/// A granted table's row predicates, bound to one definition of it: per entry of the grants
-/// (its index), the bound predicate; failed: why the table cannot be served by row.
+/// A granted table's row conditions, per definition of it (table_rows, policy.hpp).
 struct subscription::row_state {
-  struct table {
-    std::vector<std::pair<std::size_t, predicate::bound>> entries;
-    std::optional<predicate::bound> where;   // the request's where= (nullopt: a column it names is not in the table)
-    std::string failed;
-  };
-  std::map<std::string, table> tables;   // schema.table + definition signature
+  std::map<std::string, table_rows> tables;   // schema.table + definition signature
   std::vector<predicate::cell> cells;
 };
 
 subscription::row_verdict subscription::rows_verdict(const logged_event& e, std::string& error) {
-  static const grants no_grants;
-  const grants& g = request_.granted ? *request_.granted : no_grants;
+  const grants* g = request_.granted.get();
   const char op = static_cast<char>(e.kind);
   if (e.table.empty() || e.kind == transform::op::truncate) return row_verdict::pass;
-  const bool by_grant = request_.granted && g.row_filtered(e.schema, e.table, op);
+  const bool by_grant = g && g->row_filtered(e.schema, e.table, op);
   const bool by_where = request_.where != nullptr;
   if (!by_grant && !by_where) return row_verdict::pass;
   const transform::change* c = encodings_.decode(e, error);
@@ -39,48 +32,18 @@ subscription::row_verdict subscription::rows_verdict(const logged_event& e, std:
   std::string key = e.schema + '\0' + e.table + '\0';   // (no name holds a NUL)
   for (const auto& col : rel.columns) key += col.name + '\x1f' + std::to_string(col.type_oid) + (col.key ? "k" : "") + '\x1e';
   key += rel.replica_identity;
-  auto [it, made] = row_state_->tables.try_emplace(key);
-  auto& t = it->second;
-  if (made) {
-    std::vector<predicate::column_info> cols;
-    for (const auto& col : rel.columns) cols.push_back({col.name, col.type_oid});
-    for (std::size_t i = 0; i < g.tables.size() && t.failed.empty(); ++i) {
-      const auto& [pattern, ops] = g.tables[i];
-      if (!g.rows[i] || pattern.schema != e.schema || !(pattern.any || pattern.table == e.table)) continue;
-      std::string why;
-      auto b = predicate::bind_to(*g.rows[i], cols, why);
-      if (!b) continue;   // a table without the predicate's column (schema.*): none of its rows by this grant
-      // A row leaves a client's grant by an update or a delete: its old values must be sent for
-      // the predicate's columns — the replica identity's, or every one under FULL.
-      if (ops & (op_bit_of('u') | op_bit_of('d')))
-        for (const auto& name : predicate::columns(*g.rows[i])) {
-          auto col = std::find_if(rel.columns.begin(), rel.columns.end(), [&](const auto& x) { return x.name == name; });
-          if (col != rel.columns.end() && !col->key && rel.replica_identity != 'f' && t.failed.empty())
-            t.failed = "row grant on " + e.schema + "." + e.table + ": column " + name +
-                       " is not in the replica identity (ALTER TABLE " + e.schema + "." + e.table + " REPLICA IDENTITY FULL)";
-        }
-      t.entries.emplace_back(i, std::move(*b));
-    }
-    if (request_.where && t.failed.empty()) {
-      std::string why;
-      t.where = predicate::bind_to(*request_.where, cols, why);
-      // (where= applies to updates and deletes too: its columns must be in the old row)
-      if (t.where)
-        for (const auto& name : predicate::columns(*request_.where)) {
-          auto col = std::find_if(rel.columns.begin(), rel.columns.end(), [&](const auto& x) { return x.name == name; });
-          if (col != rel.columns.end() && !col->key && rel.replica_identity != 'f' && t.failed.empty())
-            t.failed = "where= on " + e.schema + "." + e.table + ": column " + name +
-                       " is not in the replica identity (ALTER TABLE " + e.schema + "." + e.table + " REPLICA IDENTITY FULL)";
-        }
-    }
+  auto it = row_state_->tables.find(key);
+  if (it == row_state_->tables.end()) {
+    std::vector<table_rows::column> cols;
+    for (const auto& col : rel.columns) cols.push_back({col.name, col.type_oid, col.key});
+    it = row_state_->tables.emplace(key, table_rows::make(request_, e.schema, e.table, cols, rel.replica_identity, true)).first;
   }
+  const auto& t = it->second;
   if (!t.failed.empty()) {
     error = t.failed;
     return row_verdict::failed;
   }
-  // Whether a row's values are within the grants of this op (one grant that takes every row of
-  // the table was ruled out by row_filtered).
-  const unsigned want = op_bit_of(op == 'r' ? 'c' : op);
+  // Whether a row's values are within the grants of this op and the request's where=.
   // (A TOASTed value an update did not change is not in the new row: the old row's is the same.)
   auto within = [&](protocol::pgoutput::tuple_view row, protocol::pgoutput::tuple_view old = {}) {
     auto& cells = row_state_->cells;
@@ -96,11 +59,7 @@ subscription::row_verdict subscription::rows_verdict(const logged_event& e, std:
       else x = {predicate::cell::state::text, protocol::as_string_view(col->value)};
       cells.push_back(x);
     }
-    if (by_where && !(t.where && t.where->evaluate(cells))) return false;
-    if (!by_grant) return true;
-    for (const auto& [i, b] : t.entries)
-      if ((g.tables[i].second & want) && b.evaluate(cells)) return true;
-    return false;
+    return t.within(g, op, cells);
   };
   switch (c->kind) {
     case transform::op::insert:

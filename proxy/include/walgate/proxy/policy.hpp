@@ -24,7 +24,10 @@
 #include <boost/json/object.hpp>
 #include <boost/json/value.hpp>
 
+#include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -69,6 +72,38 @@ struct grants {
   }
   /// A snapshot may read the table's rows: its inserts are granted.
   bool allows_table(std::string_view schema, std::string_view table) const { return allows(schema, table, 'r'); }
+};
+
+/// The row conditions of one request on one table definition: its grants' row predicates and
+/// its where=, bound to the table's columns once. Shared by a subscription's changes and a
+/// snapshot's rows, so that both decide alike.
+struct table_rows {
+  struct column {
+    std::string name;
+    std::uint32_t type_oid = 0;
+    bool key = false;   ///< in the replica identity
+  };
+  bool by_grant = false;   ///< some grant limits the table's rows of some op (none takes every row)
+  unsigned filtered_ops = 0;   ///< the ops (op_bit_of) whose rows the grants limit
+  bool by_where = false;   ///< the request has where=
+  std::vector<std::pair<std::size_t, predicate::bound>> entries;   ///< per entry of grants::tables
+  std::optional<predicate::bound> where;   ///< nullopt with by_where: a column it names is not in the table
+  std::string failed;   ///< why the table's changes cannot be decided by row (the replica identity)
+
+  /// For the request r on schema.table with these columns. With check_identity (changes: an
+  /// update or a delete must carry the predicates' columns in its old row), failed names a
+  /// predicate column outside the replica identity (replica_identity 'f': every column is in it).
+  static table_rows make(const stream_request& r, std::string_view schema, std::string_view table,
+                         const std::vector<column>& columns, char replica_identity, bool check_identity);
+  /// The row's values are within the request's grants of op ('c' insert and read, 'u', 'd')
+  /// and its where=.
+  bool within(const grants* g, char op, std::span<const predicate::cell> row) const;
+  /// Limits rows at all.
+  bool limits() const { return by_grant || by_where; }
+  /// A SQL condition holding for every row within(…, 'c', …) accepts (predicate::bound::sql);
+  /// empty: none.
+  std::string sql(const grants* g, const std::vector<column>& columns,
+                  const std::function<std::string(std::string_view)>& literal) const;
 };
 
 /// Narrows nothing, refuses what is outside: every table the request names must be granted

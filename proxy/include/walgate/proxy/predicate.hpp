@@ -27,6 +27,7 @@
 #include <boost/json/object.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -100,6 +101,13 @@ struct cell {
 class bound {
  public:
   bool evaluate(std::span<const cell> row) const;
+  /// A SQL condition that holds for every row evaluate() accepts (and may hold for more): the
+  /// comparisons whose SQL meaning is the gateway's — =, in, is [not] null on text, char(n),
+  /// uuid and bool columns, and every comparison of an integer or numeric column with a finite
+  /// number — with literal() quoting each value (libpq's PQescapeLiteral); the others are left
+  /// out (an `or` holding one: the whole `or`). Empty: no condition. For a snapshot's SELECT, so
+  /// that PostgreSQL reads only the rows of a grant where it can; the gateway still decides.
+  std::string sql(std::span<const column_info> columns, const std::function<std::string(std::string_view)>& literal) const;
   struct impl;
   std::shared_ptr<const impl> p;
 };

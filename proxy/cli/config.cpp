@@ -214,6 +214,16 @@ const std::vector<setting>& settings() {
                        &config::tail_mb, 1, 65'536));
     s.push_back(number("max-clients", "stream clients at once (more get 503); 0: 10000, or what the open-file limit allows",
                        &config::max_clients, 0, 1'000'000));
+    s.push_back(number("max-streams-per-subject",
+                       "streams of one token subject (sub) at once, /v1/mux subscriptions included (more get 429); 0: no limit",
+                       &config::max_streams_per_subject, 0, 1'000'000));
+    s.push_back(number("max-streams-per-address",
+                       "streams from one address (IPv4, or IPv6 /64) at once (more get 429); 0: no limit",
+                       &config::max_streams_per_address, 0, 1'000'000));
+    s.push_back(number("auth-failures-per-minute",
+                       "invalid tokens from one address in a minute before its stream requests get 429 until the minute "
+                       "ends; 0: no limit",
+                       &config::auth_failures_per_minute, 0, 1'000'000));
     s.push_back(number("ws-max-subscriptions", "subscriptions on one multiplexed WebSocket, /v1/mux (1-10000)",
                        &config::ws_max_subscriptions, 1, 10'000));
     s.push_back(list("allow-origin", "origin (scheme://host[:port], or *) whose pages may read the stream across origins",

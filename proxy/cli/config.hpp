@@ -32,6 +32,9 @@ struct config {
   std::size_t client_lag_mb = 64;
   std::size_t retention_mb = 1024;
   std::size_t tail_mb = 16;
+  std::size_t max_streams_per_subject = 100;   ///< a token's sub at once (0: no limit)
+  std::size_t max_streams_per_address = 0;     ///< one address (IPv4, IPv6 /64) at once (0: no limit)
+  std::size_t auth_failures_per_minute = 30;   ///< invalid tokens of one address (0: no limit)
   std::size_t max_clients = 0;          ///< 0: 10,000, or fewer if the open-file limit cannot hold them
   std::size_t ws_max_subscriptions = 64;   ///< subscriptions on one multiplexed WebSocket (/v1/mux)
   std::vector<std::string> allow_origins;

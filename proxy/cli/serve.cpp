@@ -201,6 +201,10 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
              (s.policy_file.empty() ? "" : ", " + std::to_string(so.auth->policy_grants()) + " grant(s)") +
              (s.jwt_issuer.empty() ? "" : ", iss " + s.jwt_issuer) + (s.jwt_audience.empty() ? "" : ", aud " + s.jwt_audience));
   }
+  so.max_streams_per_subject = s.max_streams_per_subject;
+  so.max_streams_per_address = s.max_streams_per_address;
+  so.auth_failures_per_minute = s.auth_failures_per_minute;
+  so.log = log_line;
   if (!client_limit(s.max_clients, so, error)) {
     log_line(error);
     return 2;

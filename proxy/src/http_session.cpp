@@ -52,6 +52,7 @@ struct auth_outcome {
   std::shared_ptr<const identity> who;
   unsigned status = 0;   // 0: served
   std::string parameter, message, challenge;
+  admission::reason why = admission::reason::invalid_request;
 };
 
 /// A reason as an auth-param's quoted-string: no quote, backslash or control character.
@@ -71,10 +72,12 @@ auth_outcome authenticate(server_core& core, const http::request<http::empty_bod
   const auto subprotocols = beast::websocket::is_upgrade(req) ? field(http::field::sec_websocket_protocol) : std::string_view{};
   auto b = find_bearer(field(http::field::authorization), query_token, subprotocols);
   if (!b.error.empty()) {
+    out.why = admission::reason::invalid_request;
     out.status = 400;
     out.message = b.error;
     out.challenge = "Bearer realm=\"walgate\", error=\"invalid_request\", error_description=" + auth_param(b.error);
   } else if (b.token.empty()) {
+    out.why = admission::reason::no_token;
     out.status = 401;
     out.message = "a bearer token is required: Authorization: Bearer <token>, the access_token parameter, or (WebSocket) "
                   "the subprotocols walgate and bearer.<token>";
@@ -83,6 +86,7 @@ auth_outcome authenticate(server_core& core, const http::request<http::empty_bod
     std::string why;
     auto v = core.opts.auth->verify(b.token, why);
     if (!v) {
+      out.why = admission::reason::invalid_token;
       out.status = 401;
       out.message = "invalid token: " + why;
       out.challenge = "Bearer realm=\"walgate\", error=\"invalid_token\", error_description=" + auth_param(why);
@@ -136,10 +140,47 @@ auth_outcome identify(server_core& core, const http::request<http::empty_body>& 
 
 }  // namespace
 
+/// The client's address for the limits (admission.hpp).
+template <class Stream>
+std::string peer_of(Stream& s) {
+  boost::system::error_code ec;
+  auto ep = beast::get_lowest_layer(s).socket().remote_endpoint(ec);
+  if (ec) return "unknown";
+  std::array<unsigned char, 16> b{};
+  const auto a = ep.address();
+  if (a.is_v4()) {
+    auto v4 = a.to_v4().to_bytes();
+    std::copy(v4.begin(), v4.end(), b.begin());
+    return peer_key(false, b);
+  }
+  auto v6 = a.to_v6().to_bytes();
+  std::copy(v6.begin(), v6.end(), b.begin());
+  return peer_key(true, b);
+}
+
 template <class Stream>
 awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s) {
   const auto& opts = core.opts;
   beast::flat_buffer buffer;
+  const std::string peer = peer_of(s);
+  auto refused = [&](admission::reason why, unsigned status, std::string_view path, const identity* who, std::string_view message) {
+    core.admit.refused(why, status, path, peer, who ? std::string_view(who->subject) : std::string_view{}, message,
+                       std::chrono::steady_clock::now());
+  };
+  // Before a token is verified: an address that failed too often waits (429).
+  auto failing = [&](std::string& message) -> std::string {
+    if (!core.opts.auth) return {};
+    auto wait = core.admit.blocked(peer, std::chrono::steady_clock::now());
+    if (!wait) return {};
+    message = "too many failed authentications from this address (limit " + std::to_string(opts.auth_failures_per_minute) +
+              " a minute, --auth-failures-per-minute); try again in " + std::to_string(*wait) + " s";
+    return std::to_string(*wait);
+  };
+  // A refused authentication: counted, logged, and an invalid token counts against the address.
+  auto unauthenticated = [&](const auth_outcome& a, std::string_view path) {
+    refused(a.why, a.status, path, nullptr, a.message);
+    if (a.why == admission::reason::invalid_token) core.admit.failed(peer, std::chrono::steady_clock::now());
+  };
   while (!core.stopping) {
     http::request_parser<http::empty_body> parser;
     parser.header_limit(static_cast<std::uint32_t>(opts.header_limit + opts.url_limit));
@@ -246,8 +287,16 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
                               json_error(err.parameter, err.message), false, {}, cors);
         co_return std::nullopt;
       }
+      std::string wait_message;
+      if (auto wait = failing(wait_message); !wait.empty()) {
+        refused(admission::reason::auth_rate_limit, 429, path, nullptr, wait_message);
+        co_await write_simple(core, s, req.version(), http::status::too_many_requests, "application/json",
+                              json_error("", wait_message), false, wait, cors);
+        co_return std::nullopt;
+      }
       auto a = identify(core, req, *query_token, true);
       if (a.status) {
+        unauthenticated(a, path);
         co_await write_simple(core, s, req.version(), static_cast<http::status>(a.status), "application/json",
                               json_error(a.parameter, a.message), false, {}, cors, a.challenge);
         co_return std::nullopt;
@@ -262,13 +311,24 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
       // its subscriptions.
       if (core.streams >= opts.max_clients) {
         ++core.rejected_clients;
+        const std::string message = "too many clients (limit " + std::to_string(opts.max_clients) + "); try again later";
+        refused(admission::reason::too_many_clients, 503, path, who.get(), message);
         co_await write_simple(core, s, req.version(), http::status::service_unavailable, "application/json",
-                              json_error("", "too many clients (limit " + std::to_string(opts.max_clients) +
-                                                 "); try again later"),
-                              false, "5", cors);
+                              json_error("", message), false, "5", cors);
+        co_return std::nullopt;
+      }
+      admission::reason over{};
+      std::string over_message;
+      auto slot = core.admit.take(who ? std::string_view(who->subject) : std::string_view{}, peer, over, over_message);
+      if (!slot) {
+        refused(over, 429, path, who.get(), over_message);
+        co_await write_simple(core, s, req.version(), http::status::too_many_requests, "application/json",
+                              json_error("", over_message), false, "5", cors);
         co_return std::nullopt;
       }
       stream_handoff h{stream_handoff::to::mux, req.version(), std::string(cors), std::move(req), {}, std::nullopt};
+      h.slot = std::move(slot);
+      h.peer = peer;
       h.start.who = std::move(who);
       h.admitted.emplace(core.streams);
       co_return h;
@@ -282,8 +342,16 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
         co_return std::nullopt;
       }
       // Who it is, before anything about the log is said to it.
+      std::string wait_message;
+      if (auto wait = failing(wait_message); !wait.empty()) {
+        refused(admission::reason::auth_rate_limit, 429, path, nullptr, wait_message);
+        co_await write_simple(core, s, req.version(), http::status::too_many_requests, "application/json",
+                              json_error("", wait_message), false, wait, cors);
+        co_return std::nullopt;
+      }
       auto a = identify(core, req, r->access_token, path == "/v1/ws");
       if (a.status) {
+        unauthenticated(a, path);
         co_await write_simple(core, s, req.version(), static_cast<http::status>(a.status), "application/json",
                               json_error(a.parameter, a.message), false, {}, cors, a.challenge);
         co_return std::nullopt;
@@ -292,6 +360,7 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
       if (who) {
         // --policy: served within what the token grants, or 403 (never a silent narrowing).
         if (auto no = within_grants(core, *who, *r)) {
+          refused(admission::reason::forbidden, no->status, path, who.get(), no->message);
           co_await write_simple(core, s, req.version(), static_cast<http::status>(no->status), "application/json",
                                 json_error(no->parameter, no->message), false, {}, cors);
           co_return std::nullopt;
@@ -300,7 +369,17 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
       r->access_token.clear();   // (not kept with the stream)
       instantiate_where(*r, who ? &who->claims : nullptr);
       auto last_event_id = req["Last-Event-ID"];
+      admission::reason over{};
+      std::string over_message;
+      auto slot = core.admit.take(who ? std::string_view(who->subject) : std::string_view{}, peer, over, over_message);
+      if (!slot) {
+        refused(over, 429, path, who.get(), over_message);
+        co_await write_simple(core, s, req.version(), http::status::too_many_requests, "application/json",
+                              json_error("", over_message), false, "5", cors);
+        co_return std::nullopt;
+      }
       if (auto no = position(core, std::move(*r), std::string_view(last_event_id.data(), last_event_id.size()), start)) {
+        if (no->status == 503 && no->parameter.empty()) refused(admission::reason::too_many_clients, 503, path, who.get(), no->message);
         co_await write_simple(core, s, req.version(), static_cast<http::status>(no->status), "application/json",
                               json_error(no->parameter, no->message), false, no->retry_after, cors);
         co_return std::nullopt;
@@ -308,6 +387,7 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
       start.who = std::move(who);
       stream_handoff h;
       h.admitted.emplace(core.streams);
+      h.slot = std::move(slot);
       if (path == "/v1/ws" && !beast::websocket::is_upgrade(req)) {
         co_await write_simple(core, s, req.version(), http::status::upgrade_required, "application/json",
                               json_error("", "/v1/ws needs a WebSocket upgrade"), false, {}, cors);
@@ -412,7 +492,7 @@ awaitable<void> serve_connection(server_core& core, asio::ip::tcp::socket socket
       co_await serve_websocket(core, std::move(s), std::move(h->req), std::move(h->start));
       break;
     case stream_handoff::to::mux:
-      co_await serve_websocket_mux(core, std::move(s), std::move(h->req), std::move(h->start.who));
+      co_await serve_websocket_mux(core, std::move(s), std::move(h->req), std::move(h->start.who), std::move(h->peer));
       break;
   }
 }

@@ -92,7 +92,9 @@ server_core::server_core(boost::asio::any_io_executor ex, server_options o, gate
       log(g.log()),
       status(std::move(s)),
       encodings(log, encoding_cache::options{opts.encoder, opts.spill_dir, opts.spill_bytes}),
-      snapshots(ex, opts.snapshot, log, g) {
+      snapshots(ex, opts.snapshot, log, g),
+      admit(admission::options{opts.max_streams_per_subject, opts.max_streams_per_address, opts.auth_failures_per_minute}) {
+  admit.set_log(opts.log);
   // Each part registers its own figures: the gateway its stream's, the log its own, the
   // server its clients'.
   gw.register_metrics(metrics);
@@ -160,6 +162,14 @@ server_core::server_core(boost::asio::any_io_executor ex, server_options o, gate
     metrics.add_value("walgate_auth_key_reload_failures_total", "counter",
                       "Key file reads that failed (the keys in use stayed).", [a = opts.auth] { return a->reload_failures(); });
   }
+  metrics.add("walgate_refused_total", "counter",
+              "Stream requests (and /v1/mux subscriptions) refused, by reason: no_token, invalid_token, invalid_request "
+              "(401/400), forbidden (403), subject_limit, address_limit, auth_rate_limit (429), too_many_clients (503).",
+              [this](std::vector<metrics_registry::sample>& out) {
+                for (std::size_t r = 0; r < static_cast<std::size_t>(admission::reason::count_); ++r)
+                  out.push_back({std::string("{reason=\"") + admission::name(static_cast<admission::reason>(r)) + "\"}",
+                                 std::to_string(admit.refusals(static_cast<admission::reason>(r)))});
+              });
   for (const auto& f : opts.extra_metrics) f(metrics);
   listener_ = log.on_visible([this] { notify(); });
   fetched_listener_ = log.on_fetched([this] { notify_fetched(); });

@@ -15,6 +15,7 @@
 // handles its own keep-alives and close semantics.
 #pragma once
 
+#include "admission.hpp"
 #include "walgate/proxy/auth.hpp"
 #include "walgate/proxy/encodings.hpp"
 #include "walgate/proxy/metrics.hpp"
@@ -137,6 +138,9 @@ struct server_core {
   std::uint64_t expired_streams = 0;   ///< ended because their token expired
   std::uint64_t unauthorized = 0;      ///< stream requests answered 401 (or 400 for a malformed token request)
   std::uint64_t forbidden = 0;         ///< stream requests (and mux subscriptions) refused for their grants (403)
+  /// Streams per subject and per address, failed authentications per address, and the refusals'
+  /// counts and log lines.
+  admission admit;
   /// A spill file could not be read back (the client is disconnected mid-event).
   void spill_read_failed(const std::string& error);
   /// No more notifications or eager encodings from the gateway (the server stops).
@@ -157,7 +161,7 @@ struct server_core {
 struct refusal {
   unsigned status;
   std::string parameter, message;
-  std::string_view retry_after;
+  std::string retry_after;
 };
 /// With --policy: the request checked against its token's grants (and given them: r.granted);
 /// nullopt when it is within them, else why (403).
@@ -211,6 +215,8 @@ struct stream_handoff {
   http::request<http::empty_body> req;     ///< a WebSocket's upgrade request (its handshake answers it)
   stream_start start;                      ///< (not for mux: its subscriptions start themselves)
   std::optional<counted> admitted;         ///< its place under --max-clients, held while it streams
+  std::optional<admission::slot> slot;     ///< its place under the per-subject and per-address limits
+  std::string peer;                        ///< the client's address (admission.hpp's peer_key)
 };
 
 // One connection (http_session.cpp): its TLS handshake (Stream an ssl_stream), its requests,
@@ -235,7 +241,7 @@ boost::asio::awaitable<void> serve_websocket(server_core& core, Stream&& s, http
 /// GET /v1/mux: many subscriptions over one WebSocket (websocket_mux.cpp).
 template <class Stream>
 boost::asio::awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request<http::empty_body> req,
-                                                 std::shared_ptr<const identity> who);
+                                                 std::shared_ptr<const identity> who, std::string peer);
 
 /// An allowed cross-origin request's response may be read by its page.
 template <class Response>

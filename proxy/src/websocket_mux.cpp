@@ -50,6 +50,7 @@ struct mux_sub {
   std::string name;        // the client's id for it
   std::string name_json;   // the same as a JSON string
   counted admitted;        // in core.streams (--max-clients) while it lives
+  std::optional<admission::slot> slot;   // its place under the per-subject and per-address limits
   std::shared_ptr<snapshot_job> job;   // snapshot=true, admitted and not started yet
   stream_start start;                  // where it starts (while the job is not started)
   std::optional<client> c;             // started
@@ -76,6 +77,7 @@ struct mux_session : session<Stream> {
   bool writer_done = false;
   std::size_t next = 0;            // whose batch comes first in the next round
   std::shared_ptr<const identity> who;   // the connection's token (authentication on): its subscriptions'
+  std::string peer;                // the client's address (the per-address limit)
   bool expired = false;            // the token expired: every subscription ends, then the connection (4001)
 
   mux_sub* find(std::string_view name) {
@@ -223,18 +225,33 @@ void on_client_message(mux_session<Stream>& m, std::string_view text, Send&& sen
     return;
   }
   instantiate_where(*r, m.who ? &m.who->claims : nullptr);
+  const std::string_view subject = m.who ? std::string_view(m.who->subject) : std::string_view{};
+  auto refused = [&](admission::reason why, unsigned status, std::string_view message) {
+    core.admit.refused(why, status, "/v1/mux", m.peer, subject, message, std::chrono::steady_clock::now());
+  };
   if (m.who)
     if (auto no = within_grants(core, *m.who, *r)) {
+      refused(admission::reason::forbidden, no->status, no->message);
       send(error_message(&name_json, no->status, no->parameter, no->message));
       return;
     }
+  admission::reason over{};
+  std::string over_message;
+  auto slot = core.admit.take(subject, m.peer, over, over_message);
+  if (!slot) {
+    refused(over, 429, over_message);
+    send(error_message(&name_json, 429, "", over_message));
+    return;
+  }
   stream_start start;
   if (auto no = position(core, std::move(*r), {}, start)) {
+    if (no->status == 503 && no->parameter.empty()) refused(admission::reason::too_many_clients, 503, no->message);
     send(error_message(&name_json, no->status, no->parameter, no->message));
     return;
   }
   start.who = m.who;
   auto s = std::make_unique<mux_sub>(core, name);
+  s->slot = std::move(slot);
   if (start.request.snapshot && !start.request.from) {
     unsigned code = 0;
     std::string why;
@@ -257,7 +274,7 @@ void on_client_message(mux_session<Stream>& m, std::string_view text, Send&& sen
 
 template <class Stream>
 awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request<http::empty_body> req,
-                                    std::shared_ptr<const identity> who) {
+                                    std::shared_ptr<const identity> who, std::string peer) {
   auto m = std::make_shared<mux_session<Stream>>(std::move(s), core);
   auto& ws = m->ws;
   const auto& opts = core.opts;
@@ -265,6 +282,7 @@ awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request
   req = http::request<http::empty_body>{};   // (its fields are not kept for the connection's life)
 
   m->who = std::move(who);
+  m->peer = std::move(peer);
   std::optional<server_core::expiry_handle> expiry;
   if (m->who && m->who->exp)
     expiry = core.at_expiry(*m->who->exp, [ms = m.get(), &expiry] {
@@ -493,10 +511,10 @@ awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request
 
 template awaitable<void> serve_websocket_mux<beast::tcp_stream>(server_core&, beast::tcp_stream&&,
                                                                 http::request<http::empty_body>,
-    std::shared_ptr<const identity>);
+    std::shared_ptr<const identity>, std::string);
 template awaitable<void> serve_websocket_mux<beast::ssl_stream<beast::tcp_stream>>(server_core&,
                                                                                    beast::ssl_stream<beast::tcp_stream>&&,
                                                                                    http::request<http::empty_body>,
-    std::shared_ptr<const identity>);
+    std::shared_ptr<const identity>, std::string);
 
 }  // namespace walgate::proxy

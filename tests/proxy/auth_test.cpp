@@ -13,6 +13,7 @@
 #include <doctest/doctest.h>
 
 #include <fstream>
+#include <mutex>
 
 #include <sys/resource.h>
 
@@ -50,7 +51,7 @@ const char* upgrade_headers = "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-
 /// A request's status, WWW-Authenticate and body.
 struct answer {
   unsigned status = 0;
-  std::string challenge, body;
+  std::string challenge, body, retry_after;
 };
 answer request(std::uint16_t port, const std::string& target, const std::string& headers = "") {
   asio::io_context io;
@@ -62,7 +63,7 @@ answer request(std::uint16_t port, const std::string& target, const std::string&
   http::response<http::string_body> res;
   boost::system::error_code ec;
   http::read(s, b, res, ec);
-  return {res.result_int(), std::string(res[http::field::www_authenticate]), res.body()};
+  return {res.result_int(), std::string(res[http::field::www_authenticate]), res.body(), std::string(res[http::field::retry_after])};
 }
 
 /// A WebSocket client that offers subprotocols (and sends headers) of its choice.
@@ -753,4 +754,95 @@ TEST_CASE("where=: a client's own row filter, with rows moving in and out as ins
   got = mine.events(1);
   REQUIRE(got.size() == 1);
   CHECK(json::parse(got[0]).at("after").at("v") == "seven again");
+}
+
+TEST_CASE("limits: streams per subject and per address, failed authentications per address; each refusal counted and logged, never with the token") {
+  auto& pg = test::cluster();
+  pg.sql("CREATE TABLE lim_a(id int PRIMARY KEY); CREATE PUBLICATION lim_pub FOR TABLE lim_a");
+  auto key = test::hmac_key("HS256", std::string(32, 'l'));
+  auth_setup setup(key.jwk());
+  auto lines = std::make_shared<std::vector<std::string>>();
+  auto m = std::make_shared<std::mutex>();
+  setup.so.log = [lines, m](const std::string& l) {
+    std::lock_guard lock(*m);
+    lines->push_back(l);
+  };
+  setup.so.max_streams_per_subject = 2;
+  setup.so.max_streams_per_address = 4;
+  setup.so.auth_failures_per_minute = 3;
+  running_gateway g("lim_slot", "lim_pub", setup.so);
+  const std::string alice = test::token(key, R"("sub":"alice")"), bob = test::token(key, R"("sub":"bob")"),
+                    carol = test::token(key, R"("sub":"carol")");
+  auto bearer = [](const std::string& t) { return std::vector<std::pair<std::string, std::string>>{{"Authorization", "Bearer " + t}}; };
+
+  auto a1 = std::make_unique<stream_client>(g.port(), "/v1/stream", bearer(alice));
+  stream_client a2(g.port(), "/v1/stream?format=debezium", bearer(alice));
+  REQUIRE(a1->status() == 200);
+  REQUIRE(a2.status() == 200);
+  // A third stream of alice's: 429, on every endpoint (a /v1/mux connection holds a place too).
+  auto third = request(g.port(), "/v1/stream", "Authorization: Bearer " + alice + "\r\n");
+  CHECK(third.status == 429);
+  CHECK(third.retry_after == "5");
+  CHECK(third.body.find("too many streams for this subject (limit 2") != std::string::npos);
+  CHECK(request(g.port(), "/v1/ws", std::string(upgrade_headers) + "Authorization: Bearer " + alice + "\r\n").status == 429);
+  CHECK(request(g.port(), "/v1/mux", std::string(upgrade_headers) + "Authorization: Bearer " + alice + "\r\n").status == 429);
+  // bob's stream, then carol's /v1/mux connection (the address's fourth place): its subscription
+  // is the fifth from this address.
+  stream_client b1(g.port(), "/v1/stream", bearer(bob));
+  REQUIRE(b1.status() == 200);
+  ws_with mux(g.port(), "/v1/mux", "walgate, bearer." + carol);
+  REQUIRE_FALSE(mux.ec);
+  mux.ws.text(true);
+  mux.ws.write(asio::buffer(std::string(R"({"type":"subscribe","id":"s1"})")));
+  auto refused = json::parse(mux.next());
+  CHECK(refused.at("status") == 429);
+  CHECK(std::string(refused.at("error").as_string()).find("too many streams from this address (limit 4") != std::string::npos);
+  // A stream that ends gives its place back.
+  a1.reset();
+  REQUIRE(test::wait_until([&] {
+    stream_client again(g.port(), "/v1/stream", bearer(alice));
+    return again.status() == 200;
+  }));
+  pg.sql("INSERT INTO lim_a VALUES (1)");
+  CHECK(a2.events(1).size() == 1);   // the streams admitted go on
+
+  // Invalid tokens: three are answered 401; then the address waits, whatever it sends.
+  const std::string forged = test::token(test::hmac_key("HS256", std::string(32, 'x')), R"("sub":"alice")");
+  for (int i = 0; i < 3; ++i) CHECK(request(g.port(), "/v1/stream", "Authorization: Bearer " + forged + "\r\n").status == 401);
+  auto waiting = request(g.port(), "/v1/stream", "Authorization: Bearer " + bob + "\r\n");
+  CHECK(waiting.status == 429);
+  CHECK(waiting.body.find("too many failed authentications from this address") != std::string::npos);
+  const int retry = std::atoi(waiting.retry_after.c_str());
+  CHECK(retry >= 1);
+  CHECK(retry <= 60);
+  CHECK(request(g.port(), "/v1/mux", std::string(upgrade_headers) + "Authorization: Bearer " + bob + "\r\n").status == 429);
+  CHECK(request(g.port(), "/healthz").status == 200);   // (only stream requests wait)
+
+  auto metrics = get_path(g.port(), "/metrics").second;
+  auto metric = [&](const std::string& name) {
+    auto at = metrics.find(name + " ");
+    REQUIRE(at != std::string::npos);
+    return std::atoll(metrics.c_str() + at + name.size() + 1);
+  };
+  CHECK(metric("walgate_refused_total{reason=\"subject_limit\"}") >= 3);   // (and while the stream that ended was let go)
+  CHECK(metrics.find("walgate_refused_total{reason=\"address_limit\"} 1") != std::string::npos);
+  CHECK(metrics.find("walgate_refused_total{reason=\"invalid_token\"} 3") != std::string::npos);
+  CHECK(metrics.find("walgate_refused_total{reason=\"auth_rate_limit\"} 2") != std::string::npos);
+  std::vector<std::string> logged;
+  {
+    std::lock_guard lock(*m);
+    logged = *lines;
+  }
+  auto has = [&](const std::string& text) {
+    return std::any_of(logged.begin(), logged.end(), [&](const std::string& l) { return l.find(text) != std::string::npos; });
+  };
+  CHECK(has("refused 429 /v1/stream from 127.0.0.1 (subject alice): too many streams for this subject"));
+  CHECK(has("refused 429 /v1/mux from 127.0.0.1 (subject alice): too many streams for this subject"));
+  CHECK(has("refused 429 /v1/mux from 127.0.0.1 (subject carol): too many streams from this address"));
+  CHECK(has("refused 401 /v1/stream from 127.0.0.1: invalid token: "));
+  CHECK(has("refused 429 /v1/stream from 127.0.0.1: too many failed authentications from this address"));
+  for (const auto& l : logged) {
+    CHECK_MESSAGE(l.find(forged.substr(forged.rfind('.') + 1)) == std::string::npos, l);
+    CHECK_MESSAGE(l.find(alice.substr(alice.rfind('.') + 1)) == std::string::npos, l);
+  }
 }

@@ -1094,9 +1094,10 @@ TEST_CASE("the walgate executable rotates its keys on a changed JWKS file and on
                   sc.gw.log());
   CHECK(stream_status(sc.port, tc) == 200);
   CHECK(stream_status(sc.port, tb) == 200);
-  // No token ever reaches the log.
+  // No token ever reaches the log; each refusal does, on a line of its own.
   const std::string log = sc.gw.log();
   for (const auto& t : {ta, tb, tc}) CHECK(log.find(t.substr(t.rfind('.') + 1)) == std::string::npos);
+  CHECK_MESSAGE(log.find("walgate: refused 401 /v1/stream from 127.0.0.1: invalid token: ") != std::string::npos, log);
   std::filesystem::remove(jwks);
 }
 

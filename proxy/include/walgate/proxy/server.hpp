@@ -61,6 +61,17 @@ struct server_options {
   /// Bearer tokens (JWTs) required of stream clients (/v1/stream, /v1/ws, /v1/mux); null: none
   /// (only on loopback, or with --allow-unauthenticated). Reloaded by its owner.
   std::shared_ptr<authenticator> auth;
+  /// Concurrent streams of one subject (a verified token's `sub`) and of one peer address (IPv4,
+  /// or IPv6 /64): a stream request, a /v1/mux connection and each of its subscriptions count;
+  /// one more is answered 429 with Retry-After. 0: no limit.
+  std::size_t max_streams_per_subject = 0;
+  std::size_t max_streams_per_address = 0;
+  /// Failed authentications (an invalid token) of one address in a minute: past it, that
+  /// address's stream requests are answered 429 with Retry-After until the minute ends, before
+  /// any token is verified. 0: no limit.
+  std::size_t auth_failures_per_minute = 0;
+  /// Where refused requests are logged, one line each (never the token); none: not logged.
+  std::function<void(const std::string&)> log;
   /// Registers further figures for /metrics (the initial snapshot's).
   std::vector<std::function<void(metrics_registry&)>> extra_metrics;
 };

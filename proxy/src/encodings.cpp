@@ -49,6 +49,63 @@ const transform::change* encoding_cache::decode(const logged_event& e, std::stri
   return &record_scratch_.get();
 }
 
+namespace {
+
+/// An update as the insert of its new row or the delete of its old one (a row moved into or out
+/// of a grant); false with error when it has no old row to delete.
+bool as_op(transform::change& c, transform::op as, const logged_event& e, std::string& error) {
+  if (as == c.kind) return true;
+  if (as == transform::op::insert) {
+    c.kind = transform::op::insert;
+    c.before_kind = 0;
+    c.before = {};
+    return true;
+  }
+  c.kind = transform::op::delete_;
+  // Only an update with its old row moves a row out (without one its key, and so the
+  // predicate's columns, did not change): the delete is of that old row, never the new one.
+  if (c.before.empty()) {
+    error = "event #" + std::to_string(e.seq) + ": a row moved out of a grant without its old row";
+    return false;
+  }
+  c.after = {};
+  return true;
+}
+
+/// c with only the columns mask shows: its relation and rows cut to them (held in m).
+struct masked_change {
+  protocol::pgoutput::cached_relation rel;
+  std::vector<protocol::pgoutput::tuple_column> before, after;
+};
+bool apply_mask(transform::change& c, const std::string& mask, masked_change& m, const logged_event& e, std::string& error) {
+  const auto& r = *c.relation;
+  if (mask.size() != r.columns.size() || (!c.after.empty() && c.after.size() != mask.size()) ||
+      (!c.before.empty() && c.before.size() != mask.size())) {
+    error = "event #" + std::to_string(e.seq) + ": its columns are not those of the grant's table definition";
+    return false;
+  }
+  m.rel.oid = r.oid;
+  m.rel.nspname = r.nspname;
+  m.rel.relname = r.relname;
+  m.rel.replica_identity = r.replica_identity;
+  m.rel.generation = 0;
+  m.rel.columns.clear();
+  m.before.clear();
+  m.after.clear();
+  for (std::size_t i = 0; i < mask.size(); ++i) {
+    if (mask[i] != '1') continue;
+    m.rel.columns.push_back(r.columns[i]);
+    if (!c.after.empty()) m.after.push_back(c.after[i]);
+    if (!c.before.empty()) m.before.push_back(c.before[i]);
+  }
+  c.relation = &m.rel;
+  c.after = m.after;
+  c.before = m.before;
+  return true;
+}
+
+}  // namespace
+
 payload_ptr encoding_cache::get_as(const logged_event& e, encoding enc, transform::op as, std::string& error) {
   if (!e.moved) e.moved = std::make_shared<std::array<payload_ptr, 2 * static_cast<std::size_t>(encoding::count_)>>();
   auto& slot = (*e.moved)[static_cast<std::size_t>(enc) * 2 + (as == transform::op::insert ? 0 : 1)];
@@ -56,29 +113,40 @@ payload_ptr encoding_cache::get_as(const logged_event& e, encoding enc, transfor
   const transform::change* from = decode(e, error);
   if (!from) return nullptr;
   transform::change c = *from;
-  if (as == transform::op::insert) {
-    c.kind = transform::op::insert;
-    c.before_kind = 0;
-    c.before = {};
-  } else {
-    c.kind = transform::op::delete_;
-    // Only an update with its old row moves a row out (without one its key, and so the
-    // predicate's columns, did not change): the delete is of that old row, never the new one.
-    if (c.before.empty()) {
-      error = "event #" + std::to_string(e.seq) + ": a row moved out of a grant without its old row";
-      return nullptr;
-    }
-    c.after = {};
-  }
+  if (!as_op(c, as, e, error)) return nullptr;
   slot = encode_small(e, enc, c, opts_.encoder, encode_scratch_);
   log_.account_encoding(e, slot->memory());
   return slot;
 }
 
-payload_ptr encoding_cache::tombstone(const logged_event& e) {
+payload_ptr encoding_cache::get_masked(const logged_event& e, encoding enc, transform::op as, const std::string& mask,
+                                       std::string& error) {
+  if (!e.masked) e.masked = std::make_shared<std::vector<logged_event::masked_encoding>>();
+  for (const auto& m : *e.masked)
+    if (m.enc == enc && m.as == as && m.mask == mask) return m.bytes;
+  const transform::change* from = decode(e, error);
+  if (!from) return nullptr;
+  if (!from->relation) {
+    error = "event #" + std::to_string(e.seq) + " in the event log has no table definition";
+    return nullptr;
+  }
+  transform::change c = *from;
+  masked_change m;
+  if (!as_op(c, as, e, error) || !apply_mask(c, mask, m, e, error)) return nullptr;
+  auto p = encode_small(e, enc, c, opts_.encoder, encode_scratch_);
+  e.masked->push_back({enc, as, mask, p});
+  log_.account_encoding(e, sizeof(logged_event::masked_encoding) + mask.size() + p->memory());
+  return p;
+}
+
+payload_ptr encoding_cache::tombstone(const logged_event& e, const std::string* mask) {
   auto v = transform::read_record(protocol::as_bytes(e.record), record_scratch_);
   if (!v) return nullptr;
-  return payload::in_memory("{\"key\":" + transform::debezium_key(record_scratch_.get(), opts_.encoder) + ",\"value\":null}");
+  transform::change c = record_scratch_.get();
+  masked_change m;
+  std::string error;
+  if (mask && (!c.relation || !apply_mask(c, *mask, m, e, error))) return nullptr;
+  return payload::in_memory("{\"key\":" + transform::debezium_key(c, opts_.encoder) + ",\"value\":null}");
 }
 
 namespace {

@@ -138,14 +138,24 @@ std::optional<policy> policy::parse(std::string_view text, std::string& error) {
         if (!n) return fail("rows: " + why);
         r.rows = std::make_shared<const predicate::node>(std::move(*n));
       } else if (k == "columns") {
-        return fail("columns: column grants are not available in this version of walgate (tables, ops and rows are)");
+        const toml::array* a = node.as_array();
+        if (!a || a->empty()) return fail("columns is a non-empty list of column names: columns = [\"id\", \"name\"]");
+        auto list = std::make_shared<std::vector<std::string>>();
+        for (const auto& item : *a) {
+          auto s = item.value_exact<std::string>();
+          if (!s || s->empty() || s->size() > 63 || s->find('\0') != std::string::npos)
+            return fail("columns holds column names as stored (1 to 63 bytes, case kept)");
+          list->push_back(*s);
+        }
+        r.columns = std::move(list);
       } else {
-        return fail("unknown key '" + k + "' (when, tables, ops, rows)");
+        return fail("unknown key '" + k + "' (when, tables, ops, rows, columns)");
       }
     }
     if (!r.ops_given) r.ops = grants::table_ops;   // every op of its tables (messages are asked for by name)
     if (r.tables.empty() && !(r.ops & message_bit)) return fail("no tables (and no message op): it grants nothing");
     if (r.rows && r.tables.empty()) return fail("rows without tables: rows limit a grant's tables");
+    if (r.columns && r.tables.empty()) return fail("columns without tables: columns limit a grant's tables");
     if (!r.tables.empty() && !(r.ops & grants::table_ops))
       return fail("ops has no op of a table (insert, update, delete, truncate) for its tables: give message a grant of its own");
     p.rules_.push_back(std::move(r));
@@ -171,6 +181,7 @@ std::shared_ptr<const grants> policy::grants_for(const json::object& claims) con
     for (const auto& t : r.tables) {
       g->tables.emplace_back(t, r.ops & grants::table_ops);
       g->rows.push_back(rows);
+      g->columns.push_back(r.columns);
     }
     if (r.ops & message_bit) g->messages = true;
   }
@@ -211,6 +222,52 @@ table_rows table_rows::make(const stream_request& r, std::string_view schema, st
       if (ops & (op_bit_of('u') | op_bit_of('d'))) check(*g->rows[i], "row grant");
       t.entries.emplace_back(i, std::move(*b));
     }
+  // Columns: per op, the union of the column lists of the grants of it (one without a list:
+  // every column). A grant that limits rows must show as many columns as that union — else the
+  // columns a row shows would depend on which grant holds it, and are not decided so.
+  if (g && g->column_limited(schema, table)) {
+    const char ops[3] = {'c', 'u', 'd'};
+    for (int k = 0; k < 3; ++k) {
+      const unsigned want = op_bit_of(ops[k]);
+      std::string mask(columns.size(), '0');
+      bool every = false, any = false;
+      for (std::size_t i = 0; i < g->tables.size(); ++i) {
+        const auto& [pattern, granted] = g->tables[i];
+        if (!(granted & want) || pattern.schema != schema || !(pattern.any || pattern.table == table)) continue;
+        any = true;
+        if (!g->columns[i]) {
+          every = true;
+          continue;
+        }
+        for (std::size_t c = 0; c < columns.size(); ++c)
+          if (std::find(g->columns[i]->begin(), g->columns[i]->end(), columns[c].name) != g->columns[i]->end()) mask[c] = '1';
+      }
+      if (!any || every) continue;   // (not granted: no events of it; or every column)
+      t.masks[k] = mask;
+      for (std::size_t i = 0; i < g->tables.size() && t.failed.empty(); ++i) {
+        const auto& [pattern, granted] = g->tables[i];
+        if (!(granted & want) || !g->rows[i] || !g->columns[i] || pattern.schema != schema ||
+            !(pattern.any || pattern.table == table))
+          continue;
+        for (std::size_t c = 0; c < columns.size(); ++c)
+          if (mask[c] == '1' && std::find(g->columns[i]->begin(), g->columns[i]->end(), columns[c].name) == g->columns[i]->end())
+            t.failed = "grants of " + std::string(schema) + "." + std::string(table) +
+                       ": a grant with rows shows fewer columns than another grant of the table to the same token (" +
+                       columns[c].name + "); give them the same columns";
+      }
+    }
+    // where= on a column this token may not see would tell its values: refused.
+    if (t.by_where && t.failed.empty())
+      for (const auto& name : predicate::columns(*r.where)) {
+        auto col = std::find_if(columns.begin(), columns.end(), [&](const column& x) { return x.name == name; });
+        if (col == columns.end()) continue;
+        const std::size_t c = static_cast<std::size_t>(col - columns.begin());
+        for (const auto& m : t.masks)
+          if (!m.empty() && m[c] == '0' && t.failed.empty())
+            t.failed = "where= on " + std::string(schema) + "." + std::string(table) + ": column " + name +
+                       " is not granted to this token";
+      }
+  }
   if (t.by_where) {
     std::string why;
     t.where = predicate::bind_to(*r.where, cols, why);

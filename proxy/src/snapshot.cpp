@@ -217,19 +217,36 @@ void snapshot_job::run() {
   std::uint64_t ordinal = 0;
   payload_ptr held;   // Debezium: the previous row, sent once the next one shows it was not the last
   const table_def* held_table = nullptr;
-  std::string held_line;
-  auto encode = [&](const table_def& t, std::string_view line, bool first_of_table, bool last) -> payload_ptr {
+  std::string held_line, held_mask;
+  pg::cached_relation masked_rel;
+  std::vector<pg::tuple_column> masked_values;
+  auto encode = [&](const table_def& t, std::string_view line, bool first_of_table, bool last,
+                    const std::string& mask) -> payload_ptr {
     if (!protocol::parse_copy_text_row(line, storage, values, error)) return nullptr;
-    const auto& rel = f == transform::format::pgoutput2json ? t.primary : t.identity;
-    if (values.size() != rel.columns.size()) {
-      error = "a COPY row of " + std::to_string(values.size()) + " columns for " + std::to_string(rel.columns.size());
+    const auto* rel = f == transform::format::pgoutput2json ? &t.primary : &t.identity;
+    if (values.size() != rel->columns.size() || (!mask.empty() && mask.size() != values.size())) {
+      error = "a COPY row of " + std::to_string(values.size()) + " columns for " + std::to_string(rel->columns.size());
       return nullptr;
+    }
+    pg::tuple_view row = values;
+    if (!mask.empty()) {   // column grants: the columns shown, in every field
+      masked_rel = *rel;
+      masked_rel.generation = 0;
+      masked_rel.columns.clear();
+      masked_values.clear();
+      for (std::size_t i = 0; i < mask.size(); ++i)
+        if (mask[i] == '1') {
+          masked_rel.columns.push_back(rel->columns[i]);
+          masked_values.push_back(values[i]);
+        }
+      rel = &masked_rel;
+      row = masked_values;
     }
     transform::change c;
     c.kind = transform::op::read;
     c.txn = &txn;
-    c.relation = &rel;
-    c.after = values;
+    c.relation = rel;
+    c.after = row;
     c.types = &t.types;
     c.seq = ordinal;
     c.index = static_cast<std::uint32_t>(ordinal - 1);
@@ -251,6 +268,11 @@ void snapshot_job::run() {
     std::vector<table_rows::column> cols;
     for (const auto& c : t.identity.columns) cols.push_back({c.name, c.type_oid, c.key});
     const auto limit = table_rows::make(request_, t.schema, t.name, cols, t.identity.replica_identity, false);
+    if (!limit.failed.empty()) {
+      fail(403, limit.failed);
+      return;
+    }
+    const std::string& mask = limit.mask('c');
     std::string condition;
     if (limit.limits()) {
       bool quoting_failed = false;
@@ -305,11 +327,12 @@ void snapshot_job::run() {
           finish(state::failed, "cancelled");
           return;
         }
-        held = encode(t, line, first, false);
+        held = encode(t, line, first, false, mask);
         held_table = &t;
+        held_mask = mask;
         held_line.assign(line);
       } else {
-        p = encode(t, line, first, false);
+        p = encode(t, line, first, false, mask);
       }
       PQfreemem(buf);
       if (f == transform::format::debezium ? !held : !p) {
@@ -330,7 +353,7 @@ void snapshot_job::run() {
     while (PGresult* more = PQgetResult(conn.c)) PQclear(more);
   }
   if (held) {   // the last row of the snapshot: source.snapshot "last"
-    auto last = encode(*held_table, held_line, false, true);
+    auto last = encode(*held_table, held_line, false, true, held_mask);
     if (!last) {
       fail(502, error);
       return;

@@ -16,12 +16,14 @@ struct subscription::row_state {
 };
 
 subscription::row_verdict subscription::rows_verdict(const logged_event& e, std::string& error) {
+  mask_ = nullptr;
   const grants* g = request_.granted.get();
   const char op = static_cast<char>(e.kind);
   if (e.table.empty() || e.kind == transform::op::truncate) return row_verdict::pass;
   const bool by_grant = g && g->row_filtered(e.schema, e.table, op);
   const bool by_where = request_.where != nullptr;
-  if (!by_grant && !by_where) return row_verdict::pass;
+  const bool by_columns = g && g->column_limited(e.schema, e.table);
+  if (!by_grant && !by_where && !by_columns) return row_verdict::pass;
   const transform::change* c = encodings_.decode(e, error);
   if (!c || !c->relation) {
     if (error.empty()) error = "event #" + std::to_string(e.seq) + " in the event log has no table definition";
@@ -43,6 +45,9 @@ subscription::row_verdict subscription::rows_verdict(const logged_event& e, std:
     error = t.failed;
     return row_verdict::failed;
   }
+  // The columns shown: those of the op's grants (an update moved in or out: the update's).
+  if (const auto& m = t.mask(op == 'r' ? 'c' : op); !m.empty()) mask_ = &m;
+  if (!by_grant && !by_where) return row_verdict::pass;
   // Whether a row's values are within the grants of this op and the request's where=.
   // (A TOASTed value an update did not change is not in the new row: the old row's is the same.)
   auto within = [&](protocol::pgoutput::tuple_view row, protocol::pgoutput::tuple_view old = {}) {
@@ -203,16 +208,21 @@ void subscription::read_some(std::vector<item>& out) {
     // pgoutput2json compact: the schema goes with the first row of a table for this client,
     // and again when the table's definition is not the one last sent — as the encoding of e's
     // row with its schema, made once and shared like the others.
+    // Column grants: the columns this event shows to this client (null: every one).
+    const std::string* mask = (request_.granted || request_.where) ? mask_ : nullptr;
     encoding want = enc_;
     std::string* sent = nullptr;
     std::string signature;
     if (enc_ == encoding::pgoutput2json_compact) {
       sent = &schemas_sent_[e->schema + "." + e->table];
       signature = encodings_.schema_signature(*e);
+      if (mask) signature += '\x1d' + *mask;   // (other columns: another "s")
       if (*sent != signature) want = encoding::pgoutput2json_schema;
     }
     std::string error;
-    auto p = moved ? encodings_.get_as(*e, want, as, error) : encodings_.get(*e, want, error);
+    auto p = mask ? encodings_.get_masked(*e, want, moved ? as : e->kind, *mask, error)
+             : moved ? encodings_.get_as(*e, want, as, error)
+                     : encodings_.get(*e, want, error);
     if (!p) {
       // A damaged record: the batch ends before it; with nothing before it, the client is
       // closed with the reason and the id to resume from.
@@ -231,7 +241,7 @@ void subscription::read_some(std::vector<item>& out) {
     const auto what = window ? kind::snapshot_change : kind::event;
     out.push_back({std::move(p), e->id, what});
     if (request_.tombstones && (moved ? as == transform::op::delete_ : e->kind == transform::op::delete_))
-      if (auto t = encodings_.tombstone(*e)) out.push_back({std::move(t), e->id, what});
+      if (auto t = encodings_.tombstone(*e, mask)) out.push_back({std::move(t), e->id, what});
     if (bytes >= limits_.batch_bytes) break;
   }
   if (!window && cursor_ >= log_.visible_seq()) {

@@ -39,8 +39,14 @@ class encoding_cache {
   /// old row's key — or its whole old row under REPLICA IDENTITY FULL (as = delete_); made once
   /// per event, encoding and op, kept with the event (logged_event::moved).
   payload_ptr get_as(const logged_event& e, encoding enc, transform::op as, std::string& error);
-  /// A Debezium tombstone for a deleted row ({"key":…,"value":null}); null if unreadable.
-  payload_ptr tombstone(const logged_event& e);
+  /// e in enc as op `as` (its own, or an update moved in or out: as get_as) with only the
+  /// columns mask shows ('1' per column of its table's definition shown, '0' not): in every
+  /// field of every format (rows, keys, schemas). Made once per event, encoding, op and mask,
+  /// kept with the event (logged_event::masked).
+  payload_ptr get_masked(const logged_event& e, encoding enc, transform::op as, const std::string& mask, std::string& error);
+  /// A Debezium tombstone for a deleted row ({"key":…,"value":null}), its key of the columns
+  /// mask shows (null: every one); null if unreadable.
+  payload_ptr tombstone(const logged_event& e, const std::string* mask = nullptr);
   /// The signature of e's table definition (column names, types, typmods, key flags) that
   /// says when pgoutput2json compact's "s" must be sent again.
   std::string schema_signature(const logged_event& e);

@@ -49,6 +49,15 @@ struct logged_event {
   /// Encodings of the event as another op, per encoding: an update that moves a row into a
   /// client's row grant is sent to it as an insert, out of it as a delete (made on demand).
   mutable std::shared_ptr<std::array<payload_ptr, 2 * static_cast<std::size_t>(encoding::count_)>> moved;
+  /// Encodings of the event with only some columns (column grants): per encoding, op and
+  /// column mask (table_rows::masks), made on demand.
+  struct masked_encoding {
+    encoding enc;
+    transform::op as;
+    std::string mask;
+    payload_ptr bytes;
+  };
+  mutable std::shared_ptr<std::vector<masked_encoding>> masked;
   mutable bool in_tail = false;   ///< held by the log's memory tail (its encodings count there)
   mutable std::size_t accounted = 0;   ///< what the tail counts for it: memory() when last counted
   std::size_t memory() const {
@@ -58,6 +67,8 @@ struct logged_event {
     if (moved)
       for (const auto& j : *moved)
         if (j) n += j->memory();
+    if (masked)
+      for (const auto& m : *masked) n += sizeof(m) + m.mask.size() + (m.bytes ? m.bytes->memory() : 0);
     return n;
   }
 };

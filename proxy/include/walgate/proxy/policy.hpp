@@ -14,8 +14,8 @@
 // table and op in the gateway, no database query. Logical messages (no table) need a grant with
 // ops including "message" (a grant without ops gives its tables every op, not messages); the
 // rows a snapshot reads need insert. `rows = "<predicate>"` (predicate.hpp) limits a grant to the
-// rows it holds, decided on each event's values; column lists are not part of this version (a
-// grant with `columns` is refused when the file is read). No Asio.
+// rows it holds, decided on each event's values; `columns = [...]` to the columns it lists (the
+// others are in no field of any format). No Asio.
 #pragma once
 
 #include "walgate/proxy/predicate.hpp"
@@ -24,6 +24,7 @@
 #include <boost/json/object.hpp>
 #include <boost/json/value.hpp>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -46,6 +47,8 @@ struct grants {
   std::vector<std::pair<table_pattern, unsigned>> tables;
   /// Per entry of tables: its grant's row predicate, its claims substituted (null: every row).
   std::vector<std::shared_ptr<const predicate::node>> rows;
+  /// Per entry of tables: its grant's column list (null: every column).
+  std::vector<std::shared_ptr<const std::vector<std::string>>> columns;
   bool messages = false;   ///< logical messages (a grant with ops "message")
 
   /// Some entry that grants op on the table limits its rows: the event's values decide.
@@ -60,6 +63,15 @@ struct grants {
       }
     }
     return limited;
+  }
+
+  /// Some entry that grants the table limits its columns.
+  bool column_limited(std::string_view schema, std::string_view table) const {
+    for (std::size_t i = 0; i < tables.size(); ++i) {
+      const auto& t = tables[i].first;
+      if (columns[i] && t.schema == schema && (t.any || t.table == table)) return true;
+    }
+    return false;
   }
 
   /// The event's table and op are granted.
@@ -88,7 +100,12 @@ struct table_rows {
   bool by_where = false;   ///< the request has where=
   std::vector<std::pair<std::size_t, predicate::bound>> entries;   ///< per entry of grants::tables
   std::optional<predicate::bound> where;   ///< nullopt with by_where: a column it names is not in the table
-  std::string failed;   ///< why the table's changes cannot be decided by row (the replica identity)
+  std::string failed;   ///< why the table's changes cannot be served (the replica identity, the columns)
+  /// The columns shown of an insert (and a snapshot's row), an update, a delete: '1' or '0' per
+  /// column of the definition; empty: every one. The union of the column lists of the grants of
+  /// that op (a grant without one: every column).
+  std::array<std::string, 3> masks;
+  const std::string& mask(char op) const { return masks[op == 'u' ? 1 : op == 'd' ? 2 : 0]; }
 
   /// For the request r on schema.table with these columns. With check_identity (changes: an
   /// update or a delete must carry the predicates' columns in its old row), failed names a
@@ -100,6 +117,8 @@ struct table_rows {
   bool within(const grants* g, char op, std::span<const predicate::cell> row) const;
   /// Limits rows at all.
   bool limits() const { return by_grant || by_where; }
+  /// Limits the columns of some op.
+  bool limits_columns() const { return !masks[0].empty() || !masks[1].empty() || !masks[2].empty(); }
   /// A SQL condition holding for every row within(…, 'c', …) accepts (predicate::bound::sql);
   /// empty: none.
   std::string sql(const grants* g, const std::vector<column>& columns,
@@ -127,6 +146,7 @@ class policy {
     unsigned ops = 0;
     bool ops_given = false;
     std::shared_ptr<const predicate::node> rows;   // null: every row
+    std::shared_ptr<const std::vector<std::string>> columns;   // null: every column
   };
   std::vector<rule> rules_;
 };

@@ -125,6 +125,8 @@ class subscription {
   struct row_state;
   std::unique_ptr<row_state> row_state_;
   enum class row_verdict { pass, skip, as_insert, as_delete, failed, damaged };
+  /// Set by rows_verdict: the columns its event shows (table_rows::masks), null: every one.
+  const std::string* mask_ = nullptr;
   row_verdict rows_verdict(const logged_event& e, std::string& error);
 };
 

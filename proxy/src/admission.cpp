@@ -107,8 +107,10 @@ void admission::failed(std::string_view address, std::chrono::steady_clock::time
   std::string k(address);
   auto it = failures_.find(k);
   if (it == failures_.end()) {
-    if (failures_.size() >= opts_.max_tracked)
+    if (failures_.size() >= opts_.max_tracked && now - swept_ >= std::chrono::seconds(1)) {
+      swept_ = now;
       std::erase_if(failures_, [&](const auto& f) { return now >= f.second.since + opts_.window; });
+    }
     if (failures_.size() >= opts_.max_tracked) return;
     it = failures_.emplace(std::move(k), failures{now, 0}).first;
   }

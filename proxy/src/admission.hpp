@@ -4,15 +4,16 @@
 //   - concurrent streams per subject (a verified token's `sub`) and per peer address: a stream
 //     request (/v1/stream, /v1/ws), a /v1/mux connection and each of its subscriptions hold a
 //     slot while they live; one more is refused (429, Retry-After);
-//   - failed authentications per peer address (an invalid token, or one sent in more than one
-//     way) in a fixed window: past the limit, that address's stream requests are refused (429,
+//   - failed authentications per peer address (a token whose signature does not hold: malformed,
+//     an unknown kid, a bad signature — not one refused for its claims, as an expired one) in a
+//     fixed window: past the limit, that address's stream requests are refused (429,
 //     Retry-After: the rest of the window) before any token is verified;
 //   - one log line per refused request (status, address, subject when known, reason — never
 //     the token), at most log_per_second lines a second (then one line counting the rest).
 //
 // A peer's address is its IPv4 address, or its IPv6 /64 (one host's usual share of addresses).
 // The maps are bounded: at most max_tracked addresses with failures (when full, the expired
-// ones go; then the new address is not tracked).
+// ones go, looked for at most once a second; then the new address is not tracked).
 #pragma once
 
 #include <array>
@@ -99,6 +100,7 @@ class admission {
   std::array<std::uint64_t, static_cast<std::size_t>(reason::count_)> counts_{};
   std::chrono::steady_clock::time_point log_second_{};
   std::size_t logged_ = 0, unlogged_ = 0;
+  std::chrono::steady_clock::time_point swept_{};   // the failures' last sweep (at most one a second)
 };
 
 }  // namespace walgate::proxy

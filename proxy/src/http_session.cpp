@@ -53,6 +53,7 @@ struct auth_outcome {
   unsigned status = 0;   // 0: served
   std::string parameter, message, challenge;
   admission::reason why = admission::reason::invalid_request;
+  bool forged = false;   // refused before its signature held (malformed, unknown kid, bad signature)
 };
 
 /// A reason as an auth-param's quoted-string: no quote, backslash or control character.
@@ -84,9 +85,11 @@ auth_outcome authenticate(server_core& core, const http::request<http::empty_bod
     out.challenge = "Bearer realm=\"walgate\"";
   } else {
     std::string why;
-    auto v = core.opts.auth->verify(b.token, why);
+    bool signed_ok = false;
+    auto v = core.opts.auth->verify(b.token, why, &signed_ok);
     if (!v) {
       out.why = admission::reason::invalid_token;
+      out.forged = !signed_ok;
       out.status = 401;
       out.message = "invalid token: " + why;
       out.challenge = "Bearer realm=\"walgate\", error=\"invalid_token\", error_description=" + auth_param(why);
@@ -176,10 +179,11 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
               " a minute, --auth-failures-per-minute); try again in " + std::to_string(*wait) + " s";
     return std::to_string(*wait);
   };
-  // A refused authentication: counted, logged, and an invalid token counts against the address.
+  // A refused authentication: counted, logged, and a forged token (not one refused for its
+  // claims: expired…) counts against the address.
   auto unauthenticated = [&](const auth_outcome& a, std::string_view path) {
     refused(a.why, a.status, path, nullptr, a.message);
-    if (a.why == admission::reason::invalid_token) core.admit.failed(peer, std::chrono::steady_clock::now());
+    if (a.forged) core.admit.failed(peer, std::chrono::steady_clock::now());
   };
   while (!core.stopping) {
     http::request_parser<http::empty_body> parser;

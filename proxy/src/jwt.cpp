@@ -304,7 +304,8 @@ bool verify_with(const key_set::key& k, const alg_info& a, std::string_view inpu
 }  // namespace
 
 std::optional<verified> verify(std::string_view token, const key_set& keys, const options& o, std::int64_t now,
-                               std::string& error) {
+                               std::string& error, bool* signed_ok) {
+  if (signed_ok) *signed_ok = false;
   auto fail = [&](std::string why) {
     error = std::move(why);
     return std::nullopt;
@@ -356,6 +357,7 @@ std::optional<verified> verify(std::string_view token, const key_set& keys, cons
   if (kid && !named) return fail("no key has the token's kid " + shown(*kid));
   if (!suitable) return fail("no key verifies alg " + std::string(alg->name) + (kid ? " with kid " + shown(*kid) : ""));
   if (!good) return fail("the token's signature is not valid");
+  if (signed_ok) *signed_ok = true;
 
   auto claims = parse_object(*body_text);
   if (!claims) return fail("the token's payload is not a JSON object");

@@ -223,37 +223,46 @@ table_rows table_rows::make(const stream_request& r, std::string_view schema, st
       t.entries.emplace_back(i, std::move(*b));
     }
   // Columns: per op, the union of the column lists of the grants of it (one without a list:
-  // every column). A grant that limits rows must show as many columns as that union — else the
-  // columns a row shows would depend on which grant holds it, and are not decided so.
+  // every column). When a grant of the op limits rows, every grant of it must show exactly that
+  // union — else the columns a row shows would depend on which grant holds it (a grant of names
+  // for every row and one of salaries for the token's own row would show every salary).
   if (g && g->column_limited(schema, table)) {
     const char ops[3] = {'c', 'u', 'd'};
+    auto covers = [&](std::size_t i, unsigned want) {
+      const auto& [pattern, granted] = g->tables[i];
+      return (granted & want) && pattern.schema == schema && (pattern.any || pattern.table == table);
+    };
+    auto mask_of = [&](std::size_t i) {
+      std::string m(columns.size(), '1');
+      if (g->columns[i])
+        for (std::size_t c = 0; c < columns.size(); ++c)
+          if (std::find(g->columns[i]->begin(), g->columns[i]->end(), columns[c].name) == g->columns[i]->end()) m[c] = '0';
+      return m;
+    };
     for (int k = 0; k < 3; ++k) {
       const unsigned want = op_bit_of(ops[k]);
       std::string mask(columns.size(), '0');
-      bool every = false, any = false;
+      bool any = false, by_rows = false;
       for (std::size_t i = 0; i < g->tables.size(); ++i) {
-        const auto& [pattern, granted] = g->tables[i];
-        if (!(granted & want) || pattern.schema != schema || !(pattern.any || pattern.table == table)) continue;
+        if (!covers(i, want)) continue;
         any = true;
-        if (!g->columns[i]) {
-          every = true;
-          continue;
-        }
+        by_rows = by_rows || g->rows[i] != nullptr;
+        const auto m = mask_of(i);
         for (std::size_t c = 0; c < columns.size(); ++c)
-          if (std::find(g->columns[i]->begin(), g->columns[i]->end(), columns[c].name) != g->columns[i]->end()) mask[c] = '1';
+          if (m[c] == '1') mask[c] = '1';
       }
-      if (!any || every) continue;   // (not granted: no events of it; or every column)
-      t.masks[k] = mask;
+      if (!any) continue;   // (not granted: no events of it)
+      if (mask.find('0') != std::string::npos) t.masks[k] = mask;   // (else every column)
+      if (!by_rows) continue;
       for (std::size_t i = 0; i < g->tables.size() && t.failed.empty(); ++i) {
-        const auto& [pattern, granted] = g->tables[i];
-        if (!(granted & want) || !g->rows[i] || !g->columns[i] || pattern.schema != schema ||
-            !(pattern.any || pattern.table == table))
-          continue;
-        for (std::size_t c = 0; c < columns.size(); ++c)
-          if (mask[c] == '1' && std::find(g->columns[i]->begin(), g->columns[i]->end(), columns[c].name) == g->columns[i]->end())
+        if (!covers(i, want)) continue;
+        const auto m = mask_of(i);
+        for (std::size_t c = 0; c < columns.size() && t.failed.empty(); ++c)
+          if (m[c] != mask[c])
             t.failed = "grants of " + std::string(schema) + "." + std::string(table) +
-                       ": a grant with rows shows fewer columns than another grant of the table to the same token (" +
-                       columns[c].name + "); give them the same columns";
+                       ": the columns a row shows would depend on which grant holds it (" + columns[c].name +
+                       " is shown by some of its grants, one of them limits rows): give every grant of the table the same "
+                       "columns";
       }
     }
     // where= on a column this token may not see would tell its values: refused.

@@ -655,6 +655,48 @@ node instantiate(const node& n, const json::object& claims) {
   return out;
 }
 
+std::optional<equality> equality_of(const node& n) {
+  auto one = [](const node& x) -> std::optional<equality> {
+    if (x.k != node::kind::compare || (x.c.op != cmp::eq && x.c.op != cmp::in)) return std::nullopt;
+    equality e;
+    e.column = x.c.column;
+    for (const auto& o : x.c.rhs) {
+      if (!o.value || !o.claim.empty()) return std::nullopt;
+      e.values.push_back(o.value->text);
+    }
+    if (e.values.empty()) return std::nullopt;
+    return e;
+  };
+  if (n.k == node::kind::all) {
+    for (const auto& c : n.children)
+      if (auto e = one(c)) return e;
+    return std::nullopt;
+  }
+  return one(n);
+}
+
+std::optional<std::string> equality_key(std::uint32_t type_oid, std::string_view text, bool& supported) {
+  supported = true;
+  const vtype t = type_of(type_oid);
+  switch (t) {
+    case vtype::exact: {
+      auto n = read_exact(text);
+      if (!n) return std::nullopt;
+      if (n->cls != 0) return std::string(n->cls == 2 ? "NaN" : n->cls > 0 ? "+inf" : "-inf");
+      return std::string(n->neg ? "-" : "") + n->ip + "." + n->fp;
+    }
+    case vtype::boolean: {
+      auto b = read_bool(text);
+      if (!b) return std::nullopt;
+      return std::string(*b ? "t" : "f");
+    }
+    case vtype::bpchar: return std::string(rtrim_spaces(text));
+    case vtype::uuid: return lower(text);
+    case vtype::text: return std::string(text);
+    default: supported = false; return std::nullopt;
+  }
+}
+
 std::vector<std::string> columns(const node& n) {
   std::vector<std::string> out;
   auto walk = [&out](const node& x, auto&& self) -> void {
@@ -828,6 +870,9 @@ std::string sql_value(const typed& v, std::uint32_t oid, const std::function<std
     case vtype::exact: {
       if (v.exact.cls != 0 || oid == 26) return {};   // (oid has no comparison with numeric)
       std::string n = (v.exact.neg ? "-" : "") + (v.exact.ip.empty() ? std::string("0") : v.exact.ip);
+      // An integer column with a whole number: an integer constant (int = int8 has a btree
+      // operator, so an index on the column serves; = numeric would cast the column).
+      if ((oid == 20 || oid == 21 || oid == 23) && v.exact.fp.empty() && v.exact.ip.size() <= 18) return n;
       if (!v.exact.fp.empty()) n += "." + v.exact.fp;
       return literal(n) + "::numeric";
     }

@@ -47,7 +47,8 @@ std::string end_line(std::string_view reason, std::string_view resume_id) {
 client::client(server_core& c, transport k, stream_start start)
     : core(c),
       kind(k),
-      sub(c.log, c.encodings, std::move(start.request), start.seq, start.skip_through, c.limits(), start.snapshot),
+      sub(c.log, c.encodings, std::move(start.request), start.seq, start.skip_through, c.limits(), start.snapshot,
+          &c.router),
       wake(c.executor),
       watchdog(c.executor),
       snapshot(std::move(start.snapshot)) {
@@ -143,6 +144,13 @@ server_core::server_core(boost::asio::any_io_executor ex, server_options o, gate
                     [this] { return spill_read_errors; });
   metrics.add_value("walgate_reconnects_total", "counter", "Reconnections to PostgreSQL.",
                     [this] { return status.reconnects ? status.reconnects() : 0; });
+  metrics.add_value("walgate_routed_clients", "gauge",
+                    "Clients whose row grants find their events by equality (each event goes only to those holding its value).",
+                    [this] { return router.targets(); });
+  metrics.add_value("walgate_router_events_total", "counter", "Events the row router looked at (once each).",
+                    [this] { return router.events_routed(); });
+  metrics.add_value("walgate_router_deliveries_total", "counter", "Events the row router queued for a client.",
+                    [this] { return router.deliveries_routed(); });
   snapshots.register_metrics(metrics);
   if (opts.auth) {
     metrics.add_value("walgate_auth_tokens_accepted_total", "counter", "Bearer tokens verified.",
@@ -205,7 +213,10 @@ void server_core::notify_fetched() {
 
 void server_core::notify() {
   ++notifications;
-  for (auto* c : clients) c->wake_target->cancel();
+  // The router first: a client it found nothing for is not woken.
+  router.route();
+  for (auto* c : clients)
+    if (stopping || !c->sub.idle_routed()) c->wake_target->cancel();
   for (auto* t : waiters) t->cancel();
 }
 

@@ -91,6 +91,8 @@ struct server_core {
   log_reader& log;      ///< what subscriptions read, and whose notifications wake them
   server_status status;
   encoding_cache encodings;
+  /// Clients whose row grants find their events by equality, by the values they hold.
+  row_router router{log, encodings};
   metrics_registry metrics;
   snapshot_service snapshots;
   /// The TLS context new connections get (replaced by server::reload_tls; a connection keeps the

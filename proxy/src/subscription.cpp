@@ -83,9 +83,46 @@ subscription::row_verdict subscription::rows_verdict(const logged_event& e, std:
   }
 }
 
+namespace {
+
+/// What a request's events can be found by in the row router: for each table it may see, the
+/// column and values every grant of it limits rows to by equality; nullopt when some table's
+/// rows are not all so limited (a grant of every row, or of schema.*, an `or`, where=,
+/// messages).
+std::optional<std::vector<row_router::interest>> interests_of(const stream_request& r) {
+  const grants* g = r.granted.get();
+  if (!g || r.where) return std::nullopt;
+  if (g->messages && (r.ops == 0 || (r.ops & op_bit_of('m')))) return std::nullopt;
+  std::vector<row_router::interest> out;
+  for (std::size_t i = 0; i < g->tables.size(); ++i) {
+    const auto& pattern = g->tables[i].first;
+    if (pattern.any) return std::nullopt;
+    if (!r.tables.empty() && std::none_of(r.tables.begin(), r.tables.end(), [&](const table_pattern& t) {
+          return t.schema == pattern.schema && (t.any || t.table == pattern.table);
+        }))
+      continue;   // (not asked for: none of its events)
+    if (!g->rows[i]) return std::nullopt;
+    auto eq = predicate::equality_of(*g->rows[i]);
+    if (!eq) return std::nullopt;
+    auto same = std::find_if(out.begin(), out.end(), [&](const row_router::interest& x) {
+      return x.schema == pattern.schema && x.table == pattern.table;
+    });
+    if (same == out.end()) {
+      out.push_back({pattern.schema, pattern.table, eq->column, eq->values});
+    } else {
+      if (same->column != eq->column) return std::nullopt;
+      same->values.insert(same->values.end(), eq->values.begin(), eq->values.end());
+    }
+  }
+  if (out.empty()) return std::nullopt;
+  return out;
+}
+
+}  // namespace
+
 subscription::subscription(const log_reader& log, encoding_cache& encodings, stream_request request,
                            std::uint64_t start, std::optional<transform::event_id> skip_through, limits l,
-                           std::shared_ptr<snapshot_job> snapshot)
+                           std::shared_ptr<snapshot_job> snapshot, row_router* router)
     : log_(log),
       encodings_(encodings),
       request_(std::move(request)),
@@ -94,7 +131,9 @@ subscription::subscription(const log_reader& log, encoding_cache& encodings, str
       unfiltered_(request_.tables.empty() && request_.ops == 0 && !request_.granted && !request_.where),
       cursor_(start),
       skip_through_(skip_through),
-      snapshot_(std::move(snapshot)) {
+      snapshot_(std::move(snapshot)),
+      router_(router) {
+  if (router_) interests_ = interests_of(request_);
   if (snapshot_) phase_ = phase::rows;
   // Where it resumes, should it end before an event: the id it started after.
   if (request_.from) resume_id_ = request_.from->to_string();
@@ -103,12 +142,14 @@ subscription::subscription(const log_reader& log, encoding_cache& encodings, str
 }
 
 subscription::~subscription() {
+  if (routed_) router_->remove(this);
   if (unfiltered_) encodings_.want_all(enc_, -1);
   if (snapshot_) snapshot_->cancel();
 }
 
 bool subscription::pending() const {
   if (ended() || waiting_) return false;
+  if (routed_) return !queue_.empty() || overflow_;
   if (phase_ == phase::rows) return false;   // its worker wakes it
   if (phase_ == phase::changes) return snapshot_->end_seq() && cursor_ < std::min(*snapshot_->end_seq(), log_.visible_seq());
   return cursor_ < log_.visible_seq();
@@ -142,6 +183,10 @@ void subscription::next_batch(std::vector<item>& out) {
 }
 
 void subscription::read_some(std::vector<item>& out) {
+  if (routed_) {
+    read_routed(out);
+    return;
+  }
   if (cursor_ < log_.first_seq()) {
     close(end::not_retained, "the resume position is no longer retained; take a new snapshot");
     return;
@@ -184,70 +229,146 @@ void subscription::read_some(std::vector<item>& out) {
     if (e->seq >= limit) break;
     cursor_ = e->seq + 1;
     offset_ = e->end_offset;
-    if (skip_through_) {
-      if (!(*skip_through_ < e->id)) continue;
-      skip_through_.reset();
-    }
-    if (!matches(request_, *e)) continue;
-    if (window && snapshot_->covers(*e)) continue;
-    // Row grants: the event's values decide; an update that moves a row in or out of them is
-    // sent as an insert or a delete, so that the client's rows stay exactly what it may see.
-    auto verdict = row_verdict::pass;
-    if (request_.granted || request_.where) {
-      std::string why;
-      verdict = rows_verdict(*e, why);
-      if (verdict == row_verdict::failed || verdict == row_verdict::damaged) {
-        cursor_ = e->seq;
-        if (out.empty()) close(verdict == row_verdict::damaged ? end::damaged : end::grant, why);
-        break;
-      }
-      if (verdict == row_verdict::skip) continue;
-    }
-    const bool moved = verdict == row_verdict::as_insert || verdict == row_verdict::as_delete;
-    const auto as = verdict == row_verdict::as_insert ? transform::op::insert : transform::op::delete_;
-    // pgoutput2json compact: the schema goes with the first row of a table for this client,
-    // and again when the table's definition is not the one last sent — as the encoding of e's
-    // row with its schema, made once and shared like the others.
-    // Column grants: the columns this event shows to this client (null: every one).
-    const std::string* mask = (request_.granted || request_.where) ? mask_ : nullptr;
-    encoding want = enc_;
-    std::string* sent = nullptr;
-    std::string signature;
-    if (enc_ == encoding::pgoutput2json_compact) {
-      sent = &schemas_sent_[e->schema + "." + e->table];
-      signature = encodings_.schema_signature(*e);
-      if (mask) signature += '\x1d' + *mask;   // (other columns: another "s")
-      if (*sent != signature) want = encoding::pgoutput2json_schema;
-    }
-    std::string error;
-    auto p = mask ? encodings_.get_masked(*e, want, moved ? as : e->kind, *mask, error)
-             : moved ? encodings_.get_as(*e, want, as, error)
-                     : encodings_.get(*e, want, error);
-    if (!p) {
-      // A damaged record: the batch ends before it; with nothing before it, the client is
-      // closed with the reason and the id to resume from.
-      cursor_ = e->seq;
-      if (out.empty()) close(end::damaged, error);
-      break;
-    }
-    if (p->empty()) continue;   // the format has no such event
-    if (deflate_bits_) {
-      std::size_t made = 0;
-      p->deflated(deflate_bits_, &made);
-      if (made) encodings_.account(*e, made);
-    }
-    if (want == encoding::pgoutput2json_schema) *sent = std::move(signature);
-    bytes += p->size();
-    const auto what = window ? kind::snapshot_change : kind::event;
-    out.push_back({std::move(p), e->id, what});
-    if (request_.tombstones && (moved ? as == transform::op::delete_ : e->kind == transform::op::delete_))
-      if (auto t = encodings_.tombstone(*e, mask)) out.push_back({std::move(t), e->id, what});
+    if (!take(e, out, bytes, window)) break;
     if (bytes >= limits_.batch_bytes) break;
   }
   if (!window && cursor_ >= log_.visible_seq()) {
     live_ = true;
     offset_ = log_.visible_offset();
+    // Caught up: from here on the router finds its events, when its rows are found by equality.
+    if (interests_ && !routed_ && phase_ == phase::live && !skip_through_ && !ended() && router_->routed() == cursor_) {
+      router_->add(this, *interests_);
+      routed_ = true;
+    }
   }
+}
+
+void subscription::routed(std::uint64_t seq) {
+  if (overflow_) return;
+  queue_.push_back(seq);
+  if (queue_.size() > 65536) overflow_ = true;   // (it reads every event from its first queued on)
+}
+
+void subscription::unroutable(std::uint64_t from_seq, bool for_good) {
+  routed_ = false;
+  if (for_good) interests_.reset();   // (its column cannot be indexed: it stays reading every event)
+  overflow_ = false;
+  cursor_ = queue_.empty() ? from_seq : std::min(queue_.front(), from_seq);
+  queue_.clear();
+}
+
+void subscription::read_routed(std::vector<item>& out) {
+  if (overflow_) {   // too far behind for a queue: it reads every event, from its first queued one
+    router_->remove(this);
+    routed_ = false;
+    overflow_ = false;
+    cursor_ = queue_.front();
+    queue_.clear();
+    read_some(out);
+    return;
+  }
+  std::size_t bytes = 0;
+  std::string read_error;
+  const std::uint32_t prepare = want_encoding(enc_) | (deflate_bits_ ? want_deflate(deflate_bits_) : 0);
+  while (!queue_.empty() && !ended() && out.size() < limits_.batch_events && bytes < limits_.batch_bytes) {
+    const std::uint64_t seq = queue_.front();
+    if (seq < log_.first_seq()) {
+      close(end::not_retained, "the resume position is no longer retained; take a new snapshot");
+      return;
+    }
+    bool fetching = false;
+    auto one = log_.read(seq, 1, limits_.batch_bytes, &read_error, &fetching, prepare);
+    if (one.empty() && fetching) {   // read in the background: notified when in memory
+      waiting_ = true;
+      break;
+    }
+    if (one.empty()) {
+      if (out.empty()) close(end::damaged, read_error.empty() ? "event #" + std::to_string(seq) + " cannot be read" : read_error);
+      break;
+    }
+    const auto& e = one.front();
+    // Slow: its next event is further behind the stream than the lag allowed (as read_some).
+    const std::uint64_t reading_to = std::max(e->end_offset, log_.transaction_end_offset(e->seq));
+    if (log_.visible_offset() > reading_to && log_.visible_offset() - reading_to > limits_.lag_bytes) {
+      close(end::slow, "slow client: more than " + std::to_string(limits_.lag_bytes) + " bytes behind the stream");
+      return;
+    }
+    queue_.pop_front();
+    cursor_ = seq + 1;
+    offset_ = e->end_offset;
+    if (!take(e, out, bytes, false)) {
+      queue_.push_front(seq);
+      break;
+    }
+  }
+  if (queue_.empty()) {
+    cursor_ = std::max(cursor_, router_->routed());
+    offset_ = log_.visible_offset();
+  } else {
+    cursor_ = queue_.front();
+  }
+}
+
+bool subscription::take(const event_ptr& e, std::vector<item>& out, std::size_t& bytes, bool window) {
+  if (skip_through_) {
+    if (!(*skip_through_ < e->id)) return true;
+    skip_through_.reset();
+  }
+  if (!matches(request_, *e)) return true;
+  if (window && snapshot_->covers(*e)) return true;
+  // Row grants: the event's values decide; an update that moves a row in or out of them is
+  // sent as an insert or a delete, so that the client's rows stay exactly what it may see.
+  auto verdict = row_verdict::pass;
+  if (request_.granted || request_.where) {
+    std::string why;
+    verdict = rows_verdict(*e, why);
+    if (verdict == row_verdict::failed || verdict == row_verdict::damaged) {
+      cursor_ = e->seq;
+      if (out.empty()) close(verdict == row_verdict::damaged ? end::damaged : end::grant, why);
+      return false;
+    }
+    if (verdict == row_verdict::skip) return true;
+  }
+  const bool moved = verdict == row_verdict::as_insert || verdict == row_verdict::as_delete;
+  const auto as = verdict == row_verdict::as_insert ? transform::op::insert : transform::op::delete_;
+  // pgoutput2json compact: the schema goes with the first row of a table for this client,
+  // and again when the table's definition is not the one last sent — as the encoding of e's
+  // row with its schema, made once and shared like the others.
+  // Column grants: the columns this event shows to this client (null: every one).
+  const std::string* mask = (request_.granted || request_.where) ? mask_ : nullptr;
+  encoding want = enc_;
+  std::string* sent = nullptr;
+  std::string signature;
+  if (enc_ == encoding::pgoutput2json_compact) {
+    sent = &schemas_sent_[e->schema + "." + e->table];
+    signature = encodings_.schema_signature(*e);
+    if (mask) signature += '\x1d' + *mask;   // (other columns: another "s")
+    if (*sent != signature) want = encoding::pgoutput2json_schema;
+  }
+  std::string error;
+  auto p = mask ? encodings_.get_masked(*e, want, moved ? as : e->kind, *mask, error)
+           : moved ? encodings_.get_as(*e, want, as, error)
+                   : encodings_.get(*e, want, error);
+  if (!p) {
+    // A damaged record: the batch ends before it; with nothing before it, the client is
+    // closed with the reason and the id to resume from.
+    cursor_ = e->seq;
+    if (out.empty()) close(end::damaged, error);
+    return false;
+  }
+  if (p->empty()) return true;   // the format has no such event
+  if (deflate_bits_) {
+    std::size_t made = 0;
+    p->deflated(deflate_bits_, &made);
+    if (made) encodings_.account(*e, made);
+  }
+  if (want == encoding::pgoutput2json_schema) *sent = std::move(signature);
+  bytes += p->size();
+  const auto what = window ? kind::snapshot_change : kind::event;
+  out.push_back({std::move(p), e->id, what});
+  if (request_.tombstones && (moved ? as == transform::op::delete_ : e->kind == transform::op::delete_))
+    if (auto t = encodings_.tombstone(*e, mask)) out.push_back({std::move(t), e->id, what});
+  return true;
 }
 
 void subscription::snapshot_batch(std::vector<item>& out) {

@@ -263,6 +263,11 @@ when = { team = "x" }
 tables = ["public.emp"]
 rows = "team = 'x'"
 columns = ["id"]
+
+[[grant]]
+when = { self = "yes" }
+tables = ["public.emp"]
+rows = "id = 7"
 )");
   const std::vector<table_rows::column> cols = {{"id", 23, true}, {"name", 25, false}, {"salary", 1700, false}, {"team", 25, false}};
   auto rows_of = [&](const std::string& claims, const std::string& query = "") {
@@ -283,8 +288,12 @@ columns = ["id"]
   CHECK_FALSE(boss.limits_columns());   // a grant without columns: every column
   // A grant with rows showing fewer columns than another of the same table: refused.
   auto team = rows_of(R"({"team":"x"})");
-  CHECK(team.failed == "grants of public.emp: a grant with rows shows fewer columns than another grant of the table to the same "
-                       "token (name); give them the same columns");
+  CHECK(team.failed == "grants of public.emp: the columns a row shows would depend on which grant holds it (name is shown by "
+                       "some of its grants, one of them limits rows): give every grant of the table the same columns");
+  // Nor wider: names of every row, and every column of the token's own row, would show every
+  // row's salary.
+  auto self = rows_of(R"({"self":"yes"})");
+  CHECK(self.failed.find("(salary is shown by some of its grants, one of them limits rows)") != std::string::npos);
   // where= on a column the token does not see would tell its values.
   CHECK(rows_of("{}", "where=salary%20%3E%20100").failed == "where= on public.emp: column salary is not granted to this token");
   CHECK(rows_of("{}", "where=name%20%3D%20'a'").failed.empty());

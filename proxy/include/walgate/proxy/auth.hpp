@@ -39,7 +39,7 @@ class authenticator {
   /// the last failed attempt). 1: reloaded, 0: unchanged, -1: changed and failed (error set).
   int reload_if_changed(std::string& error);
   /// The token checked at the current time; nullopt with the reason for the client.
-  std::optional<identity> verify(std::string_view token, std::string& error) const;
+  std::optional<identity> verify(std::string_view token, std::string& error, bool* signed_ok = nullptr) const;
   /// A policy is configured: requests are served within their token's grants.
   bool has_policy() const { return policy_ != nullptr; }
   /// The grants of a verified token (null: it matches no grant). Only with has_policy().

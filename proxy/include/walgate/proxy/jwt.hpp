@@ -71,8 +71,9 @@ struct verified {
 /// Verifies a compact JWS token at time now (seconds since the epoch): the signature with a
 /// key of keys (by `kid` when the token names one, else each key that can verify its alg), then
 /// the claims. nullopt with error: why, for the client (no key material, the token itself
-/// never quoted; `kid` and `alg` cut to 64 printable characters).
+/// never quoted; `kid` and `alg` cut to 64 printable characters). signed_ok (when given) says
+/// whether the signature was good: a token refused for its claims (expired…) was not forged.
 std::optional<verified> verify(std::string_view token, const key_set& keys, const options& o, std::int64_t now,
-                               std::string& error);
+                               std::string& error, bool* signed_ok = nullptr);
 
 }  // namespace walgate::proxy::jwt

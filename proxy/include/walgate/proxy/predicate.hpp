@@ -85,6 +85,21 @@ std::vector<std::string> columns(const node& n);
 /// the same text, with at most as many levels of parentheses (for messages and tests).
 std::string to_string(const node& n);
 
+/// An instantiated predicate that holds only for rows whose `column` equals one of `values`
+/// (a top-level `column = literal` or `column in (…)`, alone or in an `and`): what a client's
+/// events can be found by, in an index of that column's values. nullopt when it has no such
+/// comparison (an `or` at the top, only ranges…).
+struct equality {
+  std::string column;
+  std::vector<std::string> values;   ///< the literals' text
+};
+std::optional<equality> equality_of(const node& n);
+/// A key of a value of a column of type_oid such that values the predicates find equal have the
+/// same key (integers and numeric as numbers, char(n) without padding, uuid in lower case, bool
+/// as t/f, text as it is); nullopt for a type without one (floats, instants, others) — with
+/// supported false — or a value that is not of the type.
+std::optional<std::string> equality_key(std::uint32_t type_oid, std::string_view text, bool& supported);
+
 /// A relation's column, as pgoutput describes it.
 struct column_info {
   std::string name;

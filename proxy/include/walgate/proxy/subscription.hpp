@@ -7,9 +7,11 @@
 
 #include "walgate/proxy/encodings.hpp"
 #include "walgate/proxy/log_reader.hpp"
+#include "walgate/proxy/row_router.hpp"
 #include "walgate/proxy/stream_request.hpp"
 
 #include <chrono>
+#include <deque>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -21,7 +23,7 @@ namespace walgate::proxy {
 
 class snapshot_job;
 
-class subscription {
+class subscription : private row_router::target {
  public:
   struct limits {
     std::size_t batch_bytes = 256 * 1024;   ///< a batch ends once its encodings reach this
@@ -45,9 +47,11 @@ class subscription {
   /// skipped (sent again by the server after a crash lost them from the log: seen already).
   /// With a snapshot (started: snapshot_job::started()), start is its start_seq(): its rows come
   /// first, then the changes of [start, end_seq()) it did not see, then its end marker.
+  /// With a router, a subscription whose rows are all found by equality (row_router.hpp) reads
+  /// only the events the router finds for it, once it has caught up.
   subscription(const log_reader& log, encoding_cache& encodings, stream_request request, std::uint64_t start,
                std::optional<transform::event_id> skip_through, limits l,
-               std::shared_ptr<snapshot_job> snapshot = nullptr);
+               std::shared_ptr<snapshot_job> snapshot = nullptr, row_router* router = nullptr);
   ~subscription();
   subscription(const subscription&) = delete;
   subscription& operator=(const subscription&) = delete;
@@ -59,6 +63,10 @@ class subscription {
   /// pending(): its filters passed over events without a match and the call's work ran out
   /// (at most 8 reads of the log): call again after letting others run.
   void next_batch(std::vector<item>& out);
+  /// Found by the router (its events come queued), with none queued: nothing to do when events
+  /// arrive (not woken).
+  bool idle_routed() const { return routed_ && queue_.empty() && !overflow_ && !ended(); }
+  bool routed() const { return routed_; }
   /// Visible events are left to look at now (not while the log reads a large record for it in
   /// the background: its notification comes when that is done).
   bool pending() const;
@@ -98,7 +106,12 @@ class subscription {
 
  private:
   void read_some(std::vector<item>& out);
+  void read_routed(std::vector<item>& out);
+  /// One event for the batch: false when the batch ends before it (it is not consumed).
+  bool take(const event_ptr& e, std::vector<item>& out, std::size_t& bytes, bool window);
   void snapshot_batch(std::vector<item>& out);
+  void routed(std::uint64_t seq) override;
+  void unroutable(std::uint64_t from_seq, bool for_good) override;
   enum class phase { rows, changes, live };
 
   const log_reader& log_;
@@ -121,6 +134,13 @@ class subscription {
   phase phase_ = phase::live;
   std::vector<payload_ptr> rows_scratch_;
   std::chrono::steady_clock::time_point rows_done_{};
+  /// The row router (null: none), and what this subscription is found by there (nullopt: not
+  /// by equality); routed_ while registered, with the seqs it was given not yet read.
+  row_router* router_ = nullptr;
+  std::optional<std::vector<row_router::interest>> interests_;
+  bool routed_ = false;
+  bool overflow_ = false;   // more queued than it reads: it reads every event again
+  std::deque<std::uint64_t> queue_;
   /// Row grants (--policy rows): each granted table's predicates bound to its definition.
   struct row_state;
   std::unique_ptr<row_state> row_state_;

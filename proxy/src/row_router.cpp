@@ -1,0 +1,163 @@
+#include "walgate/proxy/row_router.hpp"
+
+#include "walgate/proxy/predicate.hpp"
+
+#include <algorithm>
+
+namespace walgate::proxy {
+
+void row_router::add(target* t, const std::vector<interest>& interests) {
+  if (!started_) {
+    next_ = log_.visible_seq();
+    started_ = true;
+  }
+  for (const auto& in : interests) {
+    auto& list = by_table_[in.schema + '\0' + in.table];
+    index* ix = nullptr;
+    for (auto& x : list)
+      if (x->column == in.column) ix = x.get();
+    if (!ix) {
+      list.push_back(std::make_unique<index>());
+      ix = list.back().get();
+      ix->schema = in.schema;
+      ix->table = in.table;
+      ix->column = in.column;
+    }
+    ix->subs.emplace_back(t, in.values);
+    ix->keyed = false;   // (keyed again at its next event)
+  }
+  ++targets_;
+}
+
+void row_router::remove(target* t) {
+  bool found = false;
+  for (auto it = by_table_.begin(); it != by_table_.end();) {
+    auto& list = it->second;
+    for (auto& ix : list) {
+      const auto before = ix->subs.size();
+      std::erase_if(ix->subs, [t](const auto& s) { return s.first == t; });
+      if (ix->subs.size() != before) {
+        found = true;
+        ix->keyed = false;
+      }
+    }
+    std::erase_if(list, [](const auto& ix) { return ix->subs.empty(); });
+    it = list.empty() ? by_table_.erase(it) : std::next(it);
+  }
+  if (found) --targets_;
+}
+
+void row_router::kick_all(std::uint64_t from_seq) {
+  std::vector<target*> all;
+  for (auto& [k, list] : by_table_)
+    for (auto& ix : list)
+      for (auto& [t, v] : ix->subs)
+        if (std::find(all.begin(), all.end(), t) == all.end()) all.push_back(t);
+  for (auto* t : all) {
+    remove(t);
+    t->unroutable(from_seq, false);
+  }
+}
+
+void row_router::route() {
+  const std::uint64_t visible = log_.visible_seq();
+  if (by_table_.empty()) {   // nobody to route for: nothing to look at
+    next_ = visible;
+    started_ = true;
+    return;
+  }
+  namespace pg = protocol::pgoutput;
+  while (next_ < visible && !by_table_.empty()) {
+    std::string error;
+    bool fetching = false;
+    // Just made visible: in the log's memory. (A transaction larger than that is not read here,
+    // on the event loop: its subscriptions read it themselves, as any other reader.)
+    auto batch = log_.read(next_, 4096, 16u << 20, &error, &fetching, 0);
+    if (batch.empty()) {
+      kick_all(next_);
+      next_ = visible;
+      return;
+    }
+    for (const auto& e : batch) {
+      if (e->seq >= visible) break;
+      const std::uint64_t seq = e->seq;
+      next_ = seq + 1;
+      ++events_;
+      auto it = by_table_.find(e->schema + '\0' + e->table);
+      if (it == by_table_.end()) continue;
+      seen_.clear();
+      auto give = [&](target* t) {
+        if (std::find(seen_.begin(), seen_.end(), t) != seen_.end()) return;
+        seen_.push_back(t);
+        t->routed(seq);
+        ++queued_;
+      };
+      if (e->kind == transform::op::truncate) {
+        for (auto& ix : it->second)
+          for (auto& [t, v] : ix->subs) give(t);
+        continue;
+      }
+      const transform::change* c = encodings_.decode(*e, error);
+      if (!c || !c->relation) {   // unreadable: every subscriber of the table decides (and says so)
+        for (auto& ix : it->second)
+          for (auto& [t, v] : ix->subs) give(t);
+        continue;
+      }
+      auto& list = it->second;
+      std::vector<target*> kick;
+      for (std::size_t k = 0; k < list.size(); ++k) {
+        index& ix = *list[k];
+        const auto& cols = c->relation->columns;
+        auto col = std::find_if(cols.begin(), cols.end(), [&](const auto& x) { return x.name == ix.column; });
+        if (col == cols.end()) continue;   // no such column: none of its rows is held by equality on it
+        const std::size_t pos = static_cast<std::size_t>(col - cols.begin());
+        if (!ix.keyed || ix.type_oid != col->type_oid) {
+          ix.by_key.clear();
+          ix.type_oid = col->type_oid;
+          bool supported = true;
+          for (auto& [t, values] : ix.subs)
+            for (const auto& v : values)
+              if (auto key = predicate::equality_key(col->type_oid, v, supported)) ix.by_key[*key].push_back(t);
+          if (!supported) {   // a type without equality keys: these subscriptions read every event
+            for (auto& [t, values] : ix.subs) kick.push_back(t);
+            ix.by_key.clear();
+            continue;
+          }
+          for (auto& [key, ts] : ix.by_key) {
+            std::sort(ts.begin(), ts.end());
+            ts.erase(std::unique(ts.begin(), ts.end()), ts.end());
+          }
+          ix.keyed = true;
+        }
+        for (pg::tuple_view row : {c->after, c->before}) {
+          if (pos >= row.size()) continue;
+          const auto& v = row[pos];
+          if (v.kind == pg::column_kind::null) continue;
+          if (v.kind == pg::column_kind::unchanged_toast) {   // not sent: anyone's
+            for (auto& [t, values] : ix.subs) give(t);
+            continue;
+          }
+          bool supported = true;
+          auto key = predicate::equality_key(col->type_oid, protocol::as_string_view(v.value), supported);
+          if (!key) continue;
+          if (auto found = ix.by_key.find(*key); found != ix.by_key.end())
+            for (auto* t : found->second) give(t);
+        }
+      }
+      if (!kick.empty()) {   // (from this event on, which they may have been given: their queue goes too)
+        std::sort(kick.begin(), kick.end());
+        kick.erase(std::unique(kick.begin(), kick.end()), kick.end());
+        for (auto* t : kick) {
+          remove(t);
+          t->unroutable(seq, true);
+        }
+        if (by_table_.empty()) {
+          next_ = visible;
+          return;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace walgate::proxy

@@ -11,6 +11,10 @@
 #include "walgate/proxy/local_cluster.hpp"
 
 #include "bench_process.hpp"
+#include "walgate/protocol/base64.hpp"
+
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -52,6 +56,7 @@ struct client {
   std::string buf;
   std::size_t frames = 0, compressed = 0;
   bool closed = false;
+  std::string close_reason;   // a close frame's payload (its code and reason)
   ~client() {
     if (fd >= 0) ::close(fd);
   }
@@ -59,7 +64,8 @@ struct client {
 
 /// Connects and upgrades (sse: asks for Server-Sent Events instead); nonblocking after the
 /// response head. Null when refused.
-std::unique_ptr<client> connect_ws(std::uint16_t port, bool deflate, int n, bool sse = false) {
+std::unique_ptr<client> connect_ws(std::uint16_t port, bool deflate, int n, bool sse = false, const std::string& headers = "",
+                                   const std::string& query = "format=native") {
   auto c = std::make_unique<client>();
   c->fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in src{}, a{};
@@ -75,8 +81,8 @@ std::unique_ptr<client> connect_ws(std::uint16_t port, bool deflate, int n, bool
   a.sin_port = htons(port);
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (::connect(c->fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return nullptr;
-  std::string req = "GET /v1/ws?format=native HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n";
+  std::string req = "GET /v1/ws?" + query + " HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                    "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n" + headers;
   if (deflate) req += "Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n";
   req += "\r\n";
   if (sse) req = "GET /v1/stream?format=native HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\n\r\n";
@@ -150,7 +156,11 @@ void take(client& c) {
       if (b0 & 0x40) ++c.compressed;
       if (c.timed && !(b0 & 0x40)) time_event(c, std::string_view(c.buf).substr(at + head, len));
     }
-    if ((b0 & 0x0f) == 8) c.closed = true;
+    if ((b0 & 0x0f) == 8) {
+      c.closed = true;
+      if (len >= 2) c.close_reason = std::to_string((static_cast<unsigned char>(c.buf[at + head]) << 8) | static_cast<unsigned char>(c.buf[at + head + 1])) +
+                                     " " + c.buf.substr(at + head + 2, len - 2);
+    }
     if ((b0 & 0x0f) == 9 && len <= 125) {
       // A ping: answered as a browser does (a pong with its payload, masked with a zero key),
       // or walgate closes the connection after --keepalive x 2 without one.
@@ -190,6 +200,17 @@ void pump(std::vector<std::unique_ptr<client>>& cs, std::size_t want) {
 }
 
 }  // namespace
+
+/// An HS256 JWT with these claims (members of its JSON object), signed with secret.
+std::string hs256_token(const std::string& secret, const std::string& claims) {
+  auto b64 = [](const std::string& in) { return protocol::base64url_encode(in); };
+  const std::string input = b64(R"({"alg":"HS256","typ":"JWT"})") + "." + b64("{" + claims + "}");
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), reinterpret_cast<const unsigned char*>(input.data()),
+       input.size(), mac, &len);
+  return input + "." + b64(std::string(reinterpret_cast<const char*>(mac), len));
+}
 
 /// A gateway given as a .mjs script: the Node.js peer, run with node.
 bool is_peer(const std::string& bin) { return bin.size() > 4 && bin.compare(bin.size() - 4, 4, ".mjs") == 0; }
@@ -237,7 +258,7 @@ int main(int argc, char** argv) {
               "walgate CPU", "us each", "closed");
   int started = 0;
   // A walgate of its own (its own slot and data directory), listening when this returns.
-  auto start = [&](const std::string& bin, std::uint16_t& port) -> pid_t {
+  auto start = [&](const std::string& bin, std::uint16_t& port, const std::vector<std::string>& extra = {}) -> pid_t {
     const int k = ++started;
     port = free_port();
     const std::string data = (pg->dir() / ("fan-data-" + std::to_string(k))).string();
@@ -249,13 +270,16 @@ int main(int argc, char** argv) {
                          "fan_" + std::to_string(k), "fan_pub", std::to_string(port)},
                         err);
     } else {
-      gw = spawn_logged({bin, "--pg", pg->conninfo(), "--slot", "fan_" + std::to_string(k), "--publication", "fan_pub",
-                         "--data-dir", data, "--listen", "127.0.0.1:" + std::to_string(port), "--no-fsync", "--snapshot",
-                         "never", "--max-clients", std::to_string(std::max<std::size_t>(12000, idle + 100))},
-                        err);
+      std::vector<std::string> args = {bin, "--pg", pg->conninfo(), "--slot", "fan_" + std::to_string(k), "--publication", "fan_pub",
+                                       "--data-dir", data, "--listen", "127.0.0.1:" + std::to_string(port), "--no-fsync", "--snapshot",
+                                       "never", "--max-clients", std::to_string(std::max<std::size_t>(12000, idle + 100))};
+      args.insert(args.end(), extra.begin(), extra.end());
+      gw = spawn_logged(args, err);
     }
     std::unique_ptr<client> probe;
-    for (int i = 0; i < 400 && !(probe = connect_ws(port, false, 0)); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const std::string probe_headers = extra.empty() ? "" : "Authorization: Bearer " + hs256_token(std::string(32, 's'), "\"all\":true") + "\r\n";
+    for (int i = 0; i < 400 && !(probe = connect_ws(port, false, 0, false, probe_headers)); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
     if (!probe) {
       std::fprintf(stderr, "walgate did not start:\n%s\n", slurp(err).c_str());
       std::exit(1);
@@ -266,6 +290,75 @@ int main(int argc, char** argv) {
     kill(gw, SIGINT);
     waitpid(gw, nullptr, 0);
   };
+  if (std::getenv("WALGATE_BENCH_GRANTS")) {
+    // Row grants at scale (docs/benchmarks.md, "Row grants"): 1,000 WebSocket clients of 100
+    // tenants (tenant = {claims.tenant}: 10 clients each) against the same 1,000 clients
+    // unfiltered (a grant of every row), on one walgate, the same number of deliveries each way:
+    // 2,000 events to every unfiltered client; 200,000 events over the 100 tenants (2,000 to
+    // each filtered client), in 100 transactions each way.
+    pg->sql("CREATE TABLE fan_t(id int PRIMARY KEY, tenant int, note text); ALTER TABLE fan_t REPLICA IDENTITY FULL;"
+            "ALTER PUBLICATION fan_pub ADD TABLE fan_t");
+    const std::string secret(32, 's');
+    const auto dir = pg->dir();
+    { std::ofstream(dir / "secret") << secret; }
+    {
+      std::ofstream(dir / "policy.toml") << "[[grant]]\nwhen = { all = true }\ntables = [\"public.fan_t\", \"public.fan_items\"]\n\n"
+                                            "[[grant]]\nwhen = { all = false }\ntables = [\"public.fan_t\"]\nrows = \"tenant = {claims.tenant}\"\n";
+    }
+    const std::string bin = argv[1];
+    std::uint16_t port = 0;
+    pid_t gw = start(bin, port, {"--auth", "jwt", "--jwt-secret-file", (dir / "secret").string(), "--policy",
+                                 (dir / "policy.toml").string(), "--jwt-exp", "optional", "--max-streams-per-subject", "0",
+                                 "--auth-failures-per-minute", "0"});
+    std::printf("%-10s %6s %8s %11s %8s %12s %11s %9s %8s\n", "clients", "N", "events", "deliveries", "time s", "deliveries/s",
+                "walgate CPU", "us each", "closed");
+    int id = 0;
+    for (int round = 0; round < 2; ++round)
+      for (bool filtered : {false, true}) {
+        std::vector<std::unique_ptr<client>> cs;
+        for (int i = 0; i < 1000; ++i) {
+          const std::string claims = filtered ? "\"all\":false,\"tenant\":" + std::to_string(i % 100) : "\"all\":true";
+          if (auto c = connect_ws(port, false, i, false, "Authorization: Bearer " + hs256_token(secret, claims) + "\r\n",
+                                  "format=native&tables=public.fan_t"))
+            cs.push_back(std::move(c));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        // (a first event: each client has caught up, and the filtered ones are with the router)
+        pg->sql("INSERT INTO fan_t VALUES (" + std::to_string(++id) + ", -1, 'warm-up')");
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        for (auto& c : cs) c->frames = 0;
+        const int events = filtered ? 200000 : 2000;
+        const double cpu0 = cpu_seconds(gw);
+        auto t = clock_type::now();
+        // 100 transactions, sent as one request: each client gets 20 events of each (the same
+        // batches both ways) — 20 rows each for the unfiltered clients, 2,000 rows (20 of each
+        // tenant) for the filtered ones.
+        std::string sql;
+        const int per = events / 100;
+        for (int done = 0; done < events; done += per) {
+          sql += "BEGIN; INSERT INTO fan_t SELECT g, g % 100, 'note ' || repeat(md5(g::text), 4) FROM generate_series(" +
+                 std::to_string(id + done + 1) + ", " + std::to_string(id + done + per) + ") g; COMMIT;";
+        }
+        pg->sql(sql);
+        id += events;
+        pump(cs, 2000);
+        const double secs = since(t), cpu = cpu_seconds(gw) - cpu0;
+        std::size_t frames = 0, closed = 0;
+        std::string reason;
+        for (auto& c : cs) {
+          frames += c->frames, closed += c->closed;
+          if (reason.empty() && c->closed) reason = c->close_reason.empty() ? "(no close frame)" : c->close_reason;
+        }
+        if (!reason.empty()) std::printf("closed: %s\n", reason.c_str());
+        std::printf("%-10s %6zu %8d %11zu %8.2f %12.0f %9.2f s %9.2f %8zu\n", filtered ? "100 tenants" : "unfiltered", cs.size(),
+                    events, frames, secs, frames / secs, cpu, frames ? cpu * 1e6 / frames : 0.0, closed);
+        std::fflush(stdout);
+        cs.clear();
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      }
+    stop(gw);
+    return 0;
+  }
   for (int b = 1; b < argc; ++b) {
     const std::string bin = argv[b];
     const std::string name = bin.substr(bin.size() > 28 ? bin.size() - 28 : 0);

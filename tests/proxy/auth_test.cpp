@@ -758,7 +758,7 @@ TEST_CASE("where=: a client's own row filter, with rows moving in and out as ins
 
 TEST_CASE("limits: streams per subject and per address, failed authentications per address; each refusal counted and logged, never with the token") {
   auto& pg = test::cluster();
-  pg.sql("CREATE TABLE lim_a(id int PRIMARY KEY); CREATE PUBLICATION lim_pub FOR TABLE lim_a");
+  pg.sql("CREATE TABLE adm_a(id int PRIMARY KEY); CREATE PUBLICATION adm_pub FOR TABLE adm_a");
   auto key = test::hmac_key("HS256", std::string(32, 'l'));
   auth_setup setup(key.jwk());
   auto lines = std::make_shared<std::vector<std::string>>();
@@ -770,7 +770,7 @@ TEST_CASE("limits: streams per subject and per address, failed authentications p
   setup.so.max_streams_per_subject = 2;
   setup.so.max_streams_per_address = 4;
   setup.so.auth_failures_per_minute = 3;
-  running_gateway g("lim_slot", "lim_pub", setup.so);
+  running_gateway g("adm_slot", "adm_pub", setup.so);
   const std::string alice = test::token(key, R"("sub":"alice")"), bob = test::token(key, R"("sub":"bob")"),
                     carol = test::token(key, R"("sub":"carol")");
   auto bearer = [](const std::string& t) { return std::vector<std::pair<std::string, std::string>>{{"Authorization", "Bearer " + t}}; };
@@ -803,7 +803,7 @@ TEST_CASE("limits: streams per subject and per address, failed authentications p
     stream_client again(g.port(), "/v1/stream", bearer(alice));
     return again.status() == 200;
   }));
-  pg.sql("INSERT INTO lim_a VALUES (1)");
+  pg.sql("INSERT INTO adm_a VALUES (1)");
   CHECK(a2.events(1).size() == 1);   // the streams admitted go on
 
   // Invalid tokens: three are answered 401; then the address waits, whatever it sends.

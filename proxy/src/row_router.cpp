@@ -51,12 +51,12 @@ void row_router::kick_all(std::uint64_t from_seq) {
   std::vector<target*> all;
   for (auto& [k, list] : by_table_)
     for (auto& ix : list)
-      for (auto& [t, v] : ix->subs)
-        if (std::find(all.begin(), all.end(), t) == all.end()) all.push_back(t);
-  for (auto* t : all) {
-    remove(t);
-    t->unroutable(from_seq, false);
-  }
+      for (auto& [t, v] : ix->subs) all.push_back(t);
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  by_table_.clear();   // (every target leaves: no search per target)
+  targets_ = 0;
+  for (auto* t : all) t->unroutable(from_seq, false);
 }
 
 void row_router::route() {
@@ -111,6 +111,13 @@ void row_router::route() {
         auto col = std::find_if(cols.begin(), cols.end(), [&](const auto& x) { return x.name == ix.column; });
         if (col == cols.end()) continue;   // no such column: none of its rows is held by equality on it
         const std::size_t pos = static_cast<std::size_t>(col - cols.begin());
+        // A column outside the replica identity is not in a delete's (or a key-keeping
+        // update's) old row: the row leaving cannot be found by its value — every client of
+        // the index decides (and its grant says what to change: REPLICA IDENTITY FULL).
+        if (!col->key && c->relation->replica_identity != 'f') {
+          for (auto& [t, values] : ix.subs) give(t);
+          continue;
+        }
         if (!ix.keyed || ix.type_oid != col->type_oid) {
           ix.by_key.clear();
           ix.type_oid = col->type_oid;

@@ -161,9 +161,13 @@ void subscription::close(end why, std::string reason) {
   reason_ = std::move(reason);
 }
 
-std::uint64_t subscription::lag_events() const { return log_.visible_seq() > cursor_ ? log_.visible_seq() - cursor_ : 0; }
+std::uint64_t subscription::lag_events() const {
+  if (idle_routed()) return 0;   // (nothing of what committed since is for it)
+  return log_.visible_seq() > cursor_ ? log_.visible_seq() - cursor_ : 0;
+}
 
 std::uint64_t subscription::lag_bytes() const {
+  if (idle_routed()) return 0;
   return offset_ && log_.visible_offset() > offset_ ? log_.visible_offset() - offset_ : 0;
 }
 
@@ -270,7 +274,10 @@ void subscription::read_routed(std::vector<item>& out) {
   std::size_t bytes = 0;
   std::string read_error;
   const std::uint32_t prepare = want_encoding(enc_) | (deflate_bits_ ? want_deflate(deflate_bits_) : 0);
-  while (!queue_.empty() && !ended() && out.size() < limits_.batch_events && bytes < limits_.batch_bytes) {
+  // Bounded like read_some's work: events looked at (those its filters pass over count too).
+  std::size_t looked = 0;
+  while (!queue_.empty() && !ended() && out.size() < limits_.batch_events && bytes < limits_.batch_bytes &&
+         looked++ < 8 * limits_.batch_events) {
     const std::uint64_t seq = queue_.front();
     if (seq < log_.first_seq()) {
       close(end::not_retained, "the resume position is no longer retained; take a new snapshot");
@@ -287,6 +294,10 @@ void subscription::read_routed(std::vector<item>& out) {
       break;
     }
     const auto& e = one.front();
+    if (e->seq != seq) {   // (visible seqs have no gaps: never)
+      if (out.empty()) close(end::damaged, "event #" + std::to_string(seq) + " is not in the event log");
+      break;
+    }
     // Slow: its next event is further behind the stream than the lag allowed (as read_some).
     const std::uint64_t reading_to = std::max(e->end_offset, log_.transaction_end_offset(e->seq));
     if (log_.visible_offset() > reading_to && log_.visible_offset() - reading_to > limits_.lag_bytes) {

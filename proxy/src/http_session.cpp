@@ -372,6 +372,11 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
       }
       r->access_token.clear();   // (not kept with the stream)
       instantiate_where(*r, who ? &who->claims : nullptr);
+      if (auto no = servable_rows(core, *r)) {   // (what can be told now of its tables)
+        co_await write_simple(core, s, req.version(), static_cast<http::status>(no->status), "application/json",
+                              json_error(no->parameter, no->message), false, {}, cors);
+        co_return std::nullopt;
+      }
       auto last_event_id = req["Last-Event-ID"];
       admission::reason over{};
       std::string over_message;

@@ -181,7 +181,18 @@ server_core::server_core(boost::asio::any_io_executor ex, server_options o, gate
   for (const auto& f : opts.extra_metrics) f(metrics);
   listener_ = log.on_visible([this] { notify(); });
   fetched_listener_ = log.on_fetched([this] { notify_fetched(); });
-  gw.on_event_logged([this](const logged_event& e, const transform::change& c) { encodings.on_logged(e, c); });
+  gw.on_event_logged([this](const logged_event& e, const transform::change& c) {
+    encodings.on_logged(e, c);
+    if (c.relation && !e.table.empty()) {   // (once per definition: its generation)
+      auto& k = known_tables[e.schema + '\0' + e.table];
+      if (k.generation != c.relation->generation || c.relation->generation == 0) {
+        k.generation = c.relation->generation;
+        k.replica_identity = c.relation->replica_identity;
+        k.columns.clear();
+        for (const auto& col : c.relation->columns) k.columns.push_back({col.name, col.type_oid, col.key});
+      }
+    }
+  });
   log.set_prepare(encodings.preparer());   // encodings of what the log reads in the background, made there
 }
 
@@ -218,6 +229,25 @@ void server_core::notify() {
   for (auto* c : clients)
     if (stopping || !c->sub.idle_routed()) c->wake_target->cancel();
   for (auto* t : waiters) t->cancel();
+}
+
+std::optional<refusal> servable_rows(const server_core& core, const stream_request& r) {
+  if (!r.granted && !r.where) return std::nullopt;
+  for (const auto& [key, t] : core.known_tables) {
+    const auto nul = key.find('\0');
+    const std::string_view schema(key.data(), nul), table(key.data() + nul + 1, key.size() - nul - 1);
+    if (r.granted && !r.granted->allows(schema, table, 'c') && !r.granted->allows(schema, table, 'u') &&
+        !r.granted->allows(schema, table, 'd'))
+      continue;   // (none of its changes for this token)
+    if (!r.tables.empty() && std::none_of(r.tables.begin(), r.tables.end(), [&](const table_pattern& p) {
+          return p.schema == schema && (p.any || p.table == table);
+        }))
+      continue;
+    const auto rows = table_rows::make(r, schema, table, t.columns, t.replica_identity, true);
+    if (!rows.failed.empty())
+      return refusal{409, rows.failed.starts_with("where=") ? "where" : "", rows.failed, {}};
+  }
+  return std::nullopt;
 }
 
 std::optional<refusal> position(server_core& core, stream_request r, std::string_view last_event_id, stream_start& out) {

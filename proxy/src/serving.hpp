@@ -19,6 +19,7 @@
 #include "walgate/proxy/auth.hpp"
 #include "walgate/proxy/encodings.hpp"
 #include "walgate/proxy/metrics.hpp"
+#include "walgate/proxy/policy.hpp"
 #include "walgate/proxy/server.hpp"
 #include "walgate/proxy/subscription.hpp"
 
@@ -36,6 +37,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <unordered_map>
 #include <string>
 
 namespace walgate::proxy {
@@ -93,6 +95,14 @@ struct server_core {
   encoding_cache encodings;
   /// Clients whose row grants find their events by equality, by the values they hold.
   row_router router{log, encodings};
+  /// The newest definition of each table logged by this process (schema \0 table): what a
+  /// request's row grants, where= and column grants are checked against when it starts.
+  struct known_table {
+    std::uint64_t generation = 0;
+    char replica_identity = 'd';
+    std::vector<table_rows::column> columns;
+  };
+  std::unordered_map<std::string, known_table> known_tables;
   metrics_registry metrics;
   snapshot_service snapshots;
   /// The TLS context new connections get (replaced by server::reload_tls; a connection keeps the
@@ -168,6 +178,12 @@ struct refusal {
 /// With --policy: the request checked against its token's grants (and given them: r.granted);
 /// nullopt when it is within them, else why (403).
 std::optional<refusal> within_grants(server_core& core, const identity& who, stream_request& r);
+/// A request with row grants, column grants or where= checked at its start against the tables
+/// it would get whose definition this process has logged (table_rows::make: a predicate
+/// column outside the replica identity, columns that would depend on rows, where= on a hidden
+/// column): 409 naming the table and column (parameter where when its where= is at fault).
+/// Tables not seen yet are checked at their first change.
+std::optional<refusal> servable_rows(const server_core& core, const stream_request& r);
 /// Admits a parsed stream request under --max-clients and finds where it starts in the log (a
 /// resume id, or Last-Event-ID when given, which wins over from): out set, or why not (410,
 /// 500, 503).

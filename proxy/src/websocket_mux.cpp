@@ -235,6 +235,10 @@ void on_client_message(mux_session<Stream>& m, std::string_view text, Send&& sen
       send(error_message(&name_json, no->status, no->parameter, no->message));
       return;
     }
+  if (auto no = servable_rows(core, *r)) {
+    send(error_message(&name_json, no->status, no->parameter, no->message));
+    return;
+  }
   admission::reason over{};
   std::string over_message;
   auto slot = core.admit.take(subject, m.peer, over, over_message);

@@ -668,6 +668,17 @@ rows = "note >= 'z'"
   REQUIRE(end.size() == 1);
   CHECK(loose_ws.wait_close().code == 1008);
   CHECK(end[0].find("row grant on public.rt_loose: column tenant is not in the replica identity (ALTER TABLE public.rt_loose REPLICA IDENTITY FULL)") != std::string::npos);
+  // Now that the gateway has seen the table, a new request is refused at its start (409), on
+  // every endpoint.
+  auto again = request(g.port(), "/v1/stream?tables=public.rt_loose", "Authorization: Bearer " + loose + "\r\n");
+  CHECK(again.status == 409);
+  CHECK(again.body.find("row grant on public.rt_loose: column tenant is not in the replica identity") != std::string::npos);
+  CHECK(request(g.port(), "/v1/ws?tables=public.rt_loose", std::string(upgrade_headers) + "Authorization: Bearer " + loose + "\r\n").status == 409);
+  ws_with loose_mux(g.port(), "/v1/mux", "walgate, bearer." + loose);
+  REQUIRE_FALSE(loose_mux.ec);
+  loose_mux.ws.text(true);
+  loose_mux.ws.write(asio::buffer(std::string(R"({"type":"subscribe","id":"l","tables":"public.rt_loose"})")));
+  CHECK(json::parse(loose_mux.next()).at("status") == 409);
   // A predicate column stored out of line (TOAST) that an update leaves alone is not in the new
   // row: its old value decides — the row stays, the update is an update.
   pg.sql("INSERT INTO rt_toast SELECT 1, 1, 'z' || string_agg(md5(g::text), '') FROM generate_series(1, 400) g");
@@ -739,6 +750,9 @@ TEST_CASE("where=: a client's own row filter, with rows moving in and out as ins
   auto end = keyed.events(1);
   REQUIRE(end.size() == 1);
   CHECK(end[0].find("where= on public.wq_keyed: column n is not in the replica identity") != std::string::npos);
+  auto refused = request(g.port(), "/v1/stream?tables=public.wq_keyed&where=n%20%3E%3D%2010");
+  CHECK(refused.status == 409);
+  CHECK(refused.body.find("\"parameter\":\"where\"") != std::string::npos);
   // With a token, claims in where= are the token's.
   auto key = test::hmac_key("HS256", std::string(32, 'w'));
   auth_setup setup(key.jwk());

@@ -239,6 +239,10 @@ const std::vector<setting>& settings() {
                      "Host name served on a loopback --listen besides localhost (a reverse proxy's public name; * for any)",
                      &config::allow_hosts));
     s.push_back(text("debezium-name", "Debezium source.name", &config::debezium_name));
+    s.push_back(flag("debezium-transaction-metadata",
+                     "debezium streams carry transaction records and each change's transaction block unless a request "
+                     "says transactions=false (provide.transaction.metadata)",
+                     &config::debezium_transaction_metadata));
     s.push_back(choice<encoder_options::decimal_mode>(
         "debezium-decimal-mode", "string, double or precise", &config::decimal,
         {{"string", encoder_options::decimal_mode::string},

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -43,6 +44,23 @@ std::shared_ptr<const payload> payload::spill(const std::filesystem::path& dir, 
   return p;
 }
 
+std::shared_ptr<const payload> payload::with_tail(std::shared_ptr<const payload> base, std::size_t keep, std::string tail) {
+  keep = std::min(keep, base->size());
+  if (!base->spilled()) {
+    std::string bytes;
+    bytes.reserve(keep + tail.size());
+    bytes.append(base->bytes().substr(0, keep));
+    bytes += tail;
+    return in_memory(std::move(bytes));
+  }
+  std::shared_ptr<payload> p(new payload);
+  p->size_ = keep + tail.size();
+  p->keep_ = keep;
+  p->bytes_ = std::move(tail);
+  p->base_ = std::move(base);
+  return p;
+}
+
 std::size_t payload::memory() const {
   std::size_t n = sizeof(*this) + 32 + bytes_.size();
   for (auto* f = deflated_.get(); f; f = f->next.get()) n += sizeof(*f) + 32 + f->bytes.capacity();
@@ -68,6 +86,16 @@ payload::~payload() {
 }
 
 bool payload::read(std::size_t offset, std::span<char> out, std::string& error) const {
+  if (base_) {   // base's first keep_ bytes, then bytes_
+    if (offset > size_ || out.size() > size_ - offset) {
+      error = "a read outside the spilled payload";
+      return false;
+    }
+    std::size_t from_base = offset < keep_ ? std::min(out.size(), keep_ - offset) : 0;
+    if (from_base && !base_->read(offset, out.first(from_base), error)) return false;
+    if (out.size() > from_base) std::copy_n(bytes_.data() + (offset + from_base - keep_), out.size() - from_base, out.data() + from_base);
+    return true;
+  }
   if (fd_ < 0 || offset > size_ || out.size() > size_ - offset) {
     error = "a read outside the spilled payload";
     return false;

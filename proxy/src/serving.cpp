@@ -282,6 +282,10 @@ std::optional<refusal> position(server_core& core, stream_request r, std::string
     }
     out.seq = *resume.seq;
   }
+  if (!r.transactions)
+    r.transactions = r.fmt == transform::format::wal2json ||
+                     (r.fmt == transform::format::debezium && core.opts.debezium_transaction_metadata);
+  resume_in_transaction(log, r, out.seq, out.skip_through);
   out.request = std::move(r);
   return std::nullopt;
 }

@@ -221,6 +221,13 @@ std::optional<stream_request> parse_stream_query(std::string_view target, reques
         return std::nullopt;
       }
       r.access_token = std::move(value);
+    } else if (key == "transactions") {
+      bool on = false;
+      if (!bool_param(value, on)) {
+        error = {"transactions", "use true or false"};
+        return std::nullopt;
+      }
+      r.transactions = on;
     } else if (key == "snapshot") {
       if (!bool_param(value, r.snapshot)) {
         error = {"snapshot", "use true or false"};
@@ -233,6 +240,11 @@ std::optional<stream_request> parse_stream_query(std::string_view target, reques
   }
   if (r.tombstones && r.fmt != transform::format::debezium) {
     error = {"tombstones", "tombstones are a debezium option"};
+    return std::nullopt;
+  }
+  if (r.transactions.value_or(false) && (r.fmt == transform::format::pgoutput2json || r.fmt == transform::format::waltail)) {
+    error = {"transactions", std::string(transform::to_string(r.fmt)) +
+                                 " has no transaction records: use native, wal2json or debezium"};
     return std::nullopt;
   }
   if (r.compact && r.fmt != transform::format::pgoutput2json) {

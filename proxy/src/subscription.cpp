@@ -85,6 +85,22 @@ subscription::row_verdict subscription::rows_verdict(const logged_event& e, std:
 
 namespace {
 
+/// A Debezium change event with its transaction block: the shared encoding ends with
+/// "transaction":null} (encoded without transaction metadata); null if it does not.
+payload_ptr with_transaction_block(const payload_ptr& p, const std::string& block) {
+  static constexpr std::string_view none = "\"transaction\":null}";
+  std::string end(none.size(), '\0');
+  if (p->size() < none.size()) return nullptr;
+  if (!p->spilled()) {
+    end = std::string(p->bytes().substr(p->size() - none.size()));
+  } else {
+    std::string error;
+    if (!p->read(p->size() - none.size(), end, error)) return nullptr;
+  }
+  if (end != none) return nullptr;
+  return payload::with_tail(p, p->size() - 5, block + "}");   // (5: null})
+}
+
 /// What a request's events can be found by in the row router: for each table it may see, the
 /// column and values every grant of it limits rows to by equality; nullopt when some table's
 /// rows are not all so limited (a grant of every row, or of schema.*, an `or`, where=,
@@ -120,6 +136,16 @@ std::optional<std::vector<row_router::interest>> interests_of(const stream_reque
 
 }  // namespace
 
+void resume_in_transaction(const log_reader& log, const stream_request& r, std::uint64_t& seq,
+                           std::optional<transform::event_id>& skip_through) {
+  if (!r.transactions.value_or(false) || !r.from || r.from->at == transform::event_id::mark::commit || skip_through) return;
+  auto first = log.resume_after({r.from->commit_lsn, 0, transform::event_id::mark::begin});
+  if (first.error.empty() && first.seq && *first.seq < seq) {
+    seq = *first.seq;
+    skip_through = r.from;
+  }
+}
+
 subscription::subscription(const log_reader& log, encoding_cache& encodings, stream_request request,
                            std::uint64_t start, std::optional<transform::event_id> skip_through, limits l,
                            std::shared_ptr<snapshot_job> snapshot, row_router* router)
@@ -138,6 +164,10 @@ subscription::subscription(const log_reader& log, encoding_cache& encodings, str
   // Where it resumes, should it end before an event: the id it started after.
   if (request_.from) resume_id_ = request_.from->to_string();
   if (skip_through_) resume_id_ = skip_through_->to_string();
+  transactions_ = request_.transactions.value_or(false) &&
+                  (request_.fmt == transform::format::native || request_.fmt == transform::format::wal2json ||
+                   request_.fmt == transform::format::debezium);
+  if (transactions_ && request_.from && request_.from->at != transform::event_id::mark::commit) resumed_in_ = request_.from;
   if (unfiltered_) encodings_.want_all(enc_, +1);
 }
 
@@ -236,6 +266,9 @@ void subscription::read_some(std::vector<item>& out) {
     if (!take(e, out, bytes, window)) break;
     if (bytes >= limits_.batch_bytes) break;
   }
+  // Every visible transaction is whole: one that reached what is visible (or the snapshot
+  // window's end, a transaction boundary) is over.
+  if (txn_ && !ended() && (cursor_ >= log_.visible_seq() || (window && cursor_ >= limit))) end_transaction(out, bytes);
   if (!window && cursor_ >= log_.visible_seq()) {
     live_ = true;
     offset_ = log_.visible_offset();
@@ -315,15 +348,36 @@ void subscription::read_routed(std::vector<item>& out) {
   if (queue_.empty()) {
     cursor_ = std::max(cursor_, router_->routed());
     offset_ = log_.visible_offset();
+    // (the router looks at whole transactions: nothing more of this one is for it)
+    if (txn_ && !ended()) end_transaction(out, bytes);
   } else {
     cursor_ = queue_.front();
   }
 }
 
+void subscription::end_transaction(std::vector<item>& out, std::size_t& bytes) {
+  auto t = std::move(*txn_);
+  txn_.reset();
+  if (!t.begun) return;
+  std::string commit;
+  if (!transform::encode_commit(commit, request_.fmt, t.info, t.events, t.tables)) return;
+  bytes += commit.size();
+  out.push_back({payload::in_memory(std::move(commit)), {t.info.commit_lsn, 0, transform::event_id::mark::commit}, t.what});
+}
+
 bool subscription::take(const event_ptr& e, std::vector<item>& out, std::size_t& bytes, bool window) {
+  // An event of another transaction (or of none): the open one is over.
+  const bool in_txn = in_transaction(*e);
+  if (txn_ && (!in_txn || txn_->info.commit_lsn != e->id.commit_lsn)) end_transaction(out, bytes);
+  // Up to skip_through: seen already (with transaction records, still counted for the commit).
+  bool silent = false;
   if (skip_through_) {
-    if (!(*skip_through_ < e->id)) return true;
-    skip_through_.reset();
+    if (!(*skip_through_ < e->id)) {
+      if (!in_txn) return true;
+      silent = true;
+    } else {
+      skip_through_.reset();
+    }
   }
   if (!matches(request_, *e)) return true;
   if (window && snapshot_->covers(*e)) return true;
@@ -368,14 +422,62 @@ bool subscription::take(const event_ptr& e, std::vector<item>& out, std::size_t&
     return false;
   }
   if (p->empty()) return true;   // the format has no such event
-  if (deflate_bits_) {
+  const auto what = window ? kind::snapshot_change : kind::event;
+  if (in_txn) {
+    // The transaction's begin before its first event for this client; its counts.
+    if (!txn_) {
+      const transform::change* c = encodings_.decode(*e, error);
+      if (!c || !c->txn) {
+        cursor_ = e->seq;
+        if (out.empty()) close(end::damaged, error.empty() ? "event #" + std::to_string(e->seq) + " has no transaction" : error);
+        return false;
+      }
+      txn_.emplace();
+      txn_->info = *c->txn;
+      txn_->what = what;
+      if (resumed_in_ && resumed_in_->commit_lsn == e->id.commit_lsn) txn_->begun = true;   // (sent before the resume)
+      resumed_in_.reset();
+    }
+    auto& t = *txn_;
+    if (!t.begun) {
+      t.begun = true;
+      if (!silent) {
+        std::string begin;
+        transform::encode_begin(begin, request_.fmt, t.info);
+        bytes += begin.size();
+        out.push_back({payload::in_memory(std::move(begin)), {t.info.commit_lsn, 0, transform::event_id::mark::begin}, what});
+      }
+    }
+    ++t.events;
+    std::uint64_t table_order = 0;
+    if (!e->table.empty()) {
+      auto it = std::find_if(t.tables.begin(), t.tables.end(),
+                             [&](const transform::table_count& x) { return x.table == e->table && x.schema == e->schema; });
+      if (it == t.tables.end()) it = t.tables.insert(t.tables.end(), {e->schema, e->table, 0});
+      table_order = ++it->events;
+    }
+    if (silent) return true;
+    // Debezium: the change's transaction block, with its order among what this client is sent.
+    if (request_.fmt == transform::format::debezium) {
+      std::string block;
+      transform::append_debezium_transaction(block, t.info, t.events, table_order ? table_order : 1);
+      p = with_transaction_block(p, block);
+      if (!p) {
+        cursor_ = e->seq;
+        if (out.empty()) close(end::damaged, "event #" + std::to_string(e->seq) + ": its Debezium encoding has no transaction field");
+        return false;
+      }
+    }
+  } else if (silent) {
+    return true;
+  }
+  if (deflate_bits_ && !(in_txn && request_.fmt == transform::format::debezium)) {
     std::size_t made = 0;
     p->deflated(deflate_bits_, &made);
     if (made) encodings_.account(*e, made);
   }
   if (want == encoding::pgoutput2json_schema) *sent = std::move(signature);
   bytes += p->size();
-  const auto what = window ? kind::snapshot_change : kind::event;
   out.push_back({std::move(p), e->id, what});
   if (request_.tombstones && (moved ? as == transform::op::delete_ : e->kind == transform::op::delete_))
     if (auto t = encodings_.tombstone(*e, mask)) out.push_back({std::move(t), e->id, what});

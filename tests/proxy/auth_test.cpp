@@ -372,7 +372,7 @@ ops = ["insert", "update", "delete", "message"]
   // and a snapshot.
   std::vector<std::unique_ptr<stream_client>> lines;
   for (const char* f : {"native", "debezium", "pgoutput2json", "waltail", "wal2json", "pgoutput2json-compact"})
-    lines.push_back(std::make_unique<stream_client>(g.port(), std::string("/v1/stream?format=") + f,
+    lines.push_back(std::make_unique<stream_client>(g.port(), std::string("/v1/stream?transactions=false&format=") + f,
                                                     std::vector<std::pair<std::string, std::string>>{{"Authorization", "Bearer " + sales}}));
   stream_client tombstones(g.port(), "/v1/stream?format=debezium&tombstones=true", {{"Authorization", "Bearer " + sales}});
   stream_client ops_messages(g.port(), "/v1/stream?ops=message", {{"Authorization", "Bearer " + ops}});
@@ -394,7 +394,7 @@ ops = ["insert", "update", "delete", "message"]
   auto no = json::parse(mux.next());
   CHECK(no.at("status") == 403);
   CHECK(no.at("parameter") == "tables");
-  mux.ws.write(asio::buffer(std::string(R"({"type":"subscribe","id":"in","format":"wal2json"})")));
+  mux.ws.write(asio::buffer(std::string(R"({"type":"subscribe","id":"in","format":"wal2json","transactions":false})")));
   REQUIRE(json::parse(mux.next()).at("type") == "subscribed");
 
   // The snapshot: the granted tables' rows only.
@@ -550,7 +550,7 @@ rows = "note >= 'z'"
   stream_client native_b(g.port(), "/v1/stream?tables=public.rt_items,public.rt_keyed", bearer(b));
   std::vector<std::unique_ptr<stream_client>> formats_a;
   for (const char* f : {"debezium", "pgoutput2json", "waltail", "wal2json"})
-    formats_a.push_back(std::make_unique<stream_client>(g.port(), std::string("/v1/stream?tables=public.rt_items,public.rt_keyed&format=") + f, bearer(a)));
+    formats_a.push_back(std::make_unique<stream_client>(g.port(), std::string("/v1/stream?transactions=false&tables=public.rt_items,public.rt_keyed&format=") + f, bearer(a)));
   ws_with ws_a(g.port(), "/v1/ws?tables=public.rt_items,public.rt_keyed&format=debezium&tombstones=true", "walgate, bearer." + a);
   stream_client loose_a(g.port(), "/v1/stream?tables=public.rt_loose", bearer(loose));
   ws_with loose_ws(g.port(), "/v1/ws?tables=public.rt_loose", "walgate, bearer." + loose);
@@ -611,7 +611,7 @@ rows = "note >= 'z'"
   // A snapshot taken now: the rows the same grant holds, in every format (its SELECT carries
   // tenant = 'a'; the gateway checks each row too).
   auto snapshot_of = [&](const std::string& token, const char* format) {
-    stream_client snap(g.port(), std::string("/v1/stream?snapshot=true&tables=public.rt_items,public.rt_keyed&format=") + format,
+    stream_client snap(g.port(), std::string("/v1/stream?snapshot=true&transactions=false&tables=public.rt_items,public.rt_keyed&format=") + format,
                        bearer(token));
     REQUIRE(snap.status() == 200);
     std::vector<std::string> rows;
@@ -890,11 +890,11 @@ tables = ["public.col_emp"]
 
   std::vector<std::unique_ptr<stream_client>> lines;
   for (const char* q : {"format=native", "format=debezium&tombstones=true", "format=pgoutput2json", "format=pgoutput2json&compact=true",
-                        "format=waltail", "format=wal2json", "snapshot=true", "snapshot=true&format=debezium",
+                        "format=waltail", "format=wal2json&transactions=false", "snapshot=true", "snapshot=true&format=debezium",
                         "snapshot=true&format=pgoutput2json&compact=true"})
     lines.push_back(std::make_unique<stream_client>(g.port(), std::string("/v1/stream?") + q, bearer(staff)));
   stream_client sse(g.port(), "/v1/stream?access_token=" + staff + "&format=waltail", {{"Accept", "text/event-stream"}});
-  ws_with ws(g.port(), "/v1/ws?format=wal2json", "walgate, bearer." + staff);
+  ws_with ws(g.port(), "/v1/ws?format=wal2json&transactions=false", "walgate, bearer." + staff);
   ws_with mux(g.port(), "/v1/mux", "walgate, bearer." + staff);
   stream_client hr_client(g.port(), "/v1/stream?tables=public.col_emp", bearer(hr));
   stream_client peek(g.port(), "/v1/stream?where=ssn%20%3D%20'SSN-BBB-2'", bearer(staff));

@@ -909,7 +909,7 @@ struct collapsing_reader {
       websocket::permessage_deflate pmd;
       pmd.client_enable = mode == "ws-deflate";
       w.set_option(pmd);
-      w.handshake("localhost", "/v1/ws?format=" + format + "&from=0/0:0");
+      w.handshake("localhost", "/v1/ws?format=" + format + "&transactions=false&from=0/0:0");
       beast::flat_buffer buf;
       while (events.size() < want) {
         w.read_some(buf, 1u << 20);
@@ -919,7 +919,7 @@ struct collapsing_reader {
       }
       return;
     }
-    std::string req = "GET /v1/stream?format=" + format + "&from=0/0:0 HTTP/1.1\r\nHost: localhost\r\n" +
+    std::string req = "GET /v1/stream?format=" + format + "&transactions=false&from=0/0:0 HTTP/1.1\r\nHost: localhost\r\n" +
                       (mode == "sse" ? "Accept: text/event-stream\r\n" : "") + "\r\n";
     asio::write(s, asio::buffer(req));
     beast::flat_buffer buf;

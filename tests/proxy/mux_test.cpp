@@ -140,7 +140,7 @@ TEST_CASE("one WebSocket, many subscriptions: envelopes byte-equal to /v1/stream
     CHECK(m.next_text() == envelope("a", id_of(la[2]), la[2]));
     CHECK(m.next_text() == envelope("a", id_of(la4[0]), la4[0]));
     // Two subscriptions of the same table in different formats on one connection.
-    m.send(R"({"type":"subscribe","id":"w","format":"wal2json","tables":"public.mux_a"})");
+    m.send(R"({"type":"subscribe","id":"w","format":"wal2json","transactions":false,"tables":"public.mux_a"})");
     CHECK(m.next_text() == R"({"sub":"w","type":"subscribed"})");
     pg.sql("INSERT INTO mux_a VALUES (" + std::to_string(base + 5) + ", 'both')");
     std::map<std::string, std::string> by_sub;

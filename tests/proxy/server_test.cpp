@@ -49,13 +49,13 @@ TEST_CASE("every transport in every format: changes arrive complete and in order
   std::vector<std::unique_ptr<stream_client>> ndjson, sse;
   std::vector<std::unique_ptr<ws_client>> ws;
   for (const char* f : formats) {
-    ndjson.push_back(std::make_unique<stream_client>(g.port(), std::string("/v1/stream?format=") + f));
+    ndjson.push_back(std::make_unique<stream_client>(g.port(), std::string("/v1/stream?transactions=false&format=") + f));
     CHECK(ndjson.back()->status() == 200);
     CHECK(ndjson.back()->header("Content-Type") == "application/x-ndjson");
-    sse.push_back(std::make_unique<stream_client>(g.port(), std::string("/v1/stream?format=") + f,
+    sse.push_back(std::make_unique<stream_client>(g.port(), std::string("/v1/stream?transactions=false&format=") + f,
                                                   std::vector<std::pair<std::string, std::string>>{{"Accept", "text/event-stream"}}));
     CHECK(sse.back()->header("Content-Type") == "text/event-stream");
-    ws.push_back(std::make_unique<ws_client>(g.port(), std::string("/v1/ws?format=") + f, f[0] == 'w'));
+    ws.push_back(std::make_unique<ws_client>(g.port(), std::string("/v1/ws?transactions=false&format=") + f, f[0] == 'w'));
   }
   auto& pg = test::cluster();
   pg.sql("INSERT INTO e2e_items VALUES (1, 'one', 1.50), (2, 'two \"quoted\"', 2.25)");
@@ -121,7 +121,7 @@ TEST_CASE("tables= in SQL's quoted form: names with spaces, quotes, dots, commas
   const char* formats[] = {"native", "debezium", "pgoutput2json", "waltail", "wal2json"};
   std::vector<std::unique_ptr<stream_client>> clients;
   for (const char* f : formats) {
-    clients.push_back(std::make_unique<stream_client>(g.port(), std::string("/v1/stream?format=") + f + "&" + filter));
+    clients.push_back(std::make_unique<stream_client>(g.port(), std::string("/v1/stream?transactions=false&format=") + f + "&" + filter));
     REQUIRE(clients.back()->status() == 200);
   }
   stream_client sse(g.port(), "/v1/stream?" + filter, {{"Accept", "text/event-stream"}});
@@ -210,7 +210,7 @@ TEST_CASE("a client far behind reaches values of megabytes on disk: read off the
     CHECK(v.at("after").at("name").as_string().size() == 3000000);
   }
   CHECK(json::parse(lines[6]).at("table") == "bgr_other");
-  ws_client w(g.port(), "/v1/ws?format=wal2json&from=0/0:0", false);
+  ws_client w(g.port(), "/v1/ws?format=wal2json&transactions=false&from=0/0:0", false);
   auto m = w.messages(7);
   REQUIRE(m.size() == 7);
   CHECK(m[5].size() > 3000000);

@@ -130,3 +130,25 @@ TEST_CASE("Host names a loopback listener serves: localhost, loopback addresses,
   CHECK_FALSE(loopback_host_allowed("other.example", proxy));
   CHECK(loopback_host_allowed("anything.example", any));
 }
+
+TEST_CASE("transactions=: true or false, unset by default; refused for formats without transaction records") {
+  request_error err;
+  auto r = parse_stream_query("/v1/stream?format=wal2json", err);
+  REQUIRE(r);
+  CHECK_FALSE(r->transactions);   // (the server decides: on for wal2json)
+  r = parse_stream_query("/v1/stream?format=wal2json&transactions=false", err);
+  REQUIRE(r);
+  CHECK(r->transactions == false);
+  r = parse_stream_query("/v1/stream?transactions=true&from=0/16B3748:B", err);
+  REQUIRE(r);
+  CHECK(r->transactions == true);
+  CHECK(r->from->to_string() == "0/16B3748:B");
+  for (const char* f : {"waltail", "pgoutput2json", "pgoutput2json-compact"}) {
+    CHECK_FALSE(parse_stream_query(std::string("/v1/stream?transactions=true&format=") + f, err));
+    CHECK(err.parameter == "transactions");
+    CHECK(err.message.find("has no transaction records") != std::string::npos);
+    CHECK(parse_stream_query(std::string("/v1/stream?transactions=false&format=") + f, err));
+  }
+  CHECK_FALSE(parse_stream_query("/v1/stream?transactions=maybe", err));
+  CHECK(err.parameter == "transactions");
+}

@@ -67,6 +67,7 @@ struct writer {
   std::deque<std::vector<pg::tuple_column>> rows;
   std::deque<protocol::transaction_info> txns;
   std::uint64_t next_lsn = 0x1000;
+  std::uint32_t xid = 0;   // set: each transaction has the next xid (0: none, as the other tests)
   writer() {
     a.oid = 1;
     a.nspname = "public";
@@ -78,9 +79,32 @@ struct writer {
     b.relname = "b";
   }
   /// One transaction of n changes to rel (op kind), each value `width` bytes long.
+  /// One transaction of one insert into each relation given, in that order.
+  void mixed(event_log& log, std::vector<pg::cached_relation*> rels) {
+    auto& t = txns.emplace_back();
+    t.commit_lsn = lsn{next_lsn};
+    t.end_lsn = lsn{next_lsn + 8};
+    t.xid = xid ? xid++ : 0;
+    next_lsn += 0x100;
+    std::vector<transform::change> changes;
+    for (std::size_t i = 0; i < rels.size(); ++i) {
+      values.push_back(std::to_string(t.commit_lsn.value + i));
+      rows.push_back({{pg::column_kind::text, protocol::as_bytes(values.back())}});
+      transform::change c;
+      c.txn = &t;
+      c.index = static_cast<std::uint32_t>(i);
+      c.change_lsn = lsn{t.commit_lsn.value - 1};
+      c.relation = rels[i];
+      c.after = rows.back();
+      changes.push_back(c);
+    }
+    REQUIRE(log.append(t, changes));
+    REQUIRE(log.sync());
+  }
   void txn(event_log& log, pg::cached_relation& rel, int n, transform::op kind = transform::op::insert,
            std::size_t width = 4) {
     auto& t = txns.emplace_back();
+    t.xid = xid ? xid++ : 0;
     t.commit_lsn = lsn{next_lsn};
     t.end_lsn = lsn{next_lsn + 8};
     next_lsn += 0x100;
@@ -732,4 +756,146 @@ TEST_CASE("subscription: a damaged record of megabytes read in the background en
   CHECK(batch.empty());
   CHECK(s.why() == subscription::end::damaged);
   CHECK(s.reason().find("checksum") != std::string::npos);
+}
+
+namespace {
+std::vector<std::string> texts(const std::vector<std::vector<subscription::item>>& batches) {
+  std::vector<std::string> out;
+  for (const auto& b : batches)
+    for (const auto& i : b) {
+      REQUIRE(!i.bytes->spilled());
+      out.push_back(text(i));
+    }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("subscription: transaction records around each transaction, counted per client, resumable from any id") {
+  fixture f;
+  f.w.xid = 900;
+  auto& a = f.w.a;
+  auto& b = f.w.b;
+  f.w.mixed(*f.log, {&a, &b, &a});   // 0/1000, xid 900
+  f.w.mixed(*f.log, {&b, &b});       // 0/1100, xid 901
+  f.w.mixed(*f.log, {&a});           // 0/1200, xid 902
+  const std::string time = "\"commit_time\":\"2000-01-01T00:00:00.000000Z\"";
+
+  SUBCASE("native, every table") {
+    subscription s(*f.log, *f.enc, f.request("/v1/stream?transactions=true"), 0, std::nullopt, {});
+    auto got = drain(s);
+    CHECK(ids(got) == std::vector<std::string>{"0/1000:B", "0/1000:0", "0/1000:1", "0/1000:2", "0/1000:C", "0/1100:B", "0/1100:0",
+                                               "0/1100:1", "0/1100:C", "0/1200:B", "0/1200:0", "0/1200:C"});
+    auto t = texts(got);
+    CHECK(t[0] == "{\"id\":\"0/1000:B\",\"op\":\"begin\",\"xid\":900,\"commit_lsn\":\"0/1000\"," + time + "}");
+    CHECK(t[4] == "{\"id\":\"0/1000:C\",\"op\":\"commit\",\"xid\":900,\"commit_lsn\":\"0/1000\"," + time +
+                      ",\"events\":3,\"tables\":[{\"schema\":\"public\",\"table\":\"a\",\"events\":2},"
+                      "{\"schema\":\"other\",\"table\":\"b\",\"events\":1}]}");
+    CHECK(s.resume_id() == "0/1200:C");
+    // A new transaction: its records as it arrives (the commit once it is all visible).
+    f.w.mixed(*f.log, {&b});
+    CHECK(ids(drain(s)) == std::vector<std::string>{"0/1300:B", "0/1300:0", "0/1300:C"});
+  }
+  SUBCASE("filtered: only what the client is sent is counted; a transaction with nothing for it has no records") {
+    subscription s(*f.log, *f.enc, f.request("/v1/stream?transactions=true&tables=public.a"), 0, std::nullopt, {});
+    auto got = drain(s);
+    CHECK(ids(got) == std::vector<std::string>{"0/1000:B", "0/1000:0", "0/1000:2", "0/1000:C", "0/1200:B", "0/1200:0", "0/1200:C"});
+    CHECK(texts(got)[3] == "{\"id\":\"0/1000:C\",\"op\":\"commit\",\"xid\":900,\"commit_lsn\":\"0/1000\"," + time +
+                               ",\"events\":2,\"tables\":[{\"schema\":\"public\",\"table\":\"a\",\"events\":2}]}");
+  }
+  SUBCASE("off unless asked (the server turns it on for wal2json): no records") {
+    subscription s(*f.log, *f.enc, f.request("/v1/stream?format=wal2json"), 0, std::nullopt, {});
+    CHECK(ids(drain(s)).size() == 6);
+  }
+  SUBCASE("wal2json: B and C as the plugin writes them with include-xids and include-timestamp") {
+    subscription s(*f.log, *f.enc, f.request("/v1/stream?format=wal2json&transactions=true&tables=other.b"), 0, std::nullopt, {});
+    auto t = texts(drain(s));
+    REQUIRE(t.size() == 7);
+    CHECK(t[0] == R"({"action":"B","xid":900,"timestamp":"2000-01-01 00:00:00+00"})");
+    CHECK(t[1].rfind(R"({"action":"I","schema":"other","table":"b",)", 0) == 0);
+    CHECK(t[2] == R"({"action":"C","xid":900,"timestamp":"2000-01-01 00:00:00+00"})");
+    CHECK(t[3] == R"({"action":"B","xid":901,"timestamp":"2000-01-01 00:00:00+00"})");
+    CHECK(t[6] == R"({"action":"C","xid":901,"timestamp":"2000-01-01 00:00:00+00"})");
+  }
+  SUBCASE("debezium: BEGIN/END records, each change's transaction block with this client's orders") {
+    subscription s(*f.log, *f.enc, f.request("/v1/stream?format=debezium&transactions=true&tables=public.a,other.b"), 0,
+                   std::nullopt, {});
+    auto t = texts(drain(s));
+    REQUIRE(t.size() == 12);
+    CHECK(t[0] == R"({"status":"BEGIN","id":"900:4096","ts_ms":946684800000,"event_count":null,"data_collections":null})");
+    auto block = [](const std::string& ev) { return ev.substr(ev.find(",\"transaction\":")); };
+    CHECK(block(t[1]) == R"(,"transaction":{"id":"900:4096","total_order":1,"data_collection_order":1}})");
+    CHECK(block(t[2]) == R"(,"transaction":{"id":"900:4096","total_order":2,"data_collection_order":1}})");
+    CHECK(block(t[3]) == R"(,"transaction":{"id":"900:4096","total_order":3,"data_collection_order":2}})");
+    CHECK(t[4] == R"({"status":"END","id":"900:4096","ts_ms":946684800000,"event_count":3,"data_collections":[)"
+                  R"({"data_collection":"public.a","event_count":2},{"data_collection":"other.b","event_count":1}]})");
+    // The shared encoding is left as it is: a client without records has null.
+    subscription plain(*f.log, *f.enc, f.request("/v1/stream?format=debezium"), 0, std::nullopt, {});
+    auto p = texts(drain(plain));
+    REQUIRE(p.size() == 6);
+    CHECK(block(p[0]) == R"(,"transaction":null})");
+    CHECK(p[0].substr(0, p[0].find(",\"transaction\":")) == t[1].substr(0, t[1].find(",\"transaction\":")));
+  }
+  SUBCASE("resumed from a begin, an event or a commit: the rest, no record twice, the commit's counts whole") {
+    auto resumed = [&](const std::string& query) {
+      auto r = f.request(query);
+      auto rp = f.log->resume_after(*r.from);
+      REQUIRE(rp.seq);
+      std::uint64_t seq = *rp.seq;
+      std::optional<transform::event_id> skip;
+      resume_in_transaction(*f.log, r, seq, skip);
+      subscription s(*f.log, *f.enc, r, seq, skip, {});
+      auto got = drain(s);
+      return std::make_pair(ids(got), texts(got));
+    };
+    auto [from_begin, t1] = resumed("/v1/stream?transactions=true&from=0/1000:B");
+    CHECK(from_begin == std::vector<std::string>{"0/1000:0", "0/1000:1", "0/1000:2", "0/1000:C", "0/1100:B", "0/1100:0", "0/1100:1",
+                                                 "0/1100:C", "0/1200:B", "0/1200:0", "0/1200:C"});
+    CHECK(t1[3].find("\"events\":3,") != std::string::npos);
+    auto [from_event, t2] = resumed("/v1/stream?transactions=true&tables=public.a&from=0/1000:0");
+    CHECK(from_event == std::vector<std::string>{"0/1000:2", "0/1000:C", "0/1200:B", "0/1200:0", "0/1200:C"});
+    CHECK(t2[1].find("\"events\":2,\"tables\":[{\"schema\":\"public\",\"table\":\"a\",\"events\":2}]") != std::string::npos);
+    auto [from_last, t3] = resumed("/v1/stream?transactions=true&from=0/1100:1");
+    CHECK(from_last == std::vector<std::string>{"0/1100:C", "0/1200:B", "0/1200:0", "0/1200:C"});
+    CHECK(t3[0].find("\"events\":2,") != std::string::npos);
+    auto [from_commit, t4] = resumed("/v1/stream?transactions=true&from=0/1100:C");
+    CHECK(from_commit == std::vector<std::string>{"0/1200:B", "0/1200:0", "0/1200:C"});
+    // Debezium's orders, resumed inside: as if never cut off.
+    auto [dbz, t5] = resumed("/v1/stream?format=debezium&transactions=true&from=0/1000:1");
+    REQUIRE(t5.size() == 9);
+    CHECK(t5[0].find(R"("total_order":3,"data_collection_order":2})") != std::string::npos);
+    // Without records, a begin's id resumes at its first event, a commit's after its last.
+    auto [plain_b, t6] = resumed("/v1/stream?from=0/1100:B");
+    CHECK(plain_b == std::vector<std::string>{"0/1100:0", "0/1100:1", "0/1200:0"});
+    auto [plain_c, t7] = resumed("/v1/stream?from=0/1100:C");
+    CHECK(plain_c == std::vector<std::string>{"0/1200:0"});
+  }
+}
+
+TEST_CASE("subscription: transaction records of a Debezium encoding in a spill file") {
+  test::temp_dir spill{"walgate-sub-spill"};
+  fixture f;
+  f.enc = std::make_unique<encoding_cache>(*f.log, encoding_cache::options{{}, spill.path, 64});   // every encoding spilled
+  f.w.xid = 7;
+  f.w.mixed(*f.log, {&f.w.a, &f.w.a});
+  subscription s(*f.log, *f.enc, f.request("/v1/stream?format=debezium&transactions=true"), 0, std::nullopt, {});
+  auto got = drain(s);
+  REQUIRE(got.size() == 1);
+  REQUIRE(got[0].size() == 4);
+  for (std::size_t k : {1u, 2u}) {
+    const auto& p = *got[0][k].bytes;
+    REQUIRE(p.spilled());
+    std::string whole(p.size(), '\0'), error;
+    REQUIRE_MESSAGE(p.read(0, whole, error), error);
+    const std::string block = R"(,"transaction":{"id":"7:4096","total_order":)" + std::to_string(k) +
+                              R"(,"data_collection_order":)" + std::to_string(k) + "}}";
+    CHECK(whole.ends_with(block));
+    CHECK(whole.rfind(R"({"before":null,"after":{"id":)", 0) == 0);
+    // Read in pieces split at every offset: the same bytes.
+    for (std::size_t cut = 0; cut <= whole.size(); ++cut) {
+      std::string x(cut, '\0'), y(whole.size() - cut, '\0');
+      REQUIRE(p.read(0, x, error));
+      REQUIRE(p.read(cut, y, error));
+      REQUIRE(x + y == whole);
+    }
+  }
 }

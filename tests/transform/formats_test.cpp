@@ -366,3 +366,64 @@ TEST_CASE("record: a message prefix longer than 64 KiB is kept whole; version 1 
   CHECK((*old)->get().message->prefix == "app");
   CHECK(protocol::as_string_view((*old)->get().message->content) == "c");
 }
+
+TEST_CASE("event ids of transaction records: <commit_lsn>:B before the transaction's events, :C after them") {
+  auto b = event_id::parse("0/1A2B3C8:B"), c = event_id::parse("0/1A2B3C8:C"), first = event_id::parse("0/1A2B3C8:0"),
+       last = event_id::parse("0/1A2B3C8:4294967295"), before = event_id::parse("0/1A2B3C7:C"), after = event_id::parse("0/1A2B3C9:B");
+  REQUIRE((b && c && first && last && before && after));
+  CHECK(b->at == event_id::mark::begin);
+  CHECK(c->at == event_id::mark::commit);
+  CHECK(b->to_string() == "0/1A2B3C8:B");
+  CHECK(c->to_string() == "0/1A2B3C8:C");
+  CHECK(*before < *b);
+  CHECK(*b < *first);
+  CHECK(*first < *last);
+  CHECK(*last < *c);
+  CHECK(*c < *after);
+  CHECK(*b != *first);
+  CHECK_FALSE(event_id::parse("0/1:b"));
+  CHECK_FALSE(event_id::parse("0/1:BC"));
+  CHECK_FALSE(event_id::parse("x:B"));
+}
+
+TEST_CASE("transaction records: begin and commit in each format that has them, exact bytes") {
+  protocol::transaction_info t;
+  t.xid = 771;
+  t.commit_lsn = lsn{0x16B3748};
+  t.commit_time = 817'303'272'123'450;   // 2025-11-24 12:41:12.12345 UTC
+  std::vector<table_count> tables{{"public", "orders", 1}, {"my \"s\"", "lines", 2}};
+  std::string out;
+  CHECK(encode_begin(out, format::native, t));
+  CHECK(out == R"({"id":"0/16B3748:B","op":"begin","xid":771,"commit_lsn":"0/16B3748","commit_time":"2025-11-24T12:41:12.123450Z"})");
+  out.clear();
+  CHECK(encode_commit(out, format::native, t, 3, tables));
+  CHECK(out == R"({"id":"0/16B3748:C","op":"commit","xid":771,"commit_lsn":"0/16B3748","commit_time":"2025-11-24T12:41:12.123450Z",)"
+               R"("events":3,"tables":[{"schema":"public","table":"orders","events":1},{"schema":"my \"s\"","table":"lines","events":2}]})");
+  t.origin = "node_b";
+  out.clear();
+  CHECK(encode_begin(out, format::native, t));
+  CHECK(out.ends_with(R"("commit_time":"2025-11-24T12:41:12.123450Z","origin":"node_b"})"));
+  out.clear();
+  CHECK(encode_begin(out, format::wal2json, t));
+  CHECK(out == R"({"action":"B","xid":771,"timestamp":"2025-11-24 12:41:12.12345+00"})");
+  out.clear();
+  CHECK(encode_commit(out, format::wal2json, t, 3, tables));
+  CHECK(out == R"({"action":"C","xid":771,"timestamp":"2025-11-24 12:41:12.12345+00"})");
+  out.clear();
+  CHECK(encode_begin(out, format::debezium, t));
+  CHECK(out == R"({"status":"BEGIN","id":"771:23803720","ts_ms":1763988072123,"event_count":null,"data_collections":null})");
+  out.clear();
+  CHECK(encode_commit(out, format::debezium, t, 3, tables));
+  CHECK(out == R"({"status":"END","id":"771:23803720","ts_ms":1763988072123,"event_count":3,"data_collections":[)"
+               R"({"data_collection":"public.orders","event_count":1},{"data_collection":"my \"s\".lines","event_count":2}]})");
+  out.clear();
+  append_debezium_transaction(out, t, 2, 1);
+  CHECK(out == R"({"id":"771:23803720","total_order":2,"data_collection_order":1})");
+  out.clear();
+  CHECK_FALSE(encode_begin(out, format::waltail, t));
+  CHECK_FALSE(encode_commit(out, format::pgoutput2json, t, 1, tables));
+  CHECK(out.empty());
+  CHECK(pg_timestamptz_utc(0) == "2000-01-01 00:00:00+00");
+  CHECK(pg_timestamptz_utc(1) == "2000-01-01 00:00:00.000001+00");
+  CHECK(pg_timestamptz_utc(500'000) == "2000-01-01 00:00:00.5+00");
+}

@@ -43,6 +43,8 @@ std::optional<event_id> event_id::parse(std::string_view text) {
   if (colon == std::string_view::npos) return std::nullopt;
   auto l = protocol::lsn::parse(text.substr(0, colon));
   auto idx = text.substr(colon + 1);
+  if (l && (idx == "B" || idx == "C"))
+    return event_id{*l, 0, idx == "B" ? event_id::mark::begin : event_id::mark::commit};
   if (!l || idx.empty() || idx.size() > 10) return std::nullopt;
   std::uint64_t v = 0;
   for (char c : idx) {
@@ -731,19 +733,132 @@ bool encode_change(std::string& out, const change& c, format f, const encoder_op
   return false;
 }
 
-void encode_wal2json_begin(std::string& out, const protocol::transaction_info& t) {
-  out += "{\"action\":\"B\",\"xid\":";
-  append_uint(out, t.xid);
-  out += ",\"timestamp\":";
-  append_json_string(out, iso8601_utc(t.commit_time));
-  out.push_back('}');
+std::string pg_timestamptz_utc(std::int64_t pg_epoch_us) {
+  std::string s = iso8601_utc(pg_epoch_us);   // YYYY-MM-DDTHH:MM:SS.ffffffZ
+  const auto t = s.find('T');
+  if (t != std::string::npos) s[t] = ' ';
+  if (!s.empty() && s.back() == 'Z') s.pop_back();
+  while (!s.empty() && s.back() == '0') s.pop_back();
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  return s + "+00";
 }
 
-void encode_wal2json_commit(std::string& out, const protocol::transaction_info& t) {
-  out += "{\"action\":\"C\",\"xid\":";
+namespace {
+void append_debezium_transaction_id(std::string& out, const protocol::transaction_info& t) {
+  out.push_back('"');
+  append_uint(out, t.xid);
+  out.push_back(':');
+  append_uint(out, t.commit_lsn.value);
+  out.push_back('"');
+}
+std::int64_t unix_ms(std::int64_t pg_epoch_us) {
+  const std::int64_t us = protocol::pg_us_to_unix(pg_epoch_us);
+  return us >= 0 ? us / 1000 : -((-us + 999) / 1000);
+}
+void append_native_boundary(std::string& out, const protocol::transaction_info& t, const char* mark, const char* op) {
+  out += "{\"id\":\"";
+  append_lsn(out, t.commit_lsn);
+  out += mark;
+  out += "\",\"op\":\"";
+  out += op;
+  out += "\",\"xid\":";
+  append_uint(out, t.xid);
+  out += ",\"commit_lsn\":\"";
+  append_lsn(out, t.commit_lsn);
+  out += "\",\"commit_time\":\"";
+  temporal::append_iso8601(out, protocol::pg_us_to_unix(t.commit_time));
+  out.push_back('"');
+  if (t.origin) {
+    out += ",\"origin\":";
+    append_json_string(out, *t.origin);
+  }
+}
+void append_wal2json_boundary(std::string& out, const protocol::transaction_info& t, char action) {
+  out += "{\"action\":\"";
+  out.push_back(action);
+  out += "\",\"xid\":";
   append_uint(out, t.xid);
   out += ",\"timestamp\":";
-  append_json_string(out, iso8601_utc(t.commit_time));
+  append_json_string(out, pg_timestamptz_utc(t.commit_time));
+  out.push_back('}');
+}
+}  // namespace
+
+bool encode_begin(std::string& out, format f, const protocol::transaction_info& t) {
+  switch (f) {
+    case format::native:
+      append_native_boundary(out, t, ":B", "begin");
+      out.push_back('}');
+      return true;
+    case format::wal2json: append_wal2json_boundary(out, t, 'B'); return true;
+    case format::debezium:
+      out += "{\"status\":\"BEGIN\",\"id\":";
+      append_debezium_transaction_id(out, t);
+      out += ",\"ts_ms\":";
+      append_int(out, unix_ms(t.commit_time));
+      out += ",\"event_count\":null,\"data_collections\":null}";
+      return true;
+    default: return false;
+  }
+}
+
+bool encode_commit(std::string& out, format f, const protocol::transaction_info& t, std::uint64_t events,
+                   const std::vector<table_count>& tables) {
+  switch (f) {
+    case format::native: {
+      append_native_boundary(out, t, ":C", "commit");
+      out += ",\"events\":";
+      append_uint(out, events);
+      out += ",\"tables\":[";
+      bool first = true;
+      for (const auto& x : tables) {
+        if (!first) out.push_back(',');
+        first = false;
+        out += "{\"schema\":";
+        append_json_string(out, x.schema);
+        out += ",\"table\":";
+        append_json_string(out, x.table);
+        out += ",\"events\":";
+        append_uint(out, x.events);
+        out.push_back('}');
+      }
+      out += "]}";
+      return true;
+    }
+    case format::wal2json: append_wal2json_boundary(out, t, 'C'); return true;
+    case format::debezium: {
+      out += "{\"status\":\"END\",\"id\":";
+      append_debezium_transaction_id(out, t);
+      out += ",\"ts_ms\":";
+      append_int(out, unix_ms(t.commit_time));
+      out += ",\"event_count\":";
+      append_uint(out, events);
+      out += ",\"data_collections\":[";
+      bool first = true;
+      for (const auto& x : tables) {
+        if (!first) out.push_back(',');
+        first = false;
+        out += "{\"data_collection\":";
+        append_json_string(out, x.schema + "." + x.table);
+        out += ",\"event_count\":";
+        append_uint(out, x.events);
+        out.push_back('}');
+      }
+      out += "]}";
+      return true;
+    }
+    default: return false;
+  }
+}
+
+void append_debezium_transaction(std::string& out, const protocol::transaction_info& t, std::uint64_t total_order,
+                                 std::uint64_t data_collection_order) {
+  out += "{\"id\":";
+  append_debezium_transaction_id(out, t);
+  out += ",\"total_order\":";
+  append_uint(out, total_order);
+  out += ",\"data_collection_order\":";
+  append_uint(out, data_collection_order);
   out.push_back('}');
 }
 

@@ -21,13 +21,18 @@ class payload {
   /// made or written (the caller keeps the bytes in memory instead).
   static std::shared_ptr<const payload> spill(const std::filesystem::path& dir, std::string_view bytes, std::string& error);
 
+  /// The first keep bytes of base followed by tail (a client's own form of a shared encoding:
+  /// Debezium's transaction block). From memory: a copy. From a spill file: read from base's
+  /// file, nothing copied (spilled() is true of it too).
+  static std::shared_ptr<const payload> with_tail(std::shared_ptr<const payload> base, std::size_t keep, std::string tail);
+
   payload(const payload&) = delete;
   payload& operator=(const payload&) = delete;
   ~payload();
 
   std::size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
-  bool spilled() const { return fd_ >= 0; }
+  bool spilled() const { return fd_ >= 0 || base_; }
   /// The bytes of an in-memory payload (empty for a spilled one).
   std::string_view bytes() const { return bytes_; }
   /// Reads out.size() bytes at offset of a spilled payload into out; false with error (the
@@ -51,7 +56,9 @@ class payload {
     std::unique_ptr<deflated_form> next;   // another window's (rare: browsers all ask for 15)
   };
   mutable std::unique_ptr<deflated_form> deflated_;   // (null until asked; a form never moves)
-  std::string bytes_;
+  std::string bytes_;   // (with base_: the tail after its first keep_ bytes)
+  std::shared_ptr<const payload> base_;
+  std::size_t keep_ = 0;
   int fd_ = -1;
   std::size_t size_ = 0;
 };

@@ -32,6 +32,9 @@ struct server_options {
   std::size_t url_limit = 4 * 1024;                ///< Request target; over it: 414.
   std::size_t ws_message_limit = 64 * 1024;        ///< Client WebSocket messages; over it: close 1009.
   std::size_t ws_max_subscriptions = 64;           ///< Subscriptions on one /v1/mux WebSocket.
+  /// --debezium-transaction-metadata: debezium streams have transaction records and blocks
+  /// unless a request says transactions=false.
+  bool debezium_transaction_metadata = false;
   std::chrono::milliseconds header_timeout{10'000};   ///< The whole request head must arrive in this time.
   std::chrono::milliseconds keepalive{15'000};     ///< Idle keep-alive: NDJSON blank line, SSE comment, WS ping.
   std::chrono::milliseconds write_timeout{30'000};  ///< A write that takes longer: the client is too slow.

@@ -48,6 +48,10 @@ struct stream_request {
   bool tombstones = false;                                   ///< debezium: a null line after each delete
   bool compact = false;                                      ///< pgoutput2json compact mode
   bool snapshot = false;                                     ///< the current rows first (unless resuming)
+  /// transactions=: begin and commit records around each transaction's events (native,
+  /// wal2json, debezium). Unset: the format's default, decided when the stream starts (on for
+  /// wal2json, and for debezium with --debezium-transaction-metadata).
+  std::optional<bool> transactions;
   /// access_token= (RFC 6750 2.3): the bearer token of a client that cannot send a header
   /// (EventSource). Checked by the server, never logged.
   std::string access_token;

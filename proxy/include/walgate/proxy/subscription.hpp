@@ -23,6 +23,14 @@ namespace walgate::proxy {
 
 class snapshot_job;
 
+/// Where a client with transaction records (request.transactions) that resumes from an id
+/// inside a transaction (its begin, or one of its events) starts: at the transaction's first
+/// event, with seq and skip_through moved there so that the events up to the id are counted for
+/// its commit record, not sent again. Left as they are otherwise (a commit's id, an id past the
+/// head, a transaction no longer retained).
+void resume_in_transaction(const log_reader& log, const stream_request& request, std::uint64_t& seq,
+                           std::optional<transform::event_id>& skip_through);
+
 class subscription : private row_router::target {
  public:
   struct limits {
@@ -148,6 +156,28 @@ class subscription : private row_router::target {
   /// Set by rows_verdict: the columns its event shows (table_rows::masks), null: every one.
   const std::string* mask_ = nullptr;
   row_verdict rows_verdict(const logged_event& e, std::string& error);
+
+  /// Transaction records (transactions=true): the transaction whose events this client is
+  /// being given, what it was sent of it, and its begin and commit records.
+  struct open_transaction {
+    protocol::transaction_info info;
+    bool begun = false;   // its begin was sent (or was before a resume)
+    kind what = kind::event;
+    std::uint64_t events = 0;
+    std::vector<transform::table_count> tables;
+  };
+  bool transactions_ = false;
+  std::optional<open_transaction> txn_;
+  /// The id a transactions client resumed from inside a transaction (its begin or an event):
+  /// that transaction's begin was sent already.
+  std::optional<transform::event_id> resumed_in_;
+  /// The commit record of the open transaction, if its begin went; closes it.
+  void end_transaction(std::vector<item>& out, std::size_t& bytes);
+  /// Whether e belongs to a transaction that has records (not a non-transactional message, not
+  /// a snapshot row).
+  bool in_transaction(const logged_event& e) const {
+    return transactions_ && e.xid != 0 && e.kind != transform::op::read;
+  }
 };
 
 }  // namespace walgate::proxy

@@ -32,12 +32,27 @@ struct change {
 };
 
 /// An event id "<commit_lsn>:<index>", ordered by commit LSN as a 64-bit number, then index.
+/// A transaction's boundary records (transactions=true) have ids of their own that resume like
+/// any: "<commit_lsn>:B" (its begin: before its first event) and "<commit_lsn>:C" (its commit:
+/// after its last event).
 struct event_id {
+  enum class mark : std::uint8_t { event, begin, commit };
   protocol::lsn commit_lsn;
-  std::uint32_t index = 0;
-  auto operator<=>(const event_id&) const = default;
-  std::string to_string() const { return commit_lsn.to_string() + ":" + std::to_string(index); }
+  std::uint32_t index = 0;   ///< 0 for a begin or commit
+  mark at = mark::event;
+  std::strong_ordering operator<=>(const event_id& o) const {
+    if (auto c = commit_lsn.value <=> o.commit_lsn.value; c != 0) return c;
+    if (auto c = rank(at) <=> rank(o.at); c != 0) return c;
+    return index <=> o.index;
+  }
+  bool operator==(const event_id&) const = default;
+  std::string to_string() const {
+    return commit_lsn.to_string() + (at == mark::begin ? ":B" : at == mark::commit ? ":C" : ":" + std::to_string(index));
+  }
   static std::optional<event_id> parse(std::string_view text);
+
+ private:
+  static int rank(mark m) { return m == mark::begin ? 0 : m == mark::event ? 1 : 2; }
 };
 
 /// RFC 4122 version 5 UUID (SHA-1) of name in walgate's namespace: identical for every

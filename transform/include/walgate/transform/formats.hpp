@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace walgate::transform {
 
@@ -47,9 +48,28 @@ struct encoder_options {
 /// PgOutput2Json have no truncate or message events).
 bool encode_change(std::string& out, const change& c, format f, const encoder_options& o = {});
 
-/// wal2json's transaction records: {"action":"B",...} and {"action":"C",...}.
-void encode_wal2json_begin(std::string& out, const protocol::transaction_info& t);
-void encode_wal2json_commit(std::string& out, const protocol::transaction_info& t);
+/// A transaction's records for one client (transactions=true), in the formats that have them
+/// (native, wal2json, debezium): the begin, before the first event the client is sent of it,
+/// and the commit, after its last, with what the client was sent of it (after its filters).
+struct table_count {
+  std::string schema, table;
+  std::uint64_t events = 0;
+};
+/// Appends the begin record; false (nothing appended) when the format has none:
+///   native    {"id":"<commit_lsn>:B","op":"begin","xid":..,"commit_lsn":..,"commit_time":..[,"origin":..]}
+///   wal2json  {"action":"B","xid":..,"timestamp":".."} (the plugin's include-xids and include-timestamp)
+///   debezium  {"status":"BEGIN","id":"<xid>:<commit LSN>","ts_ms":..,"event_count":null,"data_collections":null}
+bool encode_begin(std::string& out, format f, const protocol::transaction_info& t);
+/// Appends the commit record (native "op":"commit" with "events" and "tables", wal2json "C",
+/// Debezium "END" with event_count and data_collections); false when the format has none.
+bool encode_commit(std::string& out, format f, const protocol::transaction_info& t, std::uint64_t events,
+                   const std::vector<table_count>& tables);
+/// Debezium's transaction block of a change: {"id":"<xid>:<commit LSN>","total_order":n,"data_collection_order":m}.
+void append_debezium_transaction(std::string& out, const protocol::transaction_info& t, std::uint64_t total_order,
+                                 std::uint64_t data_collection_order);
+/// A timestamptz as PostgreSQL's timestamptz_to_str writes it in UTC (wal2json's "timestamp"):
+/// "2026-12-02 21:19:32.12345+00", trailing zeros of the fraction dropped.
+std::string pg_timestamptz_utc(std::int64_t pg_epoch_us);
 
 /// Debezium's record key: the replica-identity columns, e.g. {"id":4471}; "null" when the table
 /// has no key columns.

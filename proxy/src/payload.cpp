@@ -44,6 +44,14 @@ std::shared_ptr<const payload> payload::spill(const std::filesystem::path& dir, 
   return p;
 }
 
+std::shared_ptr<const payload> payload::for_one(std::string bytes) {
+  std::shared_ptr<payload> p(new payload);
+  p->size_ = bytes.size();
+  p->bytes_ = std::move(bytes);
+  p->one_client_ = true;
+  return p;
+}
+
 std::shared_ptr<const payload> payload::with_tail(std::shared_ptr<const payload> base, std::size_t keep, std::string tail) {
   keep = std::min(keep, base->size());
   if (!base->spilled()) {
@@ -51,7 +59,7 @@ std::shared_ptr<const payload> payload::with_tail(std::shared_ptr<const payload>
     bytes.reserve(keep + tail.size());
     bytes.append(base->bytes().substr(0, keep));
     bytes += tail;
-    return in_memory(std::move(bytes));
+    return for_one(std::move(bytes));
   }
   std::shared_ptr<payload> p(new payload);
   p->size_ = keep + tail.size();
@@ -69,7 +77,7 @@ std::size_t payload::memory() const {
 
 const std::string* payload::deflated(int window_bits, std::size_t* made) const {
   if (made) *made = 0;
-  if (spilled() || size_ < deflate_min_bytes || size_ >= deflate_max_bytes) return nullptr;
+  if (spilled() || one_client_ || size_ < deflate_min_bytes || size_ >= deflate_max_bytes) return nullptr;
   auto* slot = &deflated_;
   for (; *slot; slot = &(*slot)->next)
     if ((*slot)->window_bits == window_bits) return (*slot)->compressed ? &(*slot)->bytes : nullptr;

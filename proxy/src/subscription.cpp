@@ -362,7 +362,7 @@ void subscription::end_transaction(std::vector<item>& out, std::size_t& bytes) {
   std::string commit;
   if (!transform::encode_commit(commit, request_.fmt, t.info, t.events, t.tables)) return;
   bytes += commit.size();
-  out.push_back({payload::in_memory(std::move(commit)), {t.info.commit_lsn, 0, transform::event_id::mark::commit}, t.what});
+  out.push_back({payload::for_one(std::move(commit)), {t.info.commit_lsn, 0, transform::event_id::mark::commit}, t.what});
 }
 
 bool subscription::take(const event_ptr& e, std::vector<item>& out, std::size_t& bytes, bool window) {
@@ -445,7 +445,7 @@ bool subscription::take(const event_ptr& e, std::vector<item>& out, std::size_t&
         std::string begin;
         transform::encode_begin(begin, request_.fmt, t.info);
         bytes += begin.size();
-        out.push_back({payload::in_memory(std::move(begin)), {t.info.commit_lsn, 0, transform::event_id::mark::begin}, what});
+        out.push_back({payload::for_one(std::move(begin)), {t.info.commit_lsn, 0, transform::event_id::mark::begin}, what});
       }
     }
     ++t.events;
@@ -471,7 +471,7 @@ bool subscription::take(const event_ptr& e, std::vector<item>& out, std::size_t&
   } else if (silent) {
     return true;
   }
-  if (deflate_bits_ && !(in_txn && request_.fmt == transform::format::debezium)) {
+  if (deflate_bits_ && !(in_txn && request_.fmt == transform::format::debezium)) {   // (a client's own form: never compressed)
     std::size_t made = 0;
     p->deflated(deflate_bits_, &made);
     if (made) encodings_.account(*e, made);

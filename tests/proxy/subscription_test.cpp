@@ -876,13 +876,15 @@ TEST_CASE("subscription: transaction records of a Debezium encoding in a spill f
   fixture f;
   f.enc = std::make_unique<encoding_cache>(*f.log, encoding_cache::options{{}, spill.path, 64});   // every encoding spilled
   f.w.xid = 7;
-  f.w.mixed(*f.log, {&f.w.a, &f.w.a});
+  f.w.txn(*f.log, f.w.a, 2, transform::op::insert, (1u << 20) + 100);   // (records of 1 MiB or more may be spilled)
   subscription s(*f.log, *f.enc, f.request("/v1/stream?format=debezium&transactions=true"), 0, std::nullopt, {});
-  auto got = drain(s);
-  REQUIRE(got.size() == 1);
-  REQUIRE(got[0].size() == 4);
+  std::vector<subscription::item> got;
+  for (const auto& b : drain(s)) got.insert(got.end(), b.begin(), b.end());
+  REQUIRE(got.size() == 4);
+  CHECK(got[0].id.to_string() == "0/1000:B");
+  CHECK(got[3].id.to_string() == "0/1000:C");
   for (std::size_t k : {1u, 2u}) {
-    const auto& p = *got[0][k].bytes;
+    const auto& p = *got[k].bytes;
     REQUIRE(p.spilled());
     std::string whole(p.size(), '\0'), error;
     REQUIRE_MESSAGE(p.read(0, whole, error), error);
@@ -890,8 +892,13 @@ TEST_CASE("subscription: transaction records of a Debezium encoding in a spill f
                               R"(,"data_collection_order":)" + std::to_string(k) + "}}";
     CHECK(whole.ends_with(block));
     CHECK(whole.rfind(R"({"before":null,"after":{"id":)", 0) == 0);
-    // Read in pieces split at every offset: the same bytes.
-    for (std::size_t cut = 0; cut <= whole.size(); ++cut) {
+    CHECK(whole.size() > (1u << 20));
+    // Read in two pieces split at every offset near the end (the file's bytes, then the
+    // block) and at a stride before: the same bytes.
+    std::vector<std::size_t> cuts;
+    for (std::size_t cut = 0; cut < whole.size() - 300; cut += 4099) cuts.push_back(cut);
+    for (std::size_t cut = whole.size() - 300; cut <= whole.size(); ++cut) cuts.push_back(cut);
+    for (std::size_t cut : cuts) {
       std::string x(cut, '\0'), y(whole.size() - cut, '\0');
       REQUIRE(p.read(0, x, error));
       REQUIRE(p.read(cut, y, error));

@@ -50,6 +50,7 @@ TEST_CASE("transactions=true: begin and commit records per client, counted after
   stream_client all(g.port(), "/v1/stream?transactions=true&" + all_tables);
   stream_client lines_sse(g.port(), "/v1/stream?transactions=true&tables=public.tx_lines", {{"Accept", "text/event-stream"}});
   ws_client dbz(g.port(), "/v1/ws?format=debezium&tables=public.tx_orders,public.tx_lines");   // on: the gateway's default
+  ws_client dbz_deflate(g.port(), "/v1/ws?format=debezium&tables=public.tx_orders,public.tx_lines", true);
   stream_client dbz_off(g.port(), "/v1/stream?format=debezium&transactions=false&tables=public.tx_orders");
   stream_client w2j(g.port(), "/v1/stream?format=wal2json&" + all_tables);   // on: wal2json's default
   tx_mux mux(g.port(), "/v1/mux");
@@ -133,6 +134,8 @@ TEST_CASE("transactions=true: begin and commit records per client, counted after
   CHECK(obj(d[5]).at("status") == "BEGIN");
   CHECK(obj(d[7]).at("transaction").at("total_order") == 2);   // the delete, after the update
   CHECK(obj(d[8]).at("event_count") == 2);
+  // The same over permessage-deflate (each client's own bytes go uncompressed: readable alike).
+  CHECK(dbz_deflate.messages(9) == d);
   auto off = dbz_off.events(2);
   REQUIRE(off.size() == 2);
   for (const auto& l : off) CHECK(obj(l).at("transaction").is_null());

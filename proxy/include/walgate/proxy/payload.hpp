@@ -21,9 +21,12 @@ class payload {
   /// made or written (the caller keeps the bytes in memory instead).
   static std::shared_ptr<const payload> spill(const std::filesystem::path& dir, std::string_view bytes, std::string& error);
 
+  /// Bytes made for one client (its transaction records): in memory, never compressed for
+  /// permessage-deflate (deflated() is null: sent as uncompressed messages).
+  static std::shared_ptr<const payload> for_one(std::string bytes);
   /// The first keep bytes of base followed by tail (a client's own form of a shared encoding:
-  /// Debezium's transaction block). From memory: a copy. From a spill file: read from base's
-  /// file, nothing copied (spilled() is true of it too).
+  /// Debezium's transaction block), never compressed (as for_one). From memory: a copy. From a
+  /// spill file: read from base's file, nothing copied (spilled() is true of it too).
   static std::shared_ptr<const payload> with_tail(std::shared_ptr<const payload> base, std::size_t keep, std::string tail);
 
   payload(const payload&) = delete;
@@ -60,6 +63,7 @@ class payload {
   std::shared_ptr<const payload> base_;
   std::size_t keep_ = 0;
   int fd_ = -1;
+  bool one_client_ = false;   // (for_one, with_tail: never compressed)
   std::size_t size_ = 0;
 };
 

@@ -1,6 +1,7 @@
 #include "walgate/proxy/encodings.hpp"
 
 #include "walgate/proxy/stream_request.hpp"
+#include "walgate/transform/json.hpp"
 
 #include <cstdio>
 
@@ -123,7 +124,7 @@ payload_ptr encoding_cache::get_masked(const logged_event& e, encoding enc, tran
                                        std::string& error) {
   if (!e.masked) e.masked = std::make_shared<std::vector<logged_event::masked_encoding>>();
   for (const auto& m : *e.masked)
-    if (m.enc == enc && m.as == as && m.mask == mask) return m.bytes;
+    if (!m.keyed && m.enc == enc && m.as == as && m.mask == mask) return m.bytes;
   const transform::change* from = decode(e, error);
   if (!from) return nullptr;
   if (!from->relation) {
@@ -136,6 +137,49 @@ payload_ptr encoding_cache::get_masked(const logged_event& e, encoding enc, tran
   auto p = encode_small(e, enc, c, opts_.encoder, encode_scratch_);
   e.masked->push_back({enc, as, mask, p});
   log_.account_encoding(e, sizeof(logged_event::masked_encoding) + mask.size() + p->memory());
+  return p;
+}
+
+std::string encoding_cache::key_of(const logged_event& e, encoding enc, transform::op as, const std::string* mask,
+                                   std::string& error) {
+  const transform::change* from = decode(e, error);
+  if (!from) return {};
+  if (!from->relation) return "null";   // (a message)
+  transform::change c = *from;
+  if (c.kind == transform::op::truncate) return "null";
+  if (as != c.kind && !as_op(c, as, e, error)) return {};
+  masked_change m;
+  if (mask && !apply_mask(c, *mask, m, e, error)) return {};
+  // An update is keyed by the row as it is now (its new key, when the update changed it).
+  if (c.kind == transform::op::update) {
+    c.before_kind = 0;
+    c.before = {};
+  }
+  switch (enc) {
+    case encoding::debezium: return transform::debezium_key(c, opts_.encoder);
+    case encoding::pgoutput2json:
+    case encoding::pgoutput2json_compact:
+    case encoding::pgoutput2json_schema: return transform::pgoutput2json_key(c);
+    case encoding::waltail: {
+      std::string out;
+      transform::append_json_string(out, transform::waltail_ordering_key(c));
+      return out;
+    }
+    default: return "null";
+  }
+}
+
+payload_ptr encoding_cache::keyed(const logged_event& e, encoding enc, transform::op as, const std::string* mask,
+                                  const payload_ptr& value, std::string& error) {
+  const std::string mask_key = mask ? *mask : std::string("*");
+  if (!e.masked) e.masked = std::make_shared<std::vector<logged_event::masked_encoding>>();
+  for (const auto& m : *e.masked)
+    if (m.keyed && m.enc == enc && m.as == as && m.mask == mask_key) return m.bytes;
+  std::string key = key_of(e, enc, as, mask, error);
+  if (key.empty()) return nullptr;
+  auto p = payload::framed("{\"key\":" + key + ",\"value\":", value, "}");
+  e.masked->push_back({enc, as, mask_key, p, true});
+  log_.account_encoding(e, sizeof(logged_event::masked_encoding) + mask_key.size() + p->memory());
   return p;
 }
 

@@ -52,6 +52,25 @@ std::shared_ptr<const payload> payload::for_one(std::string bytes) {
   return p;
 }
 
+std::shared_ptr<const payload> payload::framed(std::string head, std::shared_ptr<const payload> base, std::string tail,
+                                               bool one_client) {
+  if (!base->spilled()) {
+    std::string bytes;
+    bytes.reserve(head.size() + base->size() + tail.size());
+    bytes += head;
+    bytes.append(base->bytes());
+    bytes += tail;
+    return one_client ? for_one(std::move(bytes)) : in_memory(std::move(bytes));
+  }
+  std::shared_ptr<payload> p(new payload);
+  p->size_ = head.size() + base->size() + tail.size();
+  p->keep_ = base->size();
+  p->head_ = std::move(head);
+  p->bytes_ = std::move(tail);
+  p->base_ = std::move(base);
+  return p;
+}
+
 std::shared_ptr<const payload> payload::with_tail(std::shared_ptr<const payload> base, std::size_t keep, std::string tail) {
   keep = std::min(keep, base->size());
   if (!base->spilled()) {
@@ -70,7 +89,7 @@ std::shared_ptr<const payload> payload::with_tail(std::shared_ptr<const payload>
 }
 
 std::size_t payload::memory() const {
-  std::size_t n = sizeof(*this) + 32 + bytes_.size();
+  std::size_t n = sizeof(*this) + 32 + bytes_.size() + head_.size();
   for (auto* f = deflated_.get(); f; f = f->next.get()) n += sizeof(*f) + 32 + f->bytes.capacity();
   return n;
 }
@@ -94,14 +113,27 @@ payload::~payload() {
 }
 
 bool payload::read(std::size_t offset, std::span<char> out, std::string& error) const {
-  if (base_) {   // base's first keep_ bytes, then bytes_
+  if (base_) {   // head_, base's first keep_ bytes, then bytes_
     if (offset > size_ || out.size() > size_ - offset) {
       error = "a read outside the spilled payload";
       return false;
     }
-    std::size_t from_base = offset < keep_ ? std::min(out.size(), keep_ - offset) : 0;
-    if (from_base && !base_->read(offset, out.first(from_base), error)) return false;
-    if (out.size() > from_base) std::copy_n(bytes_.data() + (offset + from_base - keep_), out.size() - from_base, out.data() + from_base);
+    std::size_t done = 0;
+    while (done < out.size()) {
+      const std::size_t at = offset + done, left = out.size() - done;
+      std::size_t n;
+      if (at < head_.size()) {
+        n = std::min(left, head_.size() - at);
+        std::copy_n(head_.data() + at, n, out.data() + done);
+      } else if (at < head_.size() + keep_) {
+        n = std::min(left, head_.size() + keep_ - at);
+        if (!base_->read(at - head_.size(), out.subspan(done, n), error)) return false;
+      } else {
+        n = left;
+        std::copy_n(bytes_.data() + (at - head_.size() - keep_), n, out.data() + done);
+      }
+      done += n;
+    }
     return true;
   }
   if (fd_ < 0 || offset > size_ || out.size() > size_ - offset) {

@@ -228,6 +228,11 @@ std::optional<stream_request> parse_stream_query(std::string_view target, reques
         return std::nullopt;
       }
       r.transactions = on;
+    } else if (key == "keys") {
+      if (!bool_param(value, r.keys)) {
+        error = {"keys", "use true or false"};
+        return std::nullopt;
+      }
     } else if (key == "snapshot") {
       if (!bool_param(value, r.snapshot)) {
         error = {"snapshot", "use true or false"};
@@ -245,6 +250,10 @@ std::optional<stream_request> parse_stream_query(std::string_view target, reques
   if (r.transactions.value_or(false) && (r.fmt == transform::format::pgoutput2json || r.fmt == transform::format::waltail)) {
     error = {"transactions", std::string(transform::to_string(r.fmt)) +
                                  " has no transaction records: use native, wal2json or debezium"};
+    return std::nullopt;
+  }
+  if (r.keys && (r.fmt == transform::format::native || r.fmt == transform::format::wal2json)) {
+    error = {"keys", std::string(transform::to_string(r.fmt)) + " has no message key: use debezium, pgoutput2json or waltail"};
     return std::nullopt;
   }
   if (r.compact && r.fmt != transform::format::pgoutput2json) {

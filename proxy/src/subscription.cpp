@@ -355,12 +355,18 @@ void subscription::read_routed(std::vector<item>& out) {
   }
 }
 
+std::string subscription::keyed_record(std::string record, const protocol::transaction_info& t) const {
+  if (!request_.keys) return record;
+  return "{\"key\":{\"id\":\"" + std::to_string(t.xid) + ":" + std::to_string(t.commit_lsn.value) + "\"},\"value\":" + record + "}";
+}
+
 void subscription::end_transaction(std::vector<item>& out, std::size_t& bytes) {
   auto t = std::move(*txn_);
   txn_.reset();
   if (!t.begun) return;
   std::string commit;
   if (!transform::encode_commit(commit, request_.fmt, t.info, t.events, t.tables)) return;
+  commit = keyed_record(std::move(commit), t.info);
   bytes += commit.size();
   out.push_back({payload::for_one(std::move(commit)), {t.info.commit_lsn, 0, transform::event_id::mark::commit}, t.what});
 }
@@ -444,6 +450,7 @@ bool subscription::take(const event_ptr& e, std::vector<item>& out, std::size_t&
       if (!silent) {
         std::string begin;
         transform::encode_begin(begin, request_.fmt, t.info);
+        begin = keyed_record(std::move(begin), t.info);
         bytes += begin.size();
         out.push_back({payload::for_one(std::move(begin)), {t.info.commit_lsn, 0, transform::event_id::mark::begin}, what});
       }
@@ -470,6 +477,22 @@ bool subscription::take(const event_ptr& e, std::vector<item>& out, std::size_t&
     }
   } else if (silent) {
     return true;
+  }
+  // keys=true: {"key":…,"value":…}, shared like the encoding (a client's own form: its own).
+  if (request_.keys) {
+    const auto op_as = moved ? as : e->kind;
+    if (in_txn && request_.fmt == transform::format::debezium) {
+      std::string key = encodings_.key_of(*e, want, op_as, mask, error);
+      if (!key.empty()) p = payload::framed("{\"key\":" + key + ",\"value\":", p, "}", true);
+      else p = nullptr;
+    } else {
+      p = encodings_.keyed(*e, want, op_as, mask, p, error);
+    }
+    if (!p) {
+      cursor_ = e->seq;
+      if (out.empty()) close(end::damaged, error);
+      return false;
+    }
   }
   if (deflate_bits_ && !(in_txn && request_.fmt == transform::format::debezium)) {   // (a client's own form: never compressed)
     std::size_t made = 0;

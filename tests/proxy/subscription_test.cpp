@@ -905,4 +905,67 @@ TEST_CASE("subscription: transaction records of a Debezium encoding in a spill f
       REQUIRE(x + y == whole);
     }
   }
+  // keys=true around that: the key, the spilled bytes with the block, the end; read alike.
+  subscription k(*f.log, *f.enc, f.request("/v1/stream?format=debezium&transactions=true&keys=true"), 0, std::nullopt, {});
+  std::vector<subscription::item> keyed;
+  for (const auto& b : drain(k)) keyed.insert(keyed.end(), b.begin(), b.end());
+  REQUIRE(keyed.size() == 4);
+  const auto& p = *keyed[1].bytes;
+  REQUIRE(p.spilled());
+  std::string whole(p.size(), '\0'), error;
+  REQUIRE_MESSAGE(p.read(0, whole, error), error);
+  CHECK(whole.rfind(R"({"key":{"id":)", 0) == 0);
+  CHECK(whole.ends_with(R"("total_order":1,"data_collection_order":1}}})"));
+  for (std::size_t cut = 0; cut <= whole.size(); cut += (cut < 300 || cut + 300 > whole.size()) ? 1 : 4099) {
+    std::string x(cut, '\0'), y(whole.size() - cut, '\0');
+    REQUIRE(p.read(0, x, error));
+    REQUIRE(p.read(cut, y, error));
+    REQUIRE(x + y == whole);
+  }
+}
+
+TEST_CASE("subscription: keys=true wraps each event as {key, value} with the format's key, made once and shared") {
+  fixture f;
+  f.w.txn(*f.log, f.w.a, 1);                            // 0/1000: insert id 4096
+  f.w.txn(*f.log, f.w.a, 1, transform::op::delete_);   // 0/1100: delete id 4352
+  auto values = [&](const char* query) {
+    subscription s(*f.log, *f.enc, f.request(query), 0, std::nullopt, {});
+    std::vector<subscription::item> got;
+    for (const auto& b : drain(s)) got.insert(got.end(), b.begin(), b.end());
+    return got;
+  };
+  auto plain = values("/v1/stream?format=debezium");
+  auto keyed = values("/v1/stream?format=debezium&keys=true&tombstones=true");
+  REQUIRE(plain.size() == 2);
+  REQUIRE(keyed.size() == 3);
+  CHECK(text(keyed[0]) == "{\"key\":{\"id\":4096},\"value\":" + text(plain[0]) + "}");
+  CHECK(text(keyed[1]) == "{\"key\":{\"id\":4352},\"value\":" + text(plain[1]) + "}");
+  CHECK(text(keyed[2]) == R"({"key":{"id":4352},"value":null})");   // the tombstone as it was
+  // Made once per event and encoding: another client of it gets the same bytes.
+  auto again = values("/v1/stream?format=debezium&keys=true");
+  CHECK(again[0].bytes == keyed[0].bytes);
+  auto p2j = values("/v1/stream?format=pgoutput2json&keys=true");
+  auto p2j_plain = values("/v1/stream?format=pgoutput2json");
+  CHECK(text(p2j[0]) == "{\"key\":[4096],\"value\":" + text(p2j_plain[0]) + "}");
+  CHECK(text(p2j[1]) == "{\"key\":[4352],\"value\":" + text(p2j_plain[1]) + "}");
+  auto compact = values("/v1/stream?format=pgoutput2json&compact=true&keys=true");
+  CHECK(text(compact[0]).rfind("{\"key\":[4096],\"value\":{", 0) == 0);
+  auto wt = values("/v1/stream?format=waltail&keys=true");
+  CHECK(text(wt[0]).rfind(R"({"key":"public.a:4096","value":{"op":"insert")", 0) == 0);
+  CHECK(text(wt[1]).rfind(R"({"key":"public.a:4352","value":{"op":"delete")", 0) == 0);
+  // With Debezium's transaction records: each record keyed by the transaction's id.
+  fixture g;
+  g.w.xid = 5;
+  g.w.txn(*g.log, g.w.a, 1);
+  subscription s(*g.log, *g.enc, g.request("/v1/stream?format=debezium&keys=true&transactions=true"), 0, std::nullopt, {});
+  auto t = texts(drain(s));
+  REQUIRE(t.size() == 3);
+  CHECK(t[0] == R"({"key":{"id":"5:4096"},"value":{"status":"BEGIN","id":"5:4096","ts_ms":946684800000,"event_count":null,"data_collections":null}})");
+  CHECK(t[1].rfind(R"({"key":{"id":4096},"value":{"before":null,)", 0) == 0);
+  CHECK(t[1].ends_with(R"("transaction":{"id":"5:4096","total_order":1,"data_collection_order":1}}})"));
+  CHECK(t[2].rfind(R"({"key":{"id":"5:4096"},"value":{"status":"END",)", 0) == 0);
+  request_error err;
+  CHECK_FALSE(parse_stream_query("/v1/stream?keys=true", err));
+  CHECK(err.parameter == "keys");
+  CHECK_FALSE(parse_stream_query("/v1/stream?format=wal2json&keys=true", err));
 }

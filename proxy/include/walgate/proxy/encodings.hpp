@@ -44,6 +44,16 @@ class encoding_cache {
   /// field of every format (rows, keys, schemas). Made once per event, encoding, op and mask,
   /// kept with the event (logged_event::masked).
   payload_ptr get_masked(const logged_event& e, encoding enc, transform::op as, const std::string& mask, std::string& error);
+  /// keys=true: value — e in enc as op `as` with the columns mask shows (null: every one) — as
+  /// {"key":<key_of>,"value":<value>}: made once per event, encoding, op and mask and kept with
+  /// the event (logged_event::masked); null if e's record cannot be read.
+  payload_ptr keyed(const logged_event& e, encoding enc, transform::op as, const std::string* mask,
+                    const payload_ptr& value, std::string& error);
+  /// The message key of e as op `as` (mask as keyed) in the format of enc, as JSON: Debezium's
+  /// record key ({"id":4471}), PgOutput2Json's key values ([4471]), Waltail's ordering key
+  /// ("public.orders:4471"); null for an event without one (a message, a truncate, a table
+  /// without key columns). Empty with error when e's record cannot be read.
+  std::string key_of(const logged_event& e, encoding enc, transform::op as, const std::string* mask, std::string& error);
   /// A Debezium tombstone for a deleted row ({"key":…,"value":null}), its key of the columns
   /// mask shows (null: every one); null if unreadable.
   payload_ptr tombstone(const logged_event& e, const std::string* mask = nullptr);

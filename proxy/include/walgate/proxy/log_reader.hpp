@@ -54,8 +54,9 @@ struct logged_event {
   struct masked_encoding {
     encoding enc;
     transform::op as;
-    std::string mask;
+    std::string mask;   ///< ("*" for a keyed form of every column)
     payload_ptr bytes;
+    bool keyed = false;   ///< keys=true's {"key":…,"value":…} form (encoding_cache::keyed)
   };
   mutable std::shared_ptr<std::vector<masked_encoding>> masked;
   mutable bool in_tail = false;   ///< held by the log's memory tail (its encodings count there)

@@ -28,6 +28,11 @@ class payload {
   /// Debezium's transaction block), never compressed (as for_one). From memory: a copy. From a
   /// spill file: read from base's file, nothing copied (spilled() is true of it too).
   static std::shared_ptr<const payload> with_tail(std::shared_ptr<const payload> base, std::size_t keep, std::string tail);
+  /// head, base's bytes, tail: in memory a copy that is shared like any encoding (compressible:
+  /// keys=true's {"key":…,"value":…}); from a spill file read from it.
+  /// With one_client, never compressed (as for_one).
+  static std::shared_ptr<const payload> framed(std::string head, std::shared_ptr<const payload> base, std::string tail,
+                                               bool one_client = false);
 
   payload(const payload&) = delete;
   payload& operator=(const payload&) = delete;
@@ -60,6 +65,7 @@ class payload {
   };
   mutable std::unique_ptr<deflated_form> deflated_;   // (null until asked; a form never moves)
   std::string bytes_;   // (with base_: the tail after its first keep_ bytes)
+  std::string head_;    // (with base_: before them)
   std::shared_ptr<const payload> base_;
   std::size_t keep_ = 0;
   int fd_ = -1;

@@ -52,6 +52,9 @@ struct stream_request {
   /// wal2json, debezium). Unset: the format's default, decided when the stream starts (on for
   /// wal2json, and for debezium with --debezium-transaction-metadata).
   std::optional<bool> transactions;
+  /// keys=true: each event as {"key":…,"value":…} with the format's message key (debezium,
+  /// pgoutput2json, waltail).
+  bool keys = false;
   /// access_token= (RFC 6750 2.3): the bearer token of a client that cannot send a header
   /// (EventSource). Checked by the server, never logged.
   std::string access_token;

@@ -171,6 +171,8 @@ class subscription : private row_router::target {
   /// The id a transactions client resumed from inside a transaction (its begin or an event):
   /// that transaction's begin was sent already.
   std::optional<transform::event_id> resumed_in_;
+  /// A transaction record as sent: with keys=true (Debezium), {"key":{"id":…},"value":record}.
+  std::string keyed_record(std::string record, const protocol::transaction_info& t) const;
   /// The commit record of the open transaction, if its begin went; closes it.
   void end_transaction(std::vector<item>& out, std::size_t& bytes);
   /// Whether e belongs to a transaction that has records (not a non-transactional message, not

@@ -3,6 +3,7 @@
 #include "walgate/proxy/stream_request.hpp"
 #include "walgate/transform/json.hpp"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace walgate::proxy {
@@ -150,6 +151,8 @@ std::string encoding_cache::key_of(const logged_event& e, encoding enc, transfor
   if (as != c.kind && !as_op(c, as, e, error)) return {};
   masked_change m;
   if (mask && !apply_mask(c, *mask, m, e, error)) return {};
+  if (std::none_of(c.relation->columns.begin(), c.relation->columns.end(), [](const auto& col) { return col.key; }))
+    return "null";   // (no key columns: REPLICA IDENTITY NOTHING, or DEFAULT without a primary key)
   // An update is keyed by the row as it is now (its new key, when the update changed it).
   if (c.kind == transform::op::update) {
     c.before_kind = 0;

@@ -198,10 +198,11 @@ TEST_CASE("transactions=true: begin and commit records per client, counted after
 
 TEST_CASE("keys=true: each event as {key, value} with the key each format's users expect, every transport") {
   auto& pg = test::cluster();
-  pg.sql(R"(DROP PUBLICATION IF EXISTS kx_pub; DROP TABLE IF EXISTS kx_a, kx_c;
+  pg.sql(R"(DROP PUBLICATION IF EXISTS kx_pub; DROP TABLE IF EXISTS kx_a, kx_c, kx_n;
             CREATE TABLE kx_a(id int PRIMARY KEY, v text);
             CREATE TABLE kx_c(a int, b text, v text, PRIMARY KEY (a, b));
-            CREATE PUBLICATION kx_pub FOR TABLE kx_a, kx_c)");
+            CREATE TABLE kx_n(v text);
+            CREATE PUBLICATION kx_pub FOR TABLE kx_a, kx_c, kx_n)");
   running_gateway g("kx_slot", "kx_pub");
   stream_client dbz(g.port(), "/v1/stream?format=debezium&keys=true&tombstones=true", {{"Accept", "text/event-stream"}});
   stream_client p2j(g.port(), "/v1/stream?format=pgoutput2json&keys=true");
@@ -216,23 +217,26 @@ TEST_CASE("keys=true: each event as {key, value} with the key each format's user
   pg.sql("INSERT INTO kx_a VALUES (4471, 'x'); INSERT INTO kx_c VALUES (1, 'b,1', 'y')");
   pg.sql("UPDATE kx_a SET id = 4472 WHERE id = 4471");
   pg.sql("DELETE FROM kx_c");
+  pg.sql("INSERT INTO kx_n VALUES ('no key')");
 
-  auto d = dbz.sse(5);   // insert, insert, update, delete, tombstone
-  REQUIRE(d.size() == 5);
+  auto d = dbz.sse(6);   // insert, insert, update, delete, tombstone, insert
+  REQUIRE(d.size() == 6);
   std::vector<std::string> keys;
   for (const auto& [id, data] : d) keys.push_back(json::serialize(obj(data).at("key")));
   // (an update that changed the key: keyed by the row as it is now)
   CHECK(keys == std::vector<std::string>{R"({"id":4471})", R"({"a":1,"b":"b,1"})", R"({"id":4472})", R"({"a":1,"b":"b,1"})",
-                                         R"({"a":1,"b":"b,1"})"});
+                                         R"({"a":1,"b":"b,1"})", "null"});
   CHECK(obj(d[0].second).at("value").at("after").at("v") == "x");
   CHECK(obj(d[4].second).at("value").is_null());
-  auto p = p2j.events(4);
-  REQUIRE(p.size() == 4);
+  auto p = p2j.events(5);
+  REQUIRE(p.size() == 5);
+  CHECK(obj(p[4]).at("key").is_null());
   CHECK(json::serialize(obj(p[0]).at("key")) == "[4471]");
   CHECK(json::serialize(obj(p[1]).at("key")) == R"([1,"b,1"])");
   CHECK(obj(p[0]).at("value").at("c") == "I");
-  auto w = wt.messages(4);
-  REQUIRE(w.size() == 4);
+  auto w = wt.messages(5);
+  REQUIRE(w.size() == 5);
+  CHECK(obj(w[4]).at("key").is_null());
   CHECK(obj(w[0]).at("key") == "public.kx_a:4471");
   CHECK(obj(w[1]).at("key") == "public.kx_c:1,b,1");
   CHECK(obj(w[2]).at("key") == "public.kx_a:4472");

@@ -22,6 +22,11 @@ struct sse_framing {
     // off there reconnects without Last-Event-ID, and its snapshot starts again.
     using kind = subscription::kind;
     if (item.what == kind::snapshot_end) out += "event: snapshot-end\n";
+    if (!item.event.empty()) {
+      out += "event: ";
+      out += item.event;
+      out.push_back('\n');
+    }
     if (item.what == kind::event || item.what == kind::snapshot_end) {
       out += "id: ";
       out += item.id.to_string();

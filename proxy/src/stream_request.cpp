@@ -228,6 +228,23 @@ std::optional<stream_request> parse_stream_query(std::string_view target, reques
         return std::nullopt;
       }
       r.transactions = on;
+    } else if (key == "prefixes") {
+      for (auto x : split(value, ',')) {
+        if (x.empty() || x.size() > 256) {
+          error = {"prefixes", "a prefix is 1 to 256 bytes"};
+          return std::nullopt;
+        }
+        r.prefixes.emplace_back(x);
+      }
+      if (r.prefixes.size() > 64) {
+        error = {"prefixes", "at most 64 prefixes"};
+        return std::nullopt;
+      }
+    } else if (key == "message_events") {
+      if (!bool_param(value, r.message_events)) {
+        error = {"message_events", "use true or false"};
+        return std::nullopt;
+      }
     } else if (key == "keys") {
       if (!bool_param(value, r.keys)) {
         error = {"keys", "use true or false"};
@@ -250,6 +267,10 @@ std::optional<stream_request> parse_stream_query(std::string_view target, reques
   if (r.transactions.value_or(false) && (r.fmt == transform::format::pgoutput2json || r.fmt == transform::format::waltail)) {
     error = {"transactions", std::string(transform::to_string(r.fmt)) +
                                  " has no transaction records: use native, wal2json or debezium"};
+    return std::nullopt;
+  }
+  if (!r.prefixes.empty() && r.ops && !(r.ops & (1u << ('m' - 'a')))) {
+    error = {"prefixes", "prefixes selects logical messages: add message to ops"};
     return std::nullopt;
   }
   if (r.keys && (r.fmt == transform::format::native || r.fmt == transform::format::wal2json)) {
@@ -288,6 +309,27 @@ void instantiate_where(stream_request& r, const boost::json::object* claims) {
   if (!r.where) return;
   static const boost::json::object none;
   r.where = std::make_shared<const predicate::node>(predicate::instantiate(*r.where, claims ? *claims : none));
+}
+
+bool glob_match(std::string_view g, std::string_view t) {
+  // Iterative, with one backtrack point: linear in practice, never exponential.
+  std::size_t gi = 0, ti = 0, star = std::string_view::npos, mark = 0;
+  while (ti < t.size()) {
+    if (gi < g.size() && (g[gi] == '?' || g[gi] == t[ti])) {
+      ++gi;
+      ++ti;
+    } else if (gi < g.size() && g[gi] == '*') {
+      star = gi++;
+      mark = ti;
+    } else if (star != std::string_view::npos) {
+      gi = star + 1;
+      ti = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (gi < g.size() && g[gi] == '*') ++gi;
+  return gi == g.size();
 }
 
 bool matches(const stream_request& r, const logged_event& e) {

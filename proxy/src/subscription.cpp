@@ -154,7 +154,8 @@ subscription::subscription(const log_reader& log, encoding_cache& encodings, str
       request_(std::move(request)),
       limits_(l),
       enc_(encoding_for(request_)),
-      unfiltered_(request_.tables.empty() && request_.ops == 0 && !request_.granted && !request_.where),
+      unfiltered_(request_.tables.empty() && request_.ops == 0 && !request_.granted && !request_.where &&
+                  request_.prefixes.empty()),
       cursor_(start),
       skip_through_(skip_through),
       snapshot_(std::move(snapshot)),
@@ -385,7 +386,28 @@ bool subscription::take(const event_ptr& e, std::vector<item>& out, std::size_t&
       skip_through_.reset();
     }
   }
-  if (!matches(request_, *e)) return true;
+  // prefixes=: a logical message by its prefix, whatever tables= says (the record is read for it).
+  std::string error;
+  std::string_view prefix;
+  if (e->kind == transform::op::message && (!request_.prefixes.empty() || request_.message_events)) {
+    const transform::change* c = encodings_.decode(*e, error);
+    if (!c || !c->message) {
+      cursor_ = e->seq;
+      if (out.empty()) close(end::damaged, error.empty() ? "event #" + std::to_string(e->seq) + " is not a message" : error);
+      return false;
+    }
+    prefix = c->message->prefix;   // (a view into the decoded record: copied below before the next decode)
+  }
+  std::string prefix_copy(prefix);
+  if (e->kind == transform::op::message && !request_.prefixes.empty()) {
+    if (request_.ops && !(request_.ops & (1u << ('m' - 'a')))) return true;
+    if (request_.granted && !request_.granted->allows(e->schema, e->table, 'm')) return true;
+    if (std::none_of(request_.prefixes.begin(), request_.prefixes.end(),
+                     [&](const std::string& g) { return glob_match(g, prefix_copy); }))
+      return true;
+  } else if (!matches(request_, *e)) {
+    return true;
+  }
   if (window && snapshot_->covers(*e)) return true;
   // Row grants: the event's values decide; an update that moves a row in or out of them is
   // sent as an insert or a delete, so that the client's rows stay exactly what it may see.
@@ -416,7 +438,6 @@ bool subscription::take(const event_ptr& e, std::vector<item>& out, std::size_t&
     if (mask) signature += '\x1d' + *mask;   // (other columns: another "s")
     if (*sent != signature) want = encoding::pgoutput2json_schema;
   }
-  std::string error;
   auto p = mask ? encodings_.get_masked(*e, want, moved ? as : e->kind, *mask, error)
            : moved ? encodings_.get_as(*e, want, as, error)
                    : encodings_.get(*e, want, error);
@@ -502,6 +523,11 @@ bool subscription::take(const event_ptr& e, std::vector<item>& out, std::size_t&
   if (want == encoding::pgoutput2json_schema) *sent = std::move(signature);
   bytes += p->size();
   out.push_back({std::move(p), e->id, what});
+  // message_events=true: named by its prefix over SSE (one that cannot be an SSE event name —
+  // empty, a line break, not UTF-8 — goes as an unnamed event, as without).
+  if (request_.message_events && e->kind == transform::op::message && !prefix_copy.empty() &&
+      prefix_copy.find_first_of("\r\n") == std::string::npos && transform::is_utf8(prefix_copy))
+    out.back().event = std::move(prefix_copy);
   if (request_.tombstones && (moved ? as == transform::op::delete_ : e->kind == transform::op::delete_))
     if (auto t = encodings_.tombstone(*e, mask)) out.push_back({std::move(t), e->id, what});
   return true;

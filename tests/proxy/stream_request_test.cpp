@@ -152,3 +152,28 @@ TEST_CASE("transactions=: true or false, unset by default; refused for formats w
   CHECK_FALSE(parse_stream_query("/v1/stream?transactions=maybe", err));
   CHECK(err.parameter == "transactions");
 }
+
+TEST_CASE("prefixes= and message_events=: globs over logical message prefixes") {
+  CHECK(glob_match("audit", "audit"));
+  CHECK_FALSE(glob_match("audit", "audits"));
+  CHECK(glob_match("audit.*", "audit.login"));
+  CHECK(glob_match("audit.*", "audit."));
+  CHECK_FALSE(glob_match("audit.*", "audit"));
+  CHECK(glob_match("*", ""));
+  CHECK(glob_match("a?c", "abc"));
+  CHECK_FALSE(glob_match("a?c", "ac"));
+  CHECK(glob_match("*.login.*", "x.login.y"));
+  CHECK(glob_match("a*b*c", "aXXbYYbZc"));
+  CHECK_FALSE(glob_match("a*b*c", "aXXbYYbZ"));
+  CHECK(glob_match(std::string(50, '*') + "x", std::string(5000, 'a') + "x"));   // (no blow-up)
+  request_error err;
+  auto r = parse_stream_query("/v1/stream?prefixes=audit.*,jobs&tables=public.orders&message_events=true", err);
+  REQUIRE(r);
+  CHECK(r->prefixes == std::vector<std::string>{"audit.*", "jobs"});
+  CHECK(r->message_events);
+  CHECK_FALSE(parse_stream_query("/v1/stream?prefixes=a,,b", err));
+  CHECK(err.parameter == "prefixes");
+  CHECK_FALSE(parse_stream_query("/v1/stream?prefixes=a&ops=insert", err));
+  CHECK(err.message == "prefixes selects logical messages: add message to ops");
+  CHECK(parse_stream_query("/v1/stream?prefixes=a&ops=insert,message", err));
+}

@@ -246,3 +246,67 @@ TEST_CASE("keys=true: each event as {key, value} with the key each format's user
   CHECK(json::serialize(obj(m[0]).at("data").at("key")) == R"({"a":1,"b":"b,1"})");
   CHECK(json::serialize(obj(m[1]).at("data").at("key")) == R"({"a":1,"b":"b,1"})");
 }
+
+TEST_CASE("prefixes=: logical messages chosen by prefix whatever tables= says; named SSE events; native content as text or base64") {
+  if (test::cluster().server_major() < 14) {
+    MESSAGE("SKIPPED on PostgreSQL " << test::cluster().server_major() << ": pgoutput sends logical messages from 14");
+    return;
+  }
+  auto& pg = test::cluster();
+  pg.sql(R"(DROP PUBLICATION IF EXISTS px_pub; DROP TABLE IF EXISTS px_t;
+            CREATE TABLE px_t(id int PRIMARY KEY);
+            CREATE PUBLICATION px_pub FOR TABLE px_t)");
+  running_gateway g("px_slot", "px_pub");
+  stream_client topics(g.port(), "/v1/stream?tables=public.px_t&prefixes=audit.*");
+  stream_client named(g.port(), "/v1/stream?prefixes=jobs&message_events=true", {{"Accept", "text/event-stream"}});
+  stream_client every(g.port(), "/v1/stream");
+  tx_mux mux(g.port(), "/v1/mux");
+  REQUIRE(topics.status() == 200);
+  REQUIRE(named.status() == 200);
+  REQUIRE(every.status() == 200);
+  mux.send(R"({"type":"subscribe","id":"m","prefixes":["audit.login","job?"],"ops":["message"]})");
+  REQUIRE(mux.messages(1) == std::vector<std::string>{R"({"sub":"m","type":"subscribed"})"});
+  CHECK(stream_client(g.port(), "/v1/stream?prefixes=audit.*&ops=insert").status() == 400);
+
+  pg.sql("INSERT INTO px_t VALUES (1)");
+  pg.sql("SELECT pg_logical_emit_message(true, 'audit.login', 'alice')");
+  pg.sql("SELECT pg_logical_emit_message(false, 'jobs', 'run')");
+  pg.sql("SELECT pg_logical_emit_message(true, 'other', 'x')");
+  pg.sql("SELECT pg_logical_emit_message(true, 'audit.bin', '\\xff00'::bytea)");
+  pg.sql("INSERT INTO px_t VALUES (2)");
+
+  auto kinds = [](const std::vector<std::string>& lines) {
+    std::vector<std::string> out;
+    for (const auto& l : lines) {
+      auto o = obj(l);
+      out.push_back(o.at("op") == "message" ? "m:" + str(o.at("prefix")) : str(o.at("op")));
+    }
+    return out;
+  };
+  auto t = topics.events(4);
+  CHECK(kinds(t) == std::vector<std::string>{"insert", "m:audit.login", "m:audit.bin", "insert"});
+  REQUIRE(t.size() == 4);
+  CHECK(obj(t[1]).at("content") == "alice");
+  CHECK(obj(t[1]).at("content_encoding") == "text");
+  CHECK(obj(t[2]).at("content") == "/wA=");
+  CHECK(obj(t[2]).at("content_encoding") == "base64");
+  auto e = every.events(6);
+  CHECK(kinds(e) == std::vector<std::string>{"insert", "m:audit.login", "m:jobs", "m:other", "m:audit.bin", "insert"});
+  // SSE: the message is the event "jobs" (addEventListener('jobs')); the rows unnamed.
+  auto lines = named.lines(12);   // retry and a blank line, then 3 events of id, [event,] data and a blank line
+  std::vector<std::string> names;
+  std::string name;
+  for (const auto& l : lines) {
+    if (l.rfind("event: ", 0) == 0) name = l.substr(7);
+    if (l.rfind("data: ", 0) == 0) {
+      auto o = obj(l.substr(6));
+      names.push_back((name.empty() ? std::string("-") : name) + "=" + str(o.at("op")));
+      name.clear();
+    }
+  }
+  CHECK(names == std::vector<std::string>{"-=insert", "jobs=message", "-=insert"});
+  auto m = mux.messages(2);
+  REQUIRE(m.size() == 2);
+  CHECK(obj(m[0]).at("data").at("prefix") == "audit.login");
+  CHECK(obj(m[1]).at("data").at("prefix") == "jobs");
+}

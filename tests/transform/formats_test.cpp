@@ -1,4 +1,5 @@
 #include "walgate/transform/formats.hpp"
+#include "walgate/transform/json.hpp"
 
 #include "split_helpers.hpp"
 
@@ -235,9 +236,25 @@ TEST_CASE("event records round-trip: every format encodes the same from the reco
     std::string native, w2j;
     encode_change(native, msg, format::native);
     encode_change(w2j, msg, format::wal2json);
-    CHECK(native.find(R"j("op":"message","transactional":true,"prefix":"app","content":"payload \u0001"})j") != std::string::npos);
+    CHECK(native.find(R"j("op":"message","transactional":true,"prefix":"app","content":"payload \u0001","content_encoding":"text"})j") != std::string::npos);
     CHECK(w2j == R"j({"action":"M","transactional":true,"prefix":"app","content":"payload \u0001"})j");
   }
+  {
+    // Content that is not UTF-8: native's in base64, saying so; wal2json's as any string.
+    pg::message bin = m;
+    static const std::string bytes("\xff\x00\x01z", 4);
+    bin.content = protocol::as_bytes(bytes);
+    change c = msg;
+    c.message = &bin;
+    std::string native, w2j;
+    encode_change(native, c, format::native);
+    encode_change(w2j, c, format::wal2json);
+    CHECK(native.find(R"j("content":"/wABeg==","content_encoding":"base64"})j") != std::string::npos);
+    CHECK(w2j == R"j({"action":"M","transactional":true,"prefix":"app","content":"\ufffd\u0000\u0001z"})j");
+  }
+  CHECK(is_utf8("caf\xc3\xa9"));
+  CHECK_FALSE(is_utf8("caf\xc3"));
+  CHECK_FALSE(is_utf8("\xed\xa0\x80"));   // a surrogate
   record_view reused;   // one view for every record, in turn, as the server reads them
   record_writer writer;   // writes the same bytes, copying a relation's part once made
   s.rel.generation = protocol::pgoutput::next_generation();

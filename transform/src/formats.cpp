@@ -404,15 +404,19 @@ void append_values(std::string& out, const pg::cached_relation& r, pg::tuple_vie
 /// else none.
 bool has_before(const change& c) { return c.before_kind != 0 && !c.before.empty(); }
 
-/// ,"transactional":..,"prefix":..,"content":..} — a logical message's fields, as native and
-/// wal2json both write them (content as text).
-void append_message_fields(std::string& out, const pg::message& m) {
+/// ,"transactional":..,"prefix":..,"content":..} — a logical message's fields: wal2json's
+/// content as text (invalid UTF-8 replaced by U+FFFD, as any string); native's as text when it is
+/// valid UTF-8, else base64, and "content_encoding" saying which.
+void append_message_fields(std::string& out, const pg::message& m, bool native) {
   out += ",\"transactional\":";
   out += m.transactional ? "true" : "false";
   out += ",\"prefix\":";
   append_json_string(out, m.prefix);
   out += ",\"content\":";
-  append_json_string(out, as_string_view(m.content));
+  const auto content = as_string_view(m.content);
+  const bool text = !native || is_utf8(content);
+  append_json_string(out, text ? std::string(content) : protocol::base64_encode(content));
+  if (native) out += text ? ",\"content_encoding\":\"text\"" : ",\"content_encoding\":\"base64\"";
   out.push_back('}');
 }
 
@@ -449,7 +453,7 @@ void encode_native(std::string& out, const change& c, const encoder_options& o) 
   }
   if (c.kind == op::message) {
     out += ",\"op\":\"message\"";
-    append_message_fields(out, *c.message);
+    append_message_fields(out, *c.message, true);
     return;
   }
   const auto& r = *c.relation;
@@ -697,7 +701,7 @@ void wal2json_columns(std::string& out, const change& c, pg::tuple_view t, bool 
 void encode_wal2json(std::string& out, const change& c, const encoder_options& o) {
   if (c.kind == op::message) {
     out += "{\"action\":\"M\"";
-    append_message_fields(out, *c.message);
+    append_message_fields(out, *c.message, false);
     return;
   }
   const auto& r = *c.relation;

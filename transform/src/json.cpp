@@ -27,6 +27,16 @@ std::size_t utf8_sequence(const unsigned char* p, std::size_t left) {
 }
 }  // namespace
 
+bool is_utf8(std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  for (std::size_t i = 0; i < s.size();) {
+    const std::size_t len = utf8_sequence(p + i, s.size() - i);
+    if (!len) return false;
+    i += len;
+  }
+  return true;
+}
+
 void append_json_string(std::string& out, std::string_view s) {
   out.reserve(out.size() + s.size() + 2);
   out.push_back('"');

@@ -55,6 +55,11 @@ struct stream_request {
   /// keys=true: each event as {"key":…,"value":…} with the format's message key (debezium,
   /// pgoutput2json, waltail).
   bool keys = false;
+  /// prefixes=: logical messages selected by prefix (globs: * any run, ? one character),
+  /// whatever tables= says; empty: every message (unless tables= is given).
+  std::vector<std::string> prefixes;
+  /// message_events=true: over SSE, a logical message goes as the event named by its prefix.
+  bool message_events = false;
   /// access_token= (RFC 6750 2.3): the bearer token of a client that cannot send a header
   /// (EventSource). Checked by the server, never logged.
   std::string access_token;
@@ -76,6 +81,8 @@ std::optional<stream_request> parse_stream_query(std::string_view target, reques
 /// The query of /v1/mux: nothing but access_token (its subscriptions' parameters come in
 /// messages). The token (empty: none), or nullopt with error.
 std::optional<std::string> parse_mux_query(std::string_view target, request_error& error);
+/// Whether a glob (* any run of characters, ? one) matches the whole of text.
+bool glob_match(std::string_view glob, std::string_view text);
 /// True if the event passes the request's table and op filters.
 bool matches(const stream_request& r, const logged_event& e);
 }  // namespace walgate::proxy

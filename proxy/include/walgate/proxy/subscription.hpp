@@ -49,6 +49,7 @@ class subscription : private row_router::target {
     payload_ptr bytes;
     transform::event_id id;
     kind what = kind::event;
+    std::string event;   ///< SSE: the event's name (message_events=true: a message's prefix); empty: none
   };
 
   /// Starts at seq start; with skip_through set (an id past the head), events up to it are

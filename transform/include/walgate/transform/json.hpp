@@ -12,6 +12,8 @@ namespace walgate::transform {
 
 /// Appends s as a JSON string literal (with the quotes).
 void append_json_string(std::string& out, std::string_view s);
+/// True when s is valid UTF-8 (RFC 3629: no overlong forms, surrogates or code points past U+10FFFF).
+bool is_utf8(std::string_view s);
 
 /// True if s is a JSON number (RFC 8259: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?) whose
 /// exponent has at most 4 digits (what any JSON parser reads without overflow).

@@ -224,6 +224,9 @@ const std::vector<setting>& settings() {
                        "invalid tokens from one address in a minute before its stream requests get 429 until the minute "
                        "ends; 0: no limit",
                        &config::auth_failures_per_minute, 0, 1'000'000));
+    s.push_back(number("group-max-mb",
+                       "a group=transaction message is split into parts past this many MiB of events (1-1024)",
+                       &config::group_max_mb, 1, 1024));
     s.push_back(number("ws-max-subscriptions", "subscriptions on one multiplexed WebSocket, /v1/mux (1-10000)",
                        &config::ws_max_subscriptions, 1, 10'000));
     s.push_back(list("allow-origin", "origin (scheme://host[:port], or *) whose pages may read the stream across origins",

@@ -41,6 +41,7 @@ struct config {
   std::vector<std::string> allow_hosts;
   std::string debezium_name = "walgate";
   bool debezium_transaction_metadata = false;
+  std::size_t group_max_mb = 16;
   transform::encoder_options::decimal_mode decimal = transform::encoder_options::decimal_mode::string;
   transform::encoder_options::time_precision time = transform::encoder_options::time_precision::adaptive_time_microseconds;
   bool streaming = true;                ///< ask PostgreSQL 14+ to stream large transactions while they run

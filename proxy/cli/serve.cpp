@@ -219,6 +219,7 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
   so.ws_max_subscriptions = s.ws_max_subscriptions;
   so.encoder.server_name = s.debezium_name;
   so.debezium_transaction_metadata = s.debezium_transaction_metadata;
+  so.group_max_bytes = s.group_max_mb << 20;
   so.encoder.database = parsed.params->dbname;
   so.encoder.decimal = s.decimal;
   so.encoder.time = s.time;

@@ -52,6 +52,45 @@ std::shared_ptr<const payload> payload::for_one(std::string bytes) {
   return p;
 }
 
+std::shared_ptr<const payload> payload::joined(std::string head, std::vector<std::shared_ptr<const payload>> parts,
+                                               std::string_view sep, std::string tail) {
+  std::size_t size = head.size() + tail.size() + (parts.empty() ? 0 : (parts.size() - 1) * sep.size());
+  bool in_memory = true;
+  for (const auto& p : parts) {
+    size += p->size();
+    in_memory = in_memory && !p->spilled();
+  }
+  if (in_memory && size < (1u << 20)) {
+    std::string bytes;
+    bytes.reserve(size);
+    bytes += head;
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      if (i) bytes += sep;
+      bytes.append(parts[i]->bytes());
+    }
+    bytes += tail;
+    return for_one(std::move(bytes));
+  }
+  std::shared_ptr<payload> p(new payload);
+  p->size_ = size;
+  p->one_client_ = true;
+  p->c_ = std::make_unique<composed>();
+  auto& c = *p->c_;
+  c.head = std::move(head);
+  p->bytes_ = std::move(tail);
+  c.sep = std::string(sep);
+  std::size_t at = c.head.size();
+  c.starts.reserve(parts.size() + 1);
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    if (i) at += sep.size();
+    c.starts.push_back(at);
+    at += parts[i]->size();
+  }
+  c.starts.push_back(at);   // (where the tail begins; an empty join: right after the head)
+  c.parts = std::move(parts);
+  return p;
+}
+
 std::shared_ptr<const payload> payload::framed(std::string head, std::shared_ptr<const payload> base, std::string tail,
                                                bool one_client) {
   if (!base->spilled()) {
@@ -64,10 +103,12 @@ std::shared_ptr<const payload> payload::framed(std::string head, std::shared_ptr
   }
   std::shared_ptr<payload> p(new payload);
   p->size_ = head.size() + base->size() + tail.size();
-  p->keep_ = base->size();
-  p->head_ = std::move(head);
+  p->one_client_ = one_client;
+  p->c_ = std::make_unique<composed>();
+  p->c_->keep = base->size();
+  p->c_->head = std::move(head);
   p->bytes_ = std::move(tail);
-  p->base_ = std::move(base);
+  p->c_->base = std::move(base);
   return p;
 }
 
@@ -82,14 +123,17 @@ std::shared_ptr<const payload> payload::with_tail(std::shared_ptr<const payload>
   }
   std::shared_ptr<payload> p(new payload);
   p->size_ = keep + tail.size();
-  p->keep_ = keep;
+  p->one_client_ = true;
+  p->c_ = std::make_unique<composed>();
+  p->c_->keep = keep;
   p->bytes_ = std::move(tail);
-  p->base_ = std::move(base);
+  p->c_->base = std::move(base);
   return p;
 }
 
 std::size_t payload::memory() const {
-  std::size_t n = sizeof(*this) + 32 + bytes_.size() + head_.size();
+  std::size_t n = sizeof(*this) + 32 + bytes_.size();
+  if (c_) n += sizeof(composed) + c_->head.size() + c_->sep.size() + (c_->parts.size() + c_->starts.size()) * 16;
   for (auto* f = deflated_.get(); f; f = f->next.get()) n += sizeof(*f) + 32 + f->bytes.capacity();
   return n;
 }
@@ -113,7 +157,51 @@ payload::~payload() {
 }
 
 bool payload::read(std::size_t offset, std::span<char> out, std::string& error) const {
-  if (base_) {   // head_, base's first keep_ bytes, then bytes_
+  if (c_ && !c_->starts.empty()) {   // joined: head, the parts with sep between, bytes_
+    const auto& head_ = c_->head;
+    const auto& starts_ = c_->starts;
+    const auto& parts_ = c_->parts;
+    const auto& sep_ = c_->sep;
+    if (offset > size_ || out.size() > size_ - offset) {
+      error = "a read outside the spilled payload";
+      return false;
+    }
+    std::size_t done = 0;
+    while (done < out.size()) {
+      const std::size_t at = offset + done, left = out.size() - done;
+      std::size_t n;
+      if (at < head_.size()) {
+        n = std::min(left, head_.size() - at);
+        std::copy_n(head_.data() + at, n, out.data() + done);
+      } else if (at >= starts_.back()) {
+        n = left;
+        std::copy_n(bytes_.data() + (at - starts_.back()), n, out.data() + done);
+      } else {
+        // The part at or before at, then either in its bytes or in the separator after it.
+        const auto i = static_cast<std::size_t>(std::upper_bound(starts_.begin(), starts_.end() - 1, at) - starts_.begin()) - 1;
+        const auto& part = *parts_[i];
+        const std::size_t in = at - starts_[i];
+        if (in < part.size()) {
+          n = std::min(left, part.size() - in);
+          if (part.spilled()) {
+            if (!part.read(in, out.subspan(done, n), error)) return false;
+          } else {
+            std::copy_n(part.bytes().data() + in, n, out.data() + done);
+          }
+        } else {
+          const std::size_t s = in - part.size();
+          n = std::min(left, sep_.size() - s);
+          std::copy_n(sep_.data() + s, n, out.data() + done);
+        }
+      }
+      done += n;
+    }
+    return true;
+  }
+  if (c_) {   // head, base's first keep bytes, then bytes_
+    const auto& head_ = c_->head;
+    const auto& base_ = c_->base;
+    const std::size_t keep_ = c_->keep;
     if (offset > size_ || out.size() > size_ - offset) {
       error = "a read outside the spilled payload";
       return false;

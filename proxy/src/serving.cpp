@@ -214,6 +214,7 @@ subscription::limits server_core::limits() const {
   subscription::limits l;
   l.batch_bytes = opts.batch_bytes;
   l.lag_bytes = opts.client_lag_bytes;
+  l.group_bytes = opts.group_max_bytes;
   return l;
 }
 
@@ -283,8 +284,8 @@ std::optional<refusal> position(server_core& core, stream_request r, std::string
     out.seq = *resume.seq;
   }
   if (!r.transactions)
-    r.transactions = r.fmt == transform::format::wal2json ||
-                     (r.fmt == transform::format::debezium && core.opts.debezium_transaction_metadata);
+    r.transactions = !r.group && (r.fmt == transform::format::wal2json ||
+                     (r.fmt == transform::format::debezium && core.opts.debezium_transaction_metadata));
   resume_in_transaction(log, r, out.seq, out.skip_through);
   out.request = std::move(r);
   return std::nullopt;

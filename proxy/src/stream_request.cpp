@@ -245,6 +245,12 @@ std::optional<stream_request> parse_stream_query(std::string_view target, reques
         error = {"message_events", "use true or false"};
         return std::nullopt;
       }
+    } else if (key == "group") {
+      if (value != "transaction") {
+        error = {"group", "use group=transaction"};
+        return std::nullopt;
+      }
+      r.group = true;
     } else if (key == "keys") {
       if (!bool_param(value, r.keys)) {
         error = {"keys", "use true or false"};
@@ -271,6 +277,11 @@ std::optional<stream_request> parse_stream_query(std::string_view target, reques
   }
   if (!r.prefixes.empty() && r.ops && !(r.ops & (1u << ('m' - 'a')))) {
     error = {"prefixes", "prefixes selects logical messages: add message to ops"};
+    return std::nullopt;
+  }
+  if (r.group && r.transactions.value_or(false)) {
+    error = {"transactions", "group=transaction carries each transaction whole in one message, with its xid and commit: "
+                             "leave out transactions=true"};
     return std::nullopt;
   }
   if (r.keys && (r.fmt == transform::format::native || r.fmt == transform::format::wal2json)) {

@@ -138,7 +138,7 @@ std::optional<std::vector<row_router::interest>> interests_of(const stream_reque
 
 void resume_in_transaction(const log_reader& log, const stream_request& r, std::uint64_t& seq,
                            std::optional<transform::event_id>& skip_through) {
-  if (!r.transactions.value_or(false) || !r.from || r.from->at == transform::event_id::mark::commit || skip_through) return;
+  if ((!r.transactions.value_or(false) && !r.group) || !r.from || r.from->at == transform::event_id::mark::commit || skip_through) return;
   auto first = log.resume_after({r.from->commit_lsn, 0, transform::event_id::mark::begin});
   if (first.error.empty() && first.seq && *first.seq < seq) {
     seq = *first.seq;
@@ -165,9 +165,10 @@ subscription::subscription(const log_reader& log, encoding_cache& encodings, str
   // Where it resumes, should it end before an event: the id it started after.
   if (request_.from) resume_id_ = request_.from->to_string();
   if (skip_through_) resume_id_ = skip_through_->to_string();
-  transactions_ = request_.transactions.value_or(false) &&
-                  (request_.fmt == transform::format::native || request_.fmt == transform::format::wal2json ||
-                   request_.fmt == transform::format::debezium);
+  group_ = request_.group;
+  transactions_ = group_ || (request_.transactions.value_or(false) &&
+                             (request_.fmt == transform::format::native || request_.fmt == transform::format::wal2json ||
+                              request_.fmt == transform::format::debezium));
   if (transactions_ && request_.from && request_.from->at != transform::event_id::mark::commit) resumed_in_ = request_.from;
   if (unfiltered_) encodings_.want_all(enc_, +1);
 }
@@ -361,7 +362,36 @@ std::string subscription::keyed_record(std::string record, const protocol::trans
   return "{\"key\":{\"id\":\"" + std::to_string(t.xid) + ":" + std::to_string(t.commit_lsn.value) + "\"},\"value\":" + record + "}";
 }
 
+void subscription::flush_part(std::vector<item>& out, std::size_t& bytes, bool last) {
+  auto& t = *txn_;
+  if (!last && t.part.empty()) {   // a part all seen before a resume: numbered, not sent again
+    if (t.part_bytes) ++t.part_no;
+    t.part_bytes = 0;
+    return;
+  }
+  ++t.part_no;
+  std::string head = "{\"xid\":" + std::to_string(t.info.xid) + ",\"commit_lsn\":\"" + t.info.commit_lsn.to_string() +
+                     "\",\"commit_time\":\"" + transform::iso8601_utc(t.info.commit_time) + "\"";
+  if (t.info.origin) {
+    head += ",\"origin\":";
+    transform::append_json_string(head, *t.info.origin);
+  }
+  head += ",\"part\":" + std::to_string(t.part_no) + ",\"last\":" + (last ? "true" : "false") + ",\"events\":[";
+  auto p = payload::joined(std::move(head), std::move(t.part), ",", "]}");
+  t.part.clear();
+  t.part_bytes = 0;
+  bytes += p->size();
+  // Its id: the commit's for the last part (resumes after the transaction), else its last
+  // event's (resumes with the next part).
+  out.push_back({std::move(p), last ? transform::event_id{t.info.commit_lsn, 0, transform::event_id::mark::commit} : t.last_id, t.what});
+}
+
 void subscription::end_transaction(std::vector<item>& out, std::size_t& bytes) {
+  if (group_) {
+    if (txn_->begun) flush_part(out, bytes, true);
+    txn_.reset();
+    return;
+  }
   auto t = std::move(*txn_);
   txn_.reset();
   if (!t.begun) return;
@@ -468,7 +498,7 @@ bool subscription::take(const event_ptr& e, std::vector<item>& out, std::size_t&
     auto& t = *txn_;
     if (!t.begun) {
       t.begun = true;
-      if (!silent) {
+      if (!silent && !group_) {
         std::string begin;
         transform::encode_begin(begin, request_.fmt, t.info);
         begin = keyed_record(std::move(begin), t.info);
@@ -484,9 +514,17 @@ bool subscription::take(const event_ptr& e, std::vector<item>& out, std::size_t&
       if (it == t.tables.end()) it = t.tables.insert(t.tables.end(), {e->schema, e->table, 0});
       table_order = ++it->events;
     }
-    if (silent) return true;
+    if (group_) {
+      // The part so far is sent first when this event would take it past the limit.
+      if (t.part_bytes && t.part_bytes + p->size() > limits_.group_bytes) flush_part(out, bytes, false);
+      t.part_bytes += p->size() + 1;
+      t.last_id = e->id;
+      if (silent) return true;
+    } else if (silent) {
+      return true;
+    }
     // Debezium: the change's transaction block, with its order among what this client is sent.
-    if (request_.fmt == transform::format::debezium) {
+    if (request_.fmt == transform::format::debezium && !group_) {
       std::string block;
       transform::append_debezium_transaction(block, t.info, t.events, table_order ? table_order : 1);
       p = with_transaction_block(p, block);
@@ -502,7 +540,7 @@ bool subscription::take(const event_ptr& e, std::vector<item>& out, std::size_t&
   // keys=true: {"key":…,"value":…}, shared like the encoding (a client's own form: its own).
   if (request_.keys) {
     const auto op_as = moved ? as : e->kind;
-    if (in_txn && request_.fmt == transform::format::debezium) {
+    if (in_txn && request_.fmt == transform::format::debezium && !group_) {
       std::string key = encodings_.key_of(*e, want, op_as, mask, error);
       if (!key.empty()) p = payload::framed("{\"key\":" + key + ",\"value\":", p, "}", true);
       else p = nullptr;
@@ -515,12 +553,20 @@ bool subscription::take(const event_ptr& e, std::vector<item>& out, std::size_t&
       return false;
     }
   }
-  if (deflate_bits_ && !(in_txn && request_.fmt == transform::format::debezium)) {   // (a client's own form: never compressed)
+  const bool own = in_txn && (group_ || request_.fmt == transform::format::debezium);   // (a client's own form: never compressed)
+  if (deflate_bits_ && !own) {
     std::size_t made = 0;
     p->deflated(deflate_bits_, &made);
     if (made) encodings_.account(*e, made);
   }
   if (want == encoding::pgoutput2json_schema) *sent = std::move(signature);
+  if (group_ && in_txn) {   // into the transaction's message (tombstones too), not sent on its own
+    auto& t = *txn_;
+    t.part.push_back(std::move(p));
+    if (request_.tombstones && (moved ? as == transform::op::delete_ : e->kind == transform::op::delete_))
+      if (auto ts = encodings_.tombstone(*e, mask)) t.part.push_back(std::move(ts));   // (not counted in the limit)
+    return true;
+  }
   bytes += p->size();
   out.push_back({std::move(p), e->id, what});
   // message_events=true: named by its prefix over SSE (one that cannot be an SSE event name —

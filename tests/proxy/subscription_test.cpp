@@ -969,3 +969,93 @@ TEST_CASE("subscription: keys=true wraps each event as {key, value} with the for
   CHECK(err.parameter == "keys");
   CHECK_FALSE(parse_stream_query("/v1/stream?format=wal2json&keys=true", err));
 }
+
+TEST_CASE("subscription: group=transaction sends each transaction whole as one message, split past the limit, resumable from a part") {
+  fixture f;
+  f.w.xid = 900;
+  auto& a = f.w.a;
+  auto& b = f.w.b;
+  f.w.mixed(*f.log, {&a, &b, &a});   // 0/1000
+  f.w.mixed(*f.log, {&b, &b});       // 0/1100
+  f.w.mixed(*f.log, {&a});           // 0/1200
+  auto plain = [&](const char* query) {
+    subscription s(*f.log, *f.enc, f.request(query), 0, std::nullopt, {});
+    return texts(drain(s));
+  };
+  const auto events = plain("/v1/stream");
+  REQUIRE(events.size() == 6);
+  const std::string head = R"({"xid":900,"commit_lsn":"0/1000","commit_time":"2000-01-01T00:00:00.000000Z",)";
+  {
+    subscription s(*f.log, *f.enc, f.request("/v1/stream?group=transaction"), 0, std::nullopt, {});
+    auto got = drain(s);
+    CHECK(ids(got) == std::vector<std::string>{"0/1000:C", "0/1100:C", "0/1200:C"});
+    auto t = texts(got);
+    CHECK(t[0] == head + R"("part":1,"last":true,"events":[)" + events[0] + "," + events[1] + "," + events[2] + "]}");
+    CHECK(t[2].find(R"("xid":902,)") != std::string::npos);
+  }
+  {
+    // Filtered: a transaction with nothing for the client has no message; wal2json's B/C are not
+    // added (the message holds the transaction).
+    subscription s(*f.log, *f.enc, f.request("/v1/stream?group=transaction&tables=public.a&format=wal2json"), 0, std::nullopt, {});
+    auto got = drain(s);
+    CHECK(ids(got) == std::vector<std::string>{"0/1000:C", "0/1200:C"});
+    CHECK(texts(got)[0].find(R"("events":[{"action":"I","schema":"public","table":"a",)") != std::string::npos);
+  }
+  // Past the limit: parts, each with its number; a part's id is its last event's.
+  subscription::limits l;
+  l.group_bytes = events[0].size() + 2;   // one event a part
+  subscription split(*f.log, *f.enc, f.request("/v1/stream?group=transaction"), 0, std::nullopt, l);
+  auto parts = drain(split);
+  CHECK(ids(parts) == std::vector<std::string>{"0/1000:0", "0/1000:1", "0/1000:C", "0/1100:0", "0/1100:C", "0/1200:C"});
+  auto pt = texts(parts);
+  CHECK(pt[0] == head + R"("part":1,"last":false,"events":[)" + events[0] + "]}");
+  CHECK(pt[1] == head + R"("part":2,"last":false,"events":[)" + events[1] + "]}");
+  CHECK(pt[2] == head + R"("part":3,"last":true,"events":[)" + events[2] + "]}");
+  // Resumed from a part: the next part, numbered as before; from the last: the next transaction.
+  auto resumed = [&](const char* from) {
+    auto r = f.request(std::string("/v1/stream?group=transaction&from=") + from);
+    auto rp = f.log->resume_after(*r.from);
+    REQUIRE(rp.seq);
+    std::uint64_t seq = *rp.seq;
+    std::optional<transform::event_id> skip;
+    resume_in_transaction(*f.log, r, seq, skip);
+    subscription s(*f.log, *f.enc, r, seq, skip, l);
+    return texts(drain(s));
+  };
+  auto r1 = resumed("0/1000:0");
+  REQUIRE(r1.size() == 5);
+  CHECK(r1[0] == pt[1]);
+  CHECK(r1[1] == pt[2]);
+  auto r2 = resumed("0/1000:C");
+  REQUIRE(r2.size() == 3);
+  CHECK(r2[0] == pt[3]);
+  request_error err;
+  CHECK_FALSE(parse_stream_query("/v1/stream?group=transaction&transactions=true", err));
+  CHECK_FALSE(parse_stream_query("/v1/stream?group=rows", err));
+  CHECK(err.parameter == "group");
+}
+
+TEST_CASE("subscription: a group=transaction message of more than 1 MiB is read from its events where they are") {
+  fixture f;
+  f.w.xid = 3;
+  f.w.txn(*f.log, f.w.a, 300, transform::op::insert, 4000);
+  subscription plain(*f.log, *f.enc, f.request("/v1/stream"), 0, std::nullopt, {});
+  std::string joined;
+  for (const auto& e : texts(drain(plain))) joined += (joined.empty() ? "" : ",") + e;
+  subscription s(*f.log, *f.enc, f.request("/v1/stream?group=transaction"), 0, std::nullopt, {});
+  std::vector<subscription::item> got;
+  for (const auto& b : drain(s)) got.insert(got.end(), b.begin(), b.end());
+  REQUIRE(got.size() == 1);
+  const auto& p = *got[0].bytes;
+  REQUIRE(p.spilled());   // (read piece by piece, as a spill file is)
+  std::string whole(p.size(), '\0'), error;
+  REQUIRE_MESSAGE(p.read(0, whole, error), error);
+  CHECK(whole == R"({"xid":3,"commit_lsn":"0/1000","commit_time":"2000-01-01T00:00:00.000000Z","part":1,"last":true,"events":[)" +
+                     joined + "]}");
+  for (std::size_t cut = 0; cut <= whole.size(); cut += (cut < 5000 || cut + 5000 > whole.size()) ? 1 : 997) {
+    std::string x(cut, '\0'), y(whole.size() - cut, '\0');
+    REQUIRE(p.read(0, x, error));
+    REQUIRE(p.read(cut, y, error));
+    REQUIRE(x + y == whole);
+  }
+}

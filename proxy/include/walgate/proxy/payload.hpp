@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace walgate::proxy {
 
@@ -30,6 +31,11 @@ class payload {
   static std::shared_ptr<const payload> with_tail(std::shared_ptr<const payload> base, std::size_t keep, std::string tail);
   /// head, base's bytes, tail: in memory a copy that is shared like any encoding (compressible:
   /// keys=true's {"key":…,"value":…}); from a spill file read from it.
+  /// head, the parts' bytes with sep between them, tail (group=transaction's message), never
+  /// compressed (as for_one): in memory when every part is and the whole is under 1 MiB, else
+  /// read piece by piece from the parts where they are (spilled() is true of it).
+  static std::shared_ptr<const payload> joined(std::string head, std::vector<std::shared_ptr<const payload>> parts,
+                                               std::string_view sep, std::string tail);
   /// With one_client, never compressed (as for_one).
   static std::shared_ptr<const payload> framed(std::string head, std::shared_ptr<const payload> base, std::string tail,
                                                bool one_client = false);
@@ -40,7 +46,7 @@ class payload {
 
   std::size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
-  bool spilled() const { return fd_ >= 0 || base_; }
+  bool spilled() const { return fd_ >= 0 || c_; }
   /// The bytes of an in-memory payload (empty for a spilled one).
   std::string_view bytes() const { return bytes_; }
   /// Reads out.size() bytes at offset of a spilled payload into out; false with error (the
@@ -64,10 +70,19 @@ class payload {
     std::unique_ptr<deflated_form> next;   // another window's (rare: browsers all ask for 15)
   };
   mutable std::unique_ptr<deflated_form> deflated_;   // (null until asked; a form never moves)
-  std::string bytes_;   // (with base_: the tail after its first keep_ bytes)
-  std::string head_;    // (with base_: before them)
-  std::shared_ptr<const payload> base_;
-  std::size_t keep_ = 0;
+  std::string bytes_;   // (composed: the tail)
+  /// Bytes composed of other payloads (with_tail, framed, joined): head, base's first keep
+  /// bytes, or the parts with sep between them, then bytes_. Apart, so that the common
+  /// payload stays small.
+  struct composed {
+    std::string head;
+    std::shared_ptr<const payload> base;
+    std::size_t keep = 0;
+    std::vector<std::shared_ptr<const payload>> parts;
+    std::vector<std::size_t> starts;   // (joined: where each part begins, then where bytes_ does)
+    std::string sep;
+  };
+  std::unique_ptr<composed> c_;
   int fd_ = -1;
   bool one_client_ = false;   // (for_one, with_tail: never compressed)
   std::size_t size_ = 0;

@@ -35,6 +35,8 @@ struct server_options {
   /// --debezium-transaction-metadata: debezium streams have transaction records and blocks
   /// unless a request says transactions=false.
   bool debezium_transaction_metadata = false;
+  /// --group-max-mb: a group=transaction message past this many bytes of events is split.
+  std::size_t group_max_bytes = 16u << 20;
   std::chrono::milliseconds header_timeout{10'000};   ///< The whole request head must arrive in this time.
   std::chrono::milliseconds keepalive{15'000};     ///< Idle keep-alive: NDJSON blank line, SSE comment, WS ping.
   std::chrono::milliseconds write_timeout{30'000};  ///< A write that takes longer: the client is too slow.

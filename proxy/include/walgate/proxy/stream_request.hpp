@@ -55,6 +55,8 @@ struct stream_request {
   /// keys=true: each event as {"key":…,"value":…} with the format's message key (debezium,
   /// pgoutput2json, waltail).
   bool keys = false;
+  /// group=transaction: one message per transaction (split at the server's group limit).
+  bool group = false;
   /// prefixes=: logical messages selected by prefix (globs: * any run, ? one character),
   /// whatever tables= says; empty: every message (unless tables= is given).
   std::vector<std::string> prefixes;

@@ -37,6 +37,7 @@ class subscription : private row_router::target {
     std::size_t batch_bytes = 256 * 1024;   ///< a batch ends once its encodings reach this
     std::size_t batch_events = 512;         ///< and at this many events
     std::size_t lag_bytes = 64u << 20;      ///< a live client further behind is closed (slow)
+    std::size_t group_bytes = 16u << 20;    ///< group=transaction: a message's events past this: split
   };
   /// Why a subscription ended.
   enum class end { none, client_gone, slow, not_retained, damaged, shutdown, snapshot_failed, expired, grant };
@@ -166,7 +167,16 @@ class subscription : private row_router::target {
     kind what = kind::event;
     std::uint64_t events = 0;
     std::vector<transform::table_count> tables;
+    // group=transaction: the part being made (its events not yet sent; silent ones, seen
+    // before a resume, counted in its size only), its number, its last event's id.
+    std::vector<payload_ptr> part;
+    std::size_t part_bytes = 0;
+    std::uint32_t part_no = 0;
+    transform::event_id last_id;
   };
+  bool group_ = false;
+  /// group=transaction: the part made so far as one message (last: the transaction's end).
+  void flush_part(std::vector<item>& out, std::size_t& bytes, bool last);
   bool transactions_ = false;
   std::optional<open_transaction> txn_;
   /// The id a transactions client resumed from inside a transaction (its begin or an event):

@@ -310,3 +310,4 @@ TEST_CASE("prefixes=: logical messages chosen by prefix whatever tables= says; n
   CHECK(obj(m[0]).at("data").at("prefix") == "audit.login");
   CHECK(obj(m[1]).at("data").at("prefix") == "jobs");
 }
+

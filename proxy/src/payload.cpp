@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 namespace walgate::proxy {
@@ -52,88 +53,72 @@ std::shared_ptr<const payload> payload::for_one(std::string bytes) {
   return p;
 }
 
-std::shared_ptr<const payload> payload::joined(std::string head, std::vector<std::shared_ptr<const payload>> parts,
-                                               std::string_view sep, std::string tail) {
+std::shared_ptr<const payload> payload::compose(std::string head,
+                                                std::vector<std::pair<std::shared_ptr<const payload>, std::size_t>> parts,
+                                                std::string_view sep, std::string tail, bool one_client,
+                                                std::size_t copy_below) {
   std::size_t size = head.size() + tail.size() + (parts.empty() ? 0 : (parts.size() - 1) * sep.size());
   bool in_memory = true;
-  for (const auto& p : parts) {
-    size += p->size();
-    in_memory = in_memory && !p->spilled();
+  for (auto& [part, len] : parts) {
+    len = std::min(len, part->size());
+    size += len;
+    in_memory = in_memory && !part->spilled();
   }
-  if (in_memory && size < (1u << 20)) {
+  if (in_memory && size < copy_below) {
     std::string bytes;
     bytes.reserve(size);
     bytes += head;
     for (std::size_t i = 0; i < parts.size(); ++i) {
       if (i) bytes += sep;
-      bytes.append(parts[i]->bytes());
+      bytes.append(parts[i].first->bytes().substr(0, parts[i].second));
     }
     bytes += tail;
-    return for_one(std::move(bytes));
+    return one_client ? for_one(std::move(bytes)) : payload::in_memory(std::move(bytes));
   }
   std::shared_ptr<payload> p(new payload);
   p->size_ = size;
-  p->one_client_ = true;
+  p->one_client_ = true;   // (composed: read in pieces, never compressed)
   p->c_ = std::make_unique<composed>();
   auto& c = *p->c_;
   c.head = std::move(head);
-  p->bytes_ = std::move(tail);
   c.sep = std::string(sep);
+  p->bytes_ = std::move(tail);
   std::size_t at = c.head.size();
   c.starts.reserve(parts.size() + 1);
   for (std::size_t i = 0; i < parts.size(); ++i) {
     if (i) at += sep.size();
     c.starts.push_back(at);
-    at += parts[i]->size();
+    at += parts[i].second;
   }
-  c.starts.push_back(at);   // (where the tail begins; an empty join: right after the head)
+  c.starts.push_back(at);   // (where the tail begins; no parts: right after the head)
   c.parts = std::move(parts);
   return p;
 }
 
+std::shared_ptr<const payload> payload::joined(std::string head, std::vector<std::shared_ptr<const payload>> parts,
+                                               std::string_view sep, std::string tail) {
+  std::vector<std::pair<std::shared_ptr<const payload>, std::size_t>> whole;
+  whole.reserve(parts.size());
+  for (auto& x : parts) {
+    const std::size_t n = x->size();
+    whole.emplace_back(std::move(x), n);
+  }
+  return compose(std::move(head), std::move(whole), sep, std::move(tail), true, 1u << 20);
+}
+
 std::shared_ptr<const payload> payload::framed(std::string head, std::shared_ptr<const payload> base, std::string tail,
                                                bool one_client) {
-  if (!base->spilled()) {
-    std::string bytes;
-    bytes.reserve(head.size() + base->size() + tail.size());
-    bytes += head;
-    bytes.append(base->bytes());
-    bytes += tail;
-    return one_client ? for_one(std::move(bytes)) : in_memory(std::move(bytes));
-  }
-  std::shared_ptr<payload> p(new payload);
-  p->size_ = head.size() + base->size() + tail.size();
-  p->one_client_ = one_client;
-  p->c_ = std::make_unique<composed>();
-  p->c_->keep = base->size();
-  p->c_->head = std::move(head);
-  p->bytes_ = std::move(tail);
-  p->c_->base = std::move(base);
-  return p;
+  const std::size_t n = base->size();
+  return compose(std::move(head), {{std::move(base), n}}, "", std::move(tail), one_client, SIZE_MAX);
 }
 
 std::shared_ptr<const payload> payload::with_tail(std::shared_ptr<const payload> base, std::size_t keep, std::string tail) {
-  keep = std::min(keep, base->size());
-  if (!base->spilled()) {
-    std::string bytes;
-    bytes.reserve(keep + tail.size());
-    bytes.append(base->bytes().substr(0, keep));
-    bytes += tail;
-    return for_one(std::move(bytes));
-  }
-  std::shared_ptr<payload> p(new payload);
-  p->size_ = keep + tail.size();
-  p->one_client_ = true;
-  p->c_ = std::make_unique<composed>();
-  p->c_->keep = keep;
-  p->bytes_ = std::move(tail);
-  p->c_->base = std::move(base);
-  return p;
+  return compose("", {{std::move(base), keep}}, "", std::move(tail), true, SIZE_MAX);
 }
 
 std::size_t payload::memory() const {
   std::size_t n = sizeof(*this) + 32 + bytes_.size();
-  if (c_) n += sizeof(composed) + c_->head.size() + c_->sep.size() + (c_->parts.size() + c_->starts.size()) * 16;
+  if (c_) n += sizeof(composed) + c_->head.size() + c_->sep.size() + c_->parts.size() * 24 + c_->starts.size() * 8;
   for (auto* f = deflated_.get(); f; f = f->next.get()) n += sizeof(*f) + 32 + f->bytes.capacity();
   return n;
 }
@@ -157,11 +142,8 @@ payload::~payload() {
 }
 
 bool payload::read(std::size_t offset, std::span<char> out, std::string& error) const {
-  if (c_ && !c_->starts.empty()) {   // joined: head, the parts with sep between, bytes_
-    const auto& head_ = c_->head;
-    const auto& starts_ = c_->starts;
-    const auto& parts_ = c_->parts;
-    const auto& sep_ = c_->sep;
+  if (c_) {   // composed: head, the parts (their first len bytes) with sep between, bytes_
+    const auto& c = *c_;
     if (offset > size_ || out.size() > size_ - offset) {
       error = "a read outside the spilled payload";
       return false;
@@ -170,55 +152,29 @@ bool payload::read(std::size_t offset, std::span<char> out, std::string& error) 
     while (done < out.size()) {
       const std::size_t at = offset + done, left = out.size() - done;
       std::size_t n;
-      if (at < head_.size()) {
-        n = std::min(left, head_.size() - at);
-        std::copy_n(head_.data() + at, n, out.data() + done);
-      } else if (at >= starts_.back()) {
+      if (at < c.head.size()) {
+        n = std::min(left, c.head.size() - at);
+        std::copy_n(c.head.data() + at, n, out.data() + done);
+      } else if (at >= c.starts.back()) {
         n = left;
-        std::copy_n(bytes_.data() + (at - starts_.back()), n, out.data() + done);
+        std::copy_n(bytes_.data() + (at - c.starts.back()), n, out.data() + done);
       } else {
         // The part at or before at, then either in its bytes or in the separator after it.
-        const auto i = static_cast<std::size_t>(std::upper_bound(starts_.begin(), starts_.end() - 1, at) - starts_.begin()) - 1;
-        const auto& part = *parts_[i];
-        const std::size_t in = at - starts_[i];
-        if (in < part.size()) {
-          n = std::min(left, part.size() - in);
-          if (part.spilled()) {
-            if (!part.read(in, out.subspan(done, n), error)) return false;
+        const auto i = static_cast<std::size_t>(std::upper_bound(c.starts.begin(), c.starts.end() - 1, at) - c.starts.begin()) - 1;
+        const auto& [part, len] = c.parts[i];
+        const std::size_t in = at - c.starts[i];
+        if (in < len) {
+          n = std::min(left, len - in);
+          if (part->spilled()) {
+            if (!part->read(in, out.subspan(done, n), error)) return false;
           } else {
-            std::copy_n(part.bytes().data() + in, n, out.data() + done);
+            std::copy_n(part->bytes().data() + in, n, out.data() + done);
           }
         } else {
-          const std::size_t s = in - part.size();
-          n = std::min(left, sep_.size() - s);
-          std::copy_n(sep_.data() + s, n, out.data() + done);
+          const std::size_t s = in - len;
+          n = std::min(left, c.sep.size() - s);
+          std::copy_n(c.sep.data() + s, n, out.data() + done);
         }
-      }
-      done += n;
-    }
-    return true;
-  }
-  if (c_) {   // head, base's first keep bytes, then bytes_
-    const auto& head_ = c_->head;
-    const auto& base_ = c_->base;
-    const std::size_t keep_ = c_->keep;
-    if (offset > size_ || out.size() > size_ - offset) {
-      error = "a read outside the spilled payload";
-      return false;
-    }
-    std::size_t done = 0;
-    while (done < out.size()) {
-      const std::size_t at = offset + done, left = out.size() - done;
-      std::size_t n;
-      if (at < head_.size()) {
-        n = std::min(left, head_.size() - at);
-        std::copy_n(head_.data() + at, n, out.data() + done);
-      } else if (at < head_.size() + keep_) {
-        n = std::min(left, head_.size() + keep_ - at);
-        if (!base_->read(at - head_.size(), out.subspan(done, n), error)) return false;
-      } else {
-        n = left;
-        std::copy_n(bytes_.data() + (at - head_.size() - keep_), n, out.data() + done);
       }
       done += n;
     }

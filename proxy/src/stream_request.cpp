@@ -8,7 +8,10 @@
 
 #include <boost/url/parse.hpp>
 
+#include <algorithm>
 #include <cctype>
+#include <iterator>
+#include <utility>
 
 // Stream request parameters: parsed from untrusted query strings, so kept apart from the server
 // (no Beast) for the fuzz target.
@@ -153,8 +156,23 @@ std::optional<stream_request> parse_stream_query(std::string_view target, reques
     error = {"url", "the request target is not a valid URL"};
     return std::nullopt;
   }
+  static constexpr std::pair<const char*, bool stream_request::*> flags[] = {
+      {"tombstones", &stream_request::tombstones},
+      {"compact", &stream_request::compact},
+      {"message_events", &stream_request::message_events},
+      {"keys", &stream_request::keys},
+      {"snapshot", &stream_request::snapshot}};
   for (auto p : u->params()) {
     std::string key = p.key, value = p.has_value ? std::string(p.value) : std::string();
+    // The plain true/false parameters.
+    if (auto flag = std::find_if(std::begin(flags), std::end(flags), [&](const auto& f) { return key == f.first; });
+        flag != std::end(flags)) {
+      if (!bool_param(value, r.*(flag->second))) {
+        error = {key, "use true or false"};
+        return std::nullopt;
+      }
+      continue;
+    }
     if (key == "format") {
       if (value == "pgoutput2json-compact") {
         r.fmt = transform::format::pgoutput2json;
@@ -189,16 +207,6 @@ std::optional<stream_request> parse_stream_query(std::string_view target, reques
         return std::nullopt;
       }
       r.from = id;
-    } else if (key == "tombstones") {
-      if (!bool_param(value, r.tombstones)) {
-        error = {"tombstones", "use true or false"};
-        return std::nullopt;
-      }
-    } else if (key == "compact") {
-      if (!bool_param(value, r.compact)) {
-        error = {"compact", "use true or false"};
-        return std::nullopt;
-      }
     } else if (key == "where") {
       if (r.where) {
         error = {"where", "where is given twice: join the conditions with and"};
@@ -240,27 +248,12 @@ std::optional<stream_request> parse_stream_query(std::string_view target, reques
         error = {"prefixes", "at most 64 prefixes"};
         return std::nullopt;
       }
-    } else if (key == "message_events") {
-      if (!bool_param(value, r.message_events)) {
-        error = {"message_events", "use true or false"};
-        return std::nullopt;
-      }
     } else if (key == "group") {
       if (value != "transaction") {
         error = {"group", "use group=transaction"};
         return std::nullopt;
       }
       r.group = true;
-    } else if (key == "keys") {
-      if (!bool_param(value, r.keys)) {
-        error = {"keys", "use true or false"};
-        return std::nullopt;
-      }
-    } else if (key == "snapshot") {
-      if (!bool_param(value, r.snapshot)) {
-        error = {"snapshot", "use true or false"};
-        return std::nullopt;
-      }
     } else {
       error = {key.empty() ? "query" : key, "unknown parameter '" + key + "'"};
       return std::nullopt;

@@ -311,3 +311,66 @@ TEST_CASE("prefixes=: logical messages chosen by prefix whatever tables= says; n
   CHECK(obj(m[1]).at("data").at("prefix") == "jobs");
 }
 
+
+TEST_CASE("group=transaction: a transaction as one message, split past the limit, resumed from a part") {
+  auto& pg = test::cluster();
+  pg.sql(R"(DROP PUBLICATION IF EXISTS gx_pub; DROP TABLE IF EXISTS gx_t;
+            CREATE TABLE gx_t(id int PRIMARY KEY, v text);
+            CREATE PUBLICATION gx_pub FOR TABLE gx_t)");
+  server_options so;
+  so.group_max_bytes = 64 * 1024;
+  running_gateway g("gx_slot", "gx_pub", so);
+  stream_client whole(g.port(), "/v1/stream?group=transaction");
+  ws_client ws(g.port(), "/v1/ws?group=transaction&format=wal2json", true);
+  REQUIRE(whole.status() == 200);
+  pg.sql("INSERT INTO gx_t SELECT i, repeat('x', 100) FROM generate_series(1, 5000) i");
+  pg.sql("INSERT INTO gx_t VALUES (0, 'small')");
+  // The 5,000-row transaction: parts 1, 2, … each within the limit, the rows in order.
+  std::vector<std::string> parts;
+  std::vector<std::int64_t> ids;
+  bool last = false;
+  while (!last) {
+    auto l = whole.events(1);
+    REQUIRE(l.size() == 1);
+    parts.push_back(l[0]);
+    auto o = obj(l[0]);
+    CHECK(o.at("part") == static_cast<std::int64_t>(parts.size()));
+    CHECK(l[0].size() <= 64 * 1024 + 1024);
+    for (const auto& e : o.at("events").as_array()) ids.push_back(e.at("after").at("id").as_int64());
+    last = o.at("last").as_bool();
+  }
+  REQUIRE(ids.size() == 5000);
+  for (std::size_t i = 0; i < ids.size(); ++i) CHECK(ids[i] == static_cast<std::int64_t>(i) + 1);
+  CHECK(parts.size() > 5);
+  auto next = whole.events(1);
+  REQUIRE(next.size() == 1);
+  CHECK(obj(next[0]).at("part") == 1);
+  CHECK(obj(next[0]).at("last") == true);
+  CHECK(obj(next[0]).at("events").as_array().size() == 1);
+  // wal2json over a compressing WebSocket: the same rows, no B/C records (the message is the
+  // transaction).
+  std::size_t rows = 0;
+  for (bool done = false; !done;) {
+    auto m = ws.messages(1);
+    REQUIRE(m.size() == 1);
+    auto o = obj(m[0]);
+    for (const auto& e : o.at("events").as_array()) {
+      CHECK(e.at("action") == "I");
+      ++rows;
+    }
+    done = o.at("last").as_bool();
+  }
+  CHECK(rows == 5000);
+  // Resumed from the second part's last event (its id): the third part, numbered 3, the same bytes.
+  const std::string lsn = str(obj(parts[0]).at("commit_lsn"));
+  const std::size_t through = obj(parts[0]).at("events").as_array().size() + obj(parts[1]).at("events").as_array().size();
+  stream_client r(g.port(), "/v1/stream?group=transaction&from=" + lsn + ":" + std::to_string(through - 1));
+  auto again = r.events(1);
+  REQUIRE(again.size() == 1);
+  CHECK(again[0] == parts[2]);
+  // From the transaction's commit id: the next transaction.
+  stream_client after(g.port(), "/v1/stream?group=transaction&from=" + lsn + ":C");
+  auto n = after.events(1);
+  REQUIRE(n.size() == 1);
+  CHECK(n[0] == next[0]);
+}

@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace walgate::proxy {
@@ -71,17 +72,20 @@ class payload {
   };
   mutable std::unique_ptr<deflated_form> deflated_;   // (null until asked; a form never moves)
   std::string bytes_;   // (composed: the tail)
-  /// Bytes composed of other payloads (with_tail, framed, joined): head, base's first keep
-  /// bytes, or the parts with sep between them, then bytes_. Apart, so that the common
-  /// payload stays small.
+  /// Bytes composed of other payloads (with_tail, framed, joined): head, then each part's first
+  /// len bytes with sep between them, then bytes_. Apart, so that the common payload stays small.
   struct composed {
     std::string head;
-    std::shared_ptr<const payload> base;
-    std::size_t keep = 0;
-    std::vector<std::shared_ptr<const payload>> parts;
-    std::vector<std::size_t> starts;   // (joined: where each part begins, then where bytes_ does)
+    std::vector<std::pair<std::shared_ptr<const payload>, std::size_t>> parts;   // (payload, bytes of it)
+    std::vector<std::size_t> starts;   // where each part begins, then where bytes_ does
     std::string sep;
   };
+  /// The one way the three are made: in memory (a copy) when every part is and the whole is
+  /// under copy_below bytes, else composed (read from the parts where they are).
+  static std::shared_ptr<const payload> compose(std::string head,
+                                                std::vector<std::pair<std::shared_ptr<const payload>, std::size_t>> parts,
+                                                std::string_view sep, std::string tail, bool one_client,
+                                                std::size_t copy_below);
   std::unique_ptr<composed> c_;
   int fd_ = -1;
   bool one_client_ = false;   // (for_one, with_tail: never compressed)

@@ -286,6 +286,9 @@ std::optional<refusal> position(server_core& core, stream_request r, std::string
   if (!r.transactions)
     r.transactions = !r.group && (r.fmt == transform::format::wal2json ||
                      (r.fmt == transform::format::debezium && core.opts.debezium_transaction_metadata));
+  if (r.empty_transactions && !r.group && !*r.transactions)   // (debezium without --debezium-transaction-metadata)
+    return refusal{400, "empty_transactions",
+                   "empty_transactions needs transaction records: add transactions=true (debezium's are off by default)", {}};
   resume_in_transaction(log, r, out.seq, out.skip_through);
   out.request = std::move(r);
   return std::nullopt;

@@ -161,6 +161,7 @@ std::optional<stream_request> parse_stream_query(std::string_view target, reques
       {"compact", &stream_request::compact},
       {"message_events", &stream_request::message_events},
       {"keys", &stream_request::keys},
+      {"empty_transactions", &stream_request::empty_transactions},
       {"snapshot", &stream_request::snapshot}};
   for (auto p : u->params()) {
     std::string key = p.key, value = p.has_value ? std::string(p.value) : std::string();
@@ -275,6 +276,11 @@ std::optional<stream_request> parse_stream_query(std::string_view target, reques
   if (r.group && r.transactions.value_or(false)) {
     error = {"transactions", "group=transaction carries each transaction whole in one message, with its xid and commit: "
                              "leave out transactions=true"};
+    return std::nullopt;
+  }
+  if (r.empty_transactions && !r.group &&
+      (r.transactions == false || r.fmt == transform::format::pgoutput2json || r.fmt == transform::format::waltail)) {
+    error = {"empty_transactions", "empty_transactions needs transaction records (transactions=true) or group=transaction"};
     return std::nullopt;
   }
   if (r.keys && (r.fmt == transform::format::native || r.fmt == transform::format::wal2json)) {

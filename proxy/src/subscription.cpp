@@ -160,7 +160,8 @@ subscription::subscription(const log_reader& log, encoding_cache& encodings, str
       skip_through_(skip_through),
       snapshot_(std::move(snapshot)),
       router_(router) {
-  if (router_) interests_ = interests_of(request_);
+  // (empty_transactions=true follows every transaction: it reads every event, never routed)
+  if (router_ && !request_.empty_transactions) interests_ = interests_of(request_);
   if (snapshot_) phase_ = phase::rows;
   // Where it resumes, should it end before an event: the id it started after.
   if (request_.from) resume_id_ = request_.from->to_string();
@@ -386,11 +387,38 @@ void subscription::flush_part(std::vector<item>& out, std::size_t& bytes, bool l
   out.push_back({std::move(p), last ? transform::event_id{t.info.commit_lsn, 0, transform::event_id::mark::commit} : t.last_id, t.what});
 }
 
+bool subscription::open_txn(const event_ptr& e, kind what, const std::vector<item>& out) {
+  std::string error;
+  const transform::change* c = encodings_.decode(*e, error);
+  if (!c || !c->txn) {
+    cursor_ = e->seq;
+    if (out.empty()) close(end::damaged, error.empty() ? "event #" + std::to_string(e->seq) + " has no transaction" : error);
+    return false;
+  }
+  txn_.emplace();
+  txn_->info = *c->txn;
+  txn_->what = what;
+  if (resumed_in_ && resumed_in_->commit_lsn == e->id.commit_lsn) txn_->begun = true;   // (sent before the resume)
+  resumed_in_.reset();
+  return true;
+}
+
 void subscription::end_transaction(std::vector<item>& out, std::size_t& bytes) {
+  // empty_transactions=true: one with nothing for this client (and not all seen before a
+  // resume) still has its records: begun here, ended below with no events.
+  const bool empty = request_.empty_transactions && !txn_->begun && txn_->fresh;
   if (group_) {
-    if (txn_->begun) flush_part(out, bytes, true);
+    if (txn_->begun || empty) flush_part(out, bytes, true);
     txn_.reset();
     return;
+  }
+  if (empty) {
+    std::string begin;
+    transform::encode_begin(begin, request_.fmt, txn_->info);
+    begin = keyed_record(std::move(begin), txn_->info);
+    bytes += begin.size();
+    out.push_back({payload::for_one(std::move(begin)), {txn_->info.commit_lsn, 0, transform::event_id::mark::begin}, txn_->what});
+    txn_->begun = true;
   }
   auto t = std::move(*txn_);
   txn_.reset();
@@ -415,6 +443,12 @@ bool subscription::take(const event_ptr& e, std::vector<item>& out, std::size_t&
     } else {
       skip_through_.reset();
     }
+  }
+  // empty_transactions=true: every transaction is followed, whatever this client is sent of it
+  // (one the snapshot saw is not: its rows are).
+  if (in_txn && request_.empty_transactions && !(window && snapshot_->covers(*e))) {
+    if (!txn_ && !open_txn(e, window ? kind::snapshot_change : kind::event, out)) return false;
+    if (!silent) txn_->fresh = true;
   }
   // prefixes=: a logical message by its prefix, whatever tables= says (the record is read for it).
   std::string error;
@@ -482,19 +516,7 @@ bool subscription::take(const event_ptr& e, std::vector<item>& out, std::size_t&
   const auto what = window ? kind::snapshot_change : kind::event;
   if (in_txn) {
     // The transaction's begin before its first event for this client; its counts.
-    if (!txn_) {
-      const transform::change* c = encodings_.decode(*e, error);
-      if (!c || !c->txn) {
-        cursor_ = e->seq;
-        if (out.empty()) close(end::damaged, error.empty() ? "event #" + std::to_string(e->seq) + " has no transaction" : error);
-        return false;
-      }
-      txn_.emplace();
-      txn_->info = *c->txn;
-      txn_->what = what;
-      if (resumed_in_ && resumed_in_->commit_lsn == e->id.commit_lsn) txn_->begun = true;   // (sent before the resume)
-      resumed_in_.reset();
-    }
+    if (!txn_ && !open_txn(e, what, out)) return false;
     auto& t = *txn_;
     if (!t.begun) {
       t.begun = true;

@@ -802,6 +802,50 @@ TEST_CASE("subscription: transaction records around each transaction, counted pe
     CHECK(texts(got)[3] == "{\"id\":\"0/1000:C\",\"op\":\"commit\",\"xid\":900,\"commit_lsn\":\"0/1000\"," + time +
                                ",\"events\":2,\"tables\":[{\"schema\":\"public\",\"table\":\"a\",\"events\":2}]}");
   }
+  SUBCASE("empty_transactions=true: a transaction with nothing for the client has its begin and commit, counted 0") {
+    subscription s(*f.log, *f.enc, f.request("/v1/stream?transactions=true&tables=public.a&empty_transactions=true"), 0,
+                   std::nullopt, {});
+    auto got = drain(s);
+    CHECK(ids(got) == std::vector<std::string>{"0/1000:B", "0/1000:0", "0/1000:2", "0/1000:C", "0/1100:B", "0/1100:C", "0/1200:B",
+                                               "0/1200:0", "0/1200:C"});
+    auto t = texts(got);
+    CHECK(t[4] == "{\"id\":\"0/1100:B\",\"op\":\"begin\",\"xid\":901,\"commit_lsn\":\"0/1100\"," + time + "}");
+    CHECK(t[5] == "{\"id\":\"0/1100:C\",\"op\":\"commit\",\"xid\":901,\"commit_lsn\":\"0/1100\"," + time +
+                      ",\"events\":0,\"tables\":[]}");
+    // Resumed from the empty one's begin: its commit; from its commit: the next transaction.
+    auto resumed = [&](const std::string& query) {
+      auto r = f.request(query);
+      auto rp = f.log->resume_after(*r.from);
+      REQUIRE(rp.seq);
+      std::uint64_t seq = *rp.seq;
+      std::optional<transform::event_id> skip;
+      resume_in_transaction(*f.log, r, seq, skip);
+      subscription rs(*f.log, *f.enc, r, seq, skip, {});
+      return ids(drain(rs));
+    };
+    const std::string q = "/v1/stream?transactions=true&tables=public.a&empty_transactions=true&from=";
+    CHECK(resumed(q + "0/1100:B") == std::vector<std::string>{"0/1100:C", "0/1200:B", "0/1200:0", "0/1200:C"});
+    CHECK(resumed(q + "0/1100:C") == std::vector<std::string>{"0/1200:B", "0/1200:0", "0/1200:C"});
+    CHECK(resumed(q + "0/1000:2") == std::vector<std::string>{"0/1000:C", "0/1100:B", "0/1100:C", "0/1200:B", "0/1200:0", "0/1200:C"});
+    // wal2json and group=transaction too.
+    subscription w(*f.log, *f.enc, f.request("/v1/stream?format=wal2json&transactions=true&tables=other.b&empty_transactions=true"),
+                   0, std::nullopt, {});
+    auto wt = texts(drain(w));
+    REQUIRE(wt.size() == 9);
+    CHECK(wt[7] == R"({"action":"B","xid":902,"timestamp":"2000-01-01 00:00:00+00"})");
+    CHECK(wt[8] == R"({"action":"C","xid":902,"timestamp":"2000-01-01 00:00:00+00"})");
+    subscription g(*f.log, *f.enc, f.request("/v1/stream?group=transaction&tables=public.a&empty_transactions=true"), 0,
+                   std::nullopt, {});
+    auto gt = drain(g);
+    CHECK(ids(gt) == std::vector<std::string>{"0/1000:C", "0/1100:C", "0/1200:C"});
+    CHECK(texts(gt)[1] == R"({"xid":901,"commit_lsn":"0/1100","commit_time":"2000-01-01T00:00:00.000000Z","part":1,"last":true,"events":[]})");
+    // Asked for without transaction records: refused.
+    request_error err;
+    CHECK_FALSE(parse_stream_query("/v1/stream?empty_transactions=true&transactions=false", err));
+    CHECK(err.parameter == "empty_transactions");
+    CHECK_FALSE(parse_stream_query("/v1/stream?empty_transactions=true&format=waltail", err));
+    CHECK(parse_stream_query("/v1/stream?empty_transactions=true&format=wal2json", err));
+  }
   SUBCASE("off unless asked (the server turns it on for wal2json): no records") {
     subscription s(*f.log, *f.enc, f.request("/v1/stream?format=wal2json"), 0, std::nullopt, {});
     CHECK(ids(drain(s)).size() == 6);

@@ -54,6 +54,8 @@ TEST_CASE("transactions=true: begin and commit records per client, counted after
   stream_client dbz_off(g.port(), "/v1/stream?format=debezium&transactions=false&tables=public.tx_orders");
   stream_client w2j(g.port(), "/v1/stream?format=wal2json&" + all_tables);   // on: wal2json's default
   tx_mux mux(g.port(), "/v1/mux");
+  stream_client lines_empty(g.port(), "/v1/stream?transactions=true&empty_transactions=true&tables=public.tx_lines");
+  REQUIRE(lines_empty.status() == 200);
   REQUIRE(all.status() == 200);
   REQUIRE(lines_sse.status() == 200);
   REQUIRE(dbz_off.status() == 200);
@@ -62,6 +64,7 @@ TEST_CASE("transactions=true: begin and commit records per client, counted after
   REQUIRE(mux.messages(1) == std::vector<std::string>{R"({"sub":"l","type":"subscribed"})"});
   // Refused where the format has no such records.
   CHECK(stream_client(g.port(), "/v1/stream?format=waltail&transactions=true").status() == 400);
+  CHECK(stream_client(g.port(), "/v1/stream?empty_transactions=true").status() == 400);   // (native: records off)
 
   pg.sql("BEGIN; INSERT INTO tx_orders VALUES (1, 10.5); INSERT INTO tx_lines VALUES (1, 1, 'a'), (2, 1, 'b'); "
          "INSERT INTO tx_other VALUES (1); COMMIT");
@@ -101,6 +104,12 @@ TEST_CASE("transactions=true: begin and commit records per client, counted after
   CHECK(s[5].first == commit_lsns[2] + ":0");
   CHECK(s[6].first == commit_lsns[2] + ":C");
   CHECK(obj(s[6].second).at("events") == 1);
+  // Asked for (empty_transactions=true): that transaction's begin and commit too, counted 0.
+  std::vector<std::string> with_empty;
+  for (const auto& l : lines_empty.events(9)) with_empty.push_back(str(obj(l).at("id")) + "=" + shape(obj(l)));
+  CHECK(with_empty == std::vector<std::string>{s[0].first + "=B", s[1].first + "=insert:tx_lines", s[2].first + "=insert:tx_lines",
+                                               s[3].first + "=C2", commit_lsns[1] + ":B=B", commit_lsns[1] + ":C=C0",
+                                               s[4].first + "=B", s[5].first + "=update:tx_lines", s[6].first + "=C1"});
   // The same over /v1/mux, each with its id.
   auto m = mux.messages(7);
   REQUIRE(m.size() == 7);

@@ -57,6 +57,9 @@ struct stream_request {
   bool keys = false;
   /// group=transaction: one message per transaction (split at the server's group limit).
   bool group = false;
+  /// empty_transactions=true: with transaction records or group=transaction, a transaction with
+  /// nothing for this client still gets its begin and commit (or its message, events []).
+  bool empty_transactions = false;
   /// prefixes=: logical messages selected by prefix (globs: * any run, ? one character),
   /// whatever tables= says; empty: every message (unless tables= is given).
   std::vector<std::string> prefixes;

@@ -164,6 +164,7 @@ class subscription : private row_router::target {
   struct open_transaction {
     protocol::transaction_info info;
     bool begun = false;   // its begin was sent (or was before a resume)
+    bool fresh = false;   // an event of it after the resume point was looked at (empty_transactions)
     kind what = kind::event;
     std::uint64_t events = 0;
     std::vector<transform::table_count> tables;
@@ -177,6 +178,8 @@ class subscription : private row_router::target {
   bool group_ = false;
   /// group=transaction: the part made so far as one message (last: the transaction's end).
   void flush_part(std::vector<item>& out, std::size_t& bytes, bool last);
+  /// The transaction of e opened (its begin not sent); false: e's record is damaged (closed).
+  bool open_txn(const event_ptr& e, kind what, const std::vector<item>& out);
   bool transactions_ = false;
   std::optional<open_transaction> txn_;
   /// The id a transactions client resumed from inside a transaction (its begin or an event):

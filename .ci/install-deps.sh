@@ -8,6 +8,7 @@ packages=(
   libboost1.81-dev libboost-system1.81-dev libboost-json1.81-dev libboost-url1.81-dev
   libssl-dev openssl zlib1g-dev libpq-dev libicu-dev doctest-dev libcli11-dev libtomlplusplus-dev
   postgresql-15 postgresql-15-wal2json
+  libnats-dev nats-server
   nodejs npm
 )
 if [ "${WALGATE_WITH_BROWSER:-1}" = 1 ]; then

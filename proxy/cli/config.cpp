@@ -280,6 +280,35 @@ const std::vector<setting>& settings() {
                        &config::snapshot_timeout_s, 1, 86'400, on_serve, " s"));
     s.push_back(number("snapshot-client-kb", "encoded snapshot rows held per client before the copy waits (64-1048576)",
                        &config::snapshot_client_kb, 64, 1'048'576));
+    s.push_back(list("nats", "NATS server URL(s), nats://host:port: publish the event log to JetStream (with --nats-stream)",
+                     &config::nats, on_serve, [](const std::string& u) -> std::string {
+                       return u.rfind("nats://", 0) == 0 || u.rfind("tls://", 0) == 0
+                                  ? std::string()
+                                  : source_names("nats") + ": '" + u + "' is not a NATS URL: use nats://host:port";
+                     }));
+    s.push_back(text("nats-stream", "the JetStream stream the event log is published to (created if missing)",
+                     &config::nats_stream, on_serve, [](const std::string& v) -> std::string {
+                       bool ok = !v.empty() && v.size() <= 255 &&
+                                 v.find_first_of(" \t\r\n.*>/\\") == std::string::npos;
+                       return ok ? std::string()
+                                 : source_names("nats-stream") + ": '" + v +
+                                       "' cannot name a stream (no spaces, '.', '*', '>', '/' or '\\')";
+                     }));
+    s.push_back(text("nats-subject-prefix", "subjects <prefix>.<schema>.<table> and <prefix>.~message",
+                     &config::nats_subject_prefix, on_serve, [](const std::string& v) -> std::string {
+                       bool ok = !v.empty() && v.front() != '.' && v.back() != '.' && v.find("..") == std::string::npos;
+                       for (char ch : v)
+                         ok = ok && ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                                     ch == '_' || ch == '-' || ch == '.');
+                       return ok ? std::string()
+                                 : source_names("nats-subject-prefix") + ": '" + v +
+                                       "' is not a subject prefix: dot-separated tokens of A-Z a-z 0-9 _ -";
+                     }));
+    s.push_back(number("nats-replicas", "replicas of the stream walgate creates, and checks (1-5)", &config::nats_replicas, 1, 5));
+    s.push_back(number("nats-max-mb", "the stream's size limit, MiB, oldest dropped past it (0: no limit; 0-16777216)",
+                       &config::nats_max_mb, 0, std::uint64_t{1} << 24));
+    s.push_back(number("nats-max-age", "the stream's age limit, s (0: no limit; 0-315360000)", &config::nats_max_age_s, 0,
+                       315'360'000, on_serve, " s"));
     s.push_back(flag("no-fsync", "do not fdatasync the event log (benchmarks only: acknowledges unsynced data)",
                      &config::no_fsync));
     return s;
@@ -493,6 +522,7 @@ std::string check(const config& c, command cmd) {
   }
   if (cmd == command::serve || cmd == command::demo || cmd == command::print_config) {
     if (c.tls_cert.empty() != c.tls_key.empty()) return "--tls-cert and --tls-key go together";
+    if (c.nats.empty() != c.nats_stream.empty()) return "--nats and --nats-stream go together";
     if (c.auth_jwt && c.jwt_secret_file.empty() && c.jwks_file.empty())
       return "--auth jwt needs a key file: --jwt-secret-file or --jwks-file (or both)";
     if (!c.auth_jwt && (!c.jwt_secret_file.empty() || !c.jwks_file.empty() || !c.jwt_issuer.empty() ||

@@ -53,6 +53,13 @@ struct config {
   std::size_t snapshot_queue = 64;         ///< waiting for one; more: 503
   std::size_t snapshot_timeout_s = 300;    ///< statement timeout of a snapshot's COPY
   std::size_t snapshot_client_kb = 4096;   ///< encoded rows held per snapshot client
+  // Scale-out: the event log published to a NATS JetStream stream (docs/api.md, *JetStream*).
+  std::vector<std::string> nats;           ///< --nats URL,...: servers (any node of a cluster)
+  std::string nats_stream;                 ///< --nats-stream NAME
+  std::string nats_subject_prefix = "walgate";
+  std::size_t nats_replicas = 1;
+  std::size_t nats_max_mb = 0;             ///< the stream's max bytes in MiB (0: no limit)
+  std::size_t nats_max_age_s = 0;          ///< the stream's max age (0: no limit)
   std::string capture;                  ///< walgate stream --capture
 };
 

@@ -6,6 +6,7 @@
 #include "walgate/proxy/event_log.hpp"
 #include "walgate/proxy/gateway.hpp"
 #include "walgate/proxy/initial_snapshot.hpp"
+#include "walgate/proxy/jetstream.hpp"
 #include "walgate/proxy/pg_connection.hpp"
 #include "walgate/proxy/replication_client.hpp"
 #include "walgate/proxy/server.hpp"
@@ -14,6 +15,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -327,6 +329,25 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
     log_line((!refused || gw.stream_fault().empty() ? f.message : gw.stream_fault()) + " (reconnecting in " +
              std::to_string(d.count()) + " ms)");
   });
+  // Scale-out: the log published to JetStream, in order, exactly once (its own thread; the log
+  // keeps what the stream has not confirmed).
+  std::unique_ptr<proxy::jetstream_publisher> publisher;
+  if (!s.nats.empty()) {
+    proxy::jetstream_options jo;
+    jo.servers = s.nats;
+    jo.stream = s.nats_stream;
+    jo.subject_prefix = s.nats_subject_prefix;
+    jo.replicas = static_cast<int>(s.nats_replicas);
+    jo.max_bytes = s.nats_max_mb ? static_cast<std::int64_t>(s.nats_max_mb << 20) : -1;
+    jo.max_age = std::chrono::seconds(s.nats_max_age_s);
+    jo.cursor_file = (std::filesystem::path(s.data_dir) / "jetstream.cursor").string();
+    publisher = std::make_unique<proxy::jetstream_publisher>(
+        *log, [&io](std::function<void()> f) { asio::post(io, std::move(f)); }, jo, log_line);
+    so.extra_metrics.push_back([&publisher](proxy::metrics_registry& m) { publisher->register_metrics(m); });
+    publisher->start();
+    log_line("publishing the event log to JetStream stream " + s.nats_stream + " on " + s.nats_subject_prefix + ".> at " +
+             s.nats.front() + (s.nats.size() > 1 ? " (+" + std::to_string(s.nats.size() - 1) + ")" : ""));
+  }
   proxy::server_status st;
   st.streaming = [&] { return client.streaming(); };
   st.reconnects = [&] { return client.reconnects(); };
@@ -440,6 +461,7 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
   });
   io.run();
   gw.flush();
+  if (publisher) publisher->stop();   // (what it had in flight is found in the stream next time)
   auto p = client.positions();
   log_line("stopped; durable " + gw.durable_lsn().to_string() + ", acknowledged " + p.acknowledged.to_string());
   return rc;

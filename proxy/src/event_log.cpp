@@ -83,6 +83,8 @@ void event_log::enforce_retention() {
     bool later_events = false;
     for (std::size_t i = 1; i < segments_.size(); ++i) later_events = later_events || segments_[i].end_seq > segments_[i].first_seq;
     if (!later_events && segments_.front().end_seq > segments_.front().first_seq) break;
+    // Held (not yet confirmed by a consumer that must have every event): kept.
+    if (hold_ && segments_.front().end_seq > *hold_ && segments_.front().end_seq > segments_.front().first_seq) break;
     std::error_code ec;
     fs::remove(segments_.front().path, ec);
     if (segments_.front().end_seq > segments_.front().first_seq) {
@@ -249,6 +251,7 @@ void event_log::commit(lsn commit_lsn, lsn end_lsn) {
   seg.end_seq = next_seq_;
   last_commit_ = commit_lsn;
   pending_durable_ = end_lsn;
+  pending_durable_seq_ = next_seq_;
   // Visible to clients from here on, all of it at once.
   if (next_seq_ > txn_first_seq_) {
     last_visible_id_ = seg.last_id;
@@ -365,6 +368,7 @@ event_log::sync_job event_log::begin_sync() {
   job.before.insert(job.before.begin(), retired_fds_.begin(), retired_fds_.end());
   retired_fds_.clear();
   job.target = pending_durable_;
+  job.target_seq = pending_durable_seq_;
   pending_durable_ = lsn{};
   ++syncing_;
   return job;
@@ -389,6 +393,7 @@ bool event_log::end_sync(const sync_job& job) {
     return false;
   }
   if (job.target.valid()) durable_lsn_ = std::max(durable_lsn_, job.target);
+  durable_seq_ = std::max(durable_seq_, job.target_seq);
   return true;
 }
 

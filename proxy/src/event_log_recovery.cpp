@@ -260,6 +260,7 @@ bool event_log::recover(std::string& error) {
     }
   }
   visible_seq_ = next_seq_;
+  durable_seq_ = pending_durable_seq_ = next_seq_;   // (what was recovered is durable)
   visible_offset_ = end_offset();
   for (auto it = segments_.rbegin(); it != segments_.rend(); ++it)
     if (it->end_seq > it->first_seq) {

@@ -91,6 +91,7 @@ class event_log final : public log_reader {
     /// whose descriptors the log handed over) and the data directory (a new segment's entry).
     std::vector<int> before;
     protocol::lsn target;
+    std::uint64_t target_seq = 0;   ///< one past the last event it makes durable
     int error = 0;   ///< errno of a failed fdatasync
   };
   sync_job begin_sync();
@@ -104,6 +105,9 @@ class event_log final : public log_reader {
 
   /// End LSN of the last transaction made durable (what may be acknowledged).
   protocol::lsn durable_lsn() const { return durable_lsn_; }
+  /// One past the last event made durable (of a committed transaction): what may leave this
+  /// process for another store (the JetStream publisher) without a crash taking it back.
+  std::uint64_t durable_seq() const { return durable_seq_; }
   /// A position acknowledged past the last logged transaction (an idle stream's keepalives),
   /// as last stored in the ACKED file: with durable_lsn(), how far the slot may have been
   /// acknowledged — so that a restart can tell a slot moved on by someone else.
@@ -185,6 +189,13 @@ class event_log final : public log_reader {
   void set_publish(std::function<void(const logged_event&, const transform::change&)> f) { publish_ = std::move(f); }
 
   std::size_t disk_bytes() const;
+  /// Retention keeps every segment holding an event at seq or after, whatever --retention-mb
+  /// says (events another consumer has not confirmed: the JetStream publisher); nullopt: no
+  /// hold. Moving it forward lets retention drop what it held at once.
+  void hold_from(std::optional<std::uint64_t> seq) {
+    hold_ = seq;
+    enforce_retention();
+  }
   /// Registers the log's size and head for /metrics.
   void register_metrics(metrics_registry& r) const;
   /// Byte position of the end of the log (see logged_event::end_offset).
@@ -256,9 +267,11 @@ class event_log final : public log_reader {
   protocol::lsn durable_lsn_, last_commit_, acked_lsn_, origin_;
   std::uint64_t next_seq_ = 0;
   std::uint64_t visible_seq_ = 0, visible_offset_ = 0;
+  std::uint64_t pending_durable_seq_ = 0, durable_seq_ = 0;
   transform::event_id last_visible_id_;   // id of the last committed event
   transform::event_id dropped_last_id_;   // last id of the newest segment retention dropped
   bool dropped_ = false;                   // retention dropped something in this process
+  std::optional<std::uint64_t> hold_;      // hold_from()
   std::deque<std::pair<std::uint64_t, std::uint64_t>> recent_commits_;   // (first seq, end offset), seq order
   std::deque<std::pair<std::uint32_t, std::uint64_t>> recent_xids_;      // (xid, first seq), seq order
   std::uint32_t txn_xid_ = 0;                                            // of the open transaction

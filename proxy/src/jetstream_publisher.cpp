@@ -1,0 +1,597 @@
+// The JetStream publisher (jetstream.hpp): the event log, in order, into a stream, exactly once.
+#include "walgate/proxy/jetstream.hpp"
+
+#include "walgate/proxy/event_log.hpp"
+#include "walgate/proxy/metrics.hpp"
+#include "walgate/transform/formats.hpp"
+#include "walgate/transform/record.hpp"
+
+#include <nats/nats.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+namespace walgate::proxy {
+
+std::string subject_token(std::string_view name) {
+  static constexpr char hex[] = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(name.size());
+  for (unsigned char c : name) {
+    if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-') {
+      out += static_cast<char>(c);
+    } else {
+      out += '~';
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
+}
+
+std::string event_subject(std::string_view prefix, const logged_event& e) {
+  std::string s(prefix);
+  if (e.kind == transform::op::message || e.table.empty()) return s + ".~message";
+  return s + "." + subject_token(e.schema) + "." + subject_token(e.table);
+}
+
+std::string stream_mismatch(const jetstream_stream_config& have, const jetstream_options& want) {
+  std::string out;
+  auto add = [&](const std::string& clause) { out += (out.empty() ? "" : "; ") + clause; };
+  const std::string subject = want.subject_prefix + ".>";
+  if (have.subjects != std::vector<std::string>{subject}) {
+    std::string list;
+    for (const auto& s : have.subjects) list += (list.empty() ? "" : ",") + s;
+    add("its subjects are [" + list + "], walgate publishes on " + subject + " (--nats-subject-prefix) and nothing else may");
+  }
+  if (have.replicas != want.replicas)
+    add("it has " + std::to_string(have.replicas) + " replica(s), --nats-replicas says " + std::to_string(want.replicas));
+  if (have.max_bytes != want.max_bytes)
+    add("its max bytes are " + std::to_string(have.max_bytes) + ", --nats-max-mb says " +
+        (want.max_bytes < 0 ? std::string("no limit (-1)") : std::to_string(want.max_bytes)));
+  const std::int64_t age = std::chrono::duration_cast<std::chrono::nanoseconds>(want.max_age).count();
+  if (have.max_age_ns != age)
+    add("its max age is " + std::to_string(have.max_age_ns / 1'000'000'000) + " s, --nats-max-age says " +
+        std::to_string(want.max_age.count()) + " s");
+  if (!have.limits_retention) add("its retention is not limits (interest or work queue streams lose events no edge read)");
+  if (!have.discard_old) add("it discards new messages when full (walgate needs discard old: the newest events must go in)");
+  return out;
+}
+
+namespace {
+
+std::string nats_error(natsStatus s, jsErrCode jerr = static_cast<jsErrCode>(0)) {
+  std::string out = natsStatus_GetText(s);
+  if (const char* last = nats_GetLastError(nullptr); last && *last && out.find(last) == std::string::npos) out += std::string(": ") + last;
+  if (jerr) out += " (JetStream error " + std::to_string(static_cast<int>(jerr)) + ")";
+  return out;
+}
+
+struct nats_options_ptr {
+  natsOptions* p = nullptr;
+  ~nats_options_ptr() { if (p) natsOptions_Destroy(p); }
+};
+struct stream_info_ptr {
+  jsStreamInfo* p = nullptr;
+  ~stream_info_ptr() { if (p) jsStreamInfo_Destroy(p); }
+};
+struct msg_ptr {
+  natsMsg* p = nullptr;
+  ~msg_ptr() { if (p) natsMsg_Destroy(p); }
+};
+
+}  // namespace
+
+struct jetstream_publisher::impl {
+  impl(event_log& l, std::function<void(std::function<void()>)> p, jetstream_options opts,
+       std::function<void(const std::string&)> s)
+      : log(l), post(std::move(p)), o(std::move(opts)), say(std::move(s)) {}
+  event_log& log;
+  std::function<void(std::function<void()>)> post;
+  jetstream_options o;
+  std::function<void(const std::string&)> say;
+
+  std::thread thread;
+  std::mutex m;
+  std::condition_variable cv;
+  bool stopping = false;
+  bool woken = false;
+  std::size_t visible_listener = 0, fetched_listener = 0;
+
+  natsConnection* nc = nullptr;
+  jsCtx* js = nullptr;
+
+  // Publish failures reported by nats.c's threads for the batch in flight.
+  std::mutex fail_m;
+  bool failed = false;
+  std::string fail_text;
+
+  // For /metrics (written by the thread, read on the executor).
+  std::atomic<std::uint64_t> confirmed_seq{0};      // the log seq after the last event confirmed
+  std::atomic<std::uint64_t> confirmed_offset{0};   // its end offset
+  std::atomic<std::uint64_t> published{0}, resyncs{0}, stream_last{0};
+  std::atomic<bool> connected{false}, synced{false};
+  std::atomic<bool> link_up{false};   // the connection is up (nats.c's disconnected/reconnected callbacks)
+  std::atomic<int> fault{0};   // 1: a state that needs an operator (a mismatched stream, a gap)
+  std::string last_state;      // (thread only) what was last said, so a retry loop says it once
+
+  // --- on the log's executor ----------------------------------------------------------------
+
+  /// Runs f on the executor and waits for its result; nullopt when stopping first.
+  template <class F>
+  auto on_loop(F f) -> std::optional<decltype(f())> {
+    using R = decltype(f());
+    auto done = std::make_shared<std::promise<R>>();
+    auto fut = done->get_future();
+    post([f = std::move(f), done]() mutable { done->set_value(f()); });
+    while (fut.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+      std::lock_guard lk(m);
+      if (stopping) return std::nullopt;
+    }
+    return fut.get();
+  }
+
+  void wake() {
+    {
+      std::lock_guard lk(m);
+      woken = true;
+    }
+    cv.notify_one();
+  }
+  /// Waits for a wake-up (new events, a background read done) or d; false when stopping.
+  bool idle(std::chrono::milliseconds d) {
+    std::unique_lock lk(m);
+    cv.wait_for(lk, d, [&] { return stopping || woken; });
+    woken = false;
+    return !stopping;
+  }
+  bool stopped() {
+    std::lock_guard lk(m);
+    return stopping;
+  }
+  void state(const std::string& s, bool is_fault = false) {
+    fault = is_fault ? 1 : 0;
+    if (s == last_state) return;
+    last_state = s;
+    if (!s.empty()) say("JetStream: " + s);
+  }
+
+  // --- the connection and the stream ----------------------------------------------------------
+
+  static void on_pub_error(jsCtx*, jsPubAckErr* pae, void* closure) {
+    auto* self = static_cast<impl*>(closure);
+    std::lock_guard lk(self->fail_m);
+    if (!self->failed) {
+      self->failed = true;
+      self->fail_text = std::string(pae->ErrText ? pae->ErrText : natsStatus_GetText(pae->Err));
+      if (pae->ErrCode) self->fail_text += " (JetStream error " + std::to_string(static_cast<int>(pae->ErrCode)) + ")";
+    }
+  }
+
+  void disconnect() {
+    if (js) jsCtx_Destroy(js);
+    js = nullptr;
+    if (nc) {
+      natsConnection_Close(nc);
+      natsConnection_Destroy(nc);
+    }
+    nc = nullptr;
+    connected = false;
+    synced = false;
+  }
+
+  bool connect() {
+    nats_options_ptr opts;
+    natsStatus s = natsOptions_Create(&opts.p);
+    std::vector<const char*> servers;
+    for (const auto& u : o.servers) servers.push_back(u.c_str());
+    if (s == NATS_OK) s = natsOptions_SetServers(opts.p, servers.data(), static_cast<int>(servers.size()));
+    if (s == NATS_OK) s = natsOptions_SetName(opts.p, "walgate origin");
+    if (s == NATS_OK) s = natsOptions_SetMaxReconnect(opts.p, -1);   // (nats.c reconnects: publishes then fail, and are found again)
+    if (s == NATS_OK) s = natsOptions_SetReconnectWait(opts.p, 250);
+    if (s == NATS_OK) s = natsOptions_SetTimeout(opts.p, 2000);
+    if (s == NATS_OK)
+      s = natsOptions_SetDisconnectedCB(opts.p, [](natsConnection*, void* self) { static_cast<impl*>(self)->link_up = false; }, this);
+    if (s == NATS_OK)
+      s = natsOptions_SetReconnectedCB(opts.p, [](natsConnection*, void* self) { static_cast<impl*>(self)->link_up = true; }, this);
+    if (s == NATS_OK) s = natsConnection_Connect(&nc, opts.p);
+    if (s != NATS_OK) {
+      nc = nullptr;
+      state("cannot connect to " + join(o.servers) + ": " + nats_error(s) + " (trying again; the event log keeps what is not published)");
+      return false;
+    }
+    jsOptions jo;
+    jsOptions_Init(&jo);
+    jo.Wait = o.ack_wait.count();
+    jo.PublishAsync.MaxPending = static_cast<int64_t>(o.batch_events) * 2;
+    jo.PublishAsync.ErrHandler = &impl::on_pub_error;
+    jo.PublishAsync.ErrHandlerClosure = this;
+    s = natsConnection_JetStream(&js, nc, &jo);
+    if (s != NATS_OK) {
+      state("cannot open a JetStream context: " + nats_error(s));
+      disconnect();
+      return false;
+    }
+    connected = true;
+    link_up = true;
+    return true;
+  }
+
+  static std::string join(const std::vector<std::string>& v) {
+    std::string out;
+    for (const auto& x : v) out += (out.empty() ? "" : ",") + x;
+    return out;
+  }
+
+  /// The stream, created when missing, checked when present; its last sequence in *last.
+  bool ensure_stream(std::uint64_t* last) {
+    stream_info_ptr si;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    natsStatus s = js_GetStreamInfo(&si.p, js, o.stream.c_str(), nullptr, &jerr);
+    if (s == NATS_NOT_FOUND || jerr == JSStreamNotFoundErr) {
+      jsStreamConfig cfg;
+      jsStreamConfig_Init(&cfg);
+      const std::string subject = o.subject_prefix + ".>";
+      const char* subjects[] = {subject.c_str()};
+      cfg.Name = o.stream.c_str();
+      cfg.Description = "walgate: the event log of a PostgreSQL logical replication slot";
+      cfg.Subjects = subjects;
+      cfg.SubjectsLen = 1;
+      cfg.Retention = js_LimitsPolicy;
+      cfg.Discard = js_DiscardOld;
+      cfg.Storage = js_FileStorage;
+      cfg.Replicas = o.replicas;
+      cfg.MaxBytes = o.max_bytes;
+      cfg.MaxAge = std::chrono::duration_cast<std::chrono::nanoseconds>(o.max_age).count();
+      cfg.Duplicates = std::chrono::duration_cast<std::chrono::nanoseconds>(o.duplicate_window).count();
+      cfg.AllowDirect = true;   // (edges read messages by sequence from any replica)
+      stream_info_ptr created;
+      jerr = static_cast<jsErrCode>(0);
+      s = js_AddStream(&created.p, js, &cfg, nullptr, &jerr);
+      if (s != NATS_OK) {
+        state("cannot create stream " + o.stream + ": " + nats_error(s, jerr) + " (trying again)");
+        return false;
+      }
+      say("JetStream: created stream " + o.stream + " (subjects " + subject + ", " + std::to_string(o.replicas) + " replica(s))");
+      *last = 0;
+      return true;
+    }
+    if (s != NATS_OK) {
+      state("cannot read stream " + o.stream + ": " + nats_error(s, jerr) + " (trying again)");
+      return false;
+    }
+    jetstream_stream_config have;
+    for (int i = 0; i < si.p->Config->SubjectsLen; ++i) have.subjects.emplace_back(si.p->Config->Subjects[i]);
+    have.replicas = static_cast<int>(si.p->Config->Replicas);
+    have.max_bytes = si.p->Config->MaxBytes;
+    have.max_age_ns = si.p->Config->MaxAge;
+    have.limits_retention = si.p->Config->Retention == js_LimitsPolicy;
+    have.discard_old = si.p->Config->Discard == js_DiscardOld;
+    if (auto diff = stream_mismatch(have, o); !diff.empty()) {
+      state("stream " + o.stream + " does not match: " + diff + "; change the stream or the flags (nothing is published until they agree)", true);
+      return false;
+    }
+    *last = si.p->State.LastSeq;
+    return true;
+  }
+
+  // --- where to continue ----------------------------------------------------------------------
+
+  struct position {
+    std::uint64_t seq = 0;                           // the next log seq to publish
+    std::optional<transform::event_id> skip_through;   // the stream has up to this id already
+  };
+
+  std::optional<std::pair<std::uint64_t, std::string>> read_cursor() {
+    if (o.cursor_file.empty()) return std::nullopt;
+    std::ifstream f(o.cursor_file);
+    std::uint64_t seq = 0;
+    std::string id;
+    if (!(f >> seq >> id)) return std::nullopt;
+    return std::make_pair(seq, id);
+  }
+  void write_cursor(std::uint64_t stream_seq, const std::string& id) {
+    if (o.cursor_file.empty()) return;
+    const std::string tmp = o.cursor_file + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::trunc);
+      f << stream_seq << ' ' << id << '\n';
+      if (!f) return;
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, o.cursor_file, ec);
+  }
+
+  /// Where the stream ends, as a position in the log.
+  std::optional<position> sync(std::uint64_t last) {
+    if (last == 0) {   // an empty stream: from the log's first retained event
+      auto first = on_loop([this] { return log.first_seq(); });
+      if (!first) return std::nullopt;
+      return position{*first, std::nullopt};
+    }
+    std::string id_text;
+    msg_ptr msg;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    natsStatus s = js_GetMsg(&msg.p, js, o.stream.c_str(), last, nullptr, &jerr);
+    if (s == NATS_OK) {
+      const char* v = nullptr;
+      if (natsMsgHeader_Get(msg.p, "Walgate-Id", &v) != NATS_OK || !v) {
+        state("stream " + o.stream + " holds a message walgate did not publish (its last, seq " + std::to_string(last) +
+                  ", has no Walgate-Id header): give walgate a stream of its own", true);
+        return std::nullopt;
+      }
+      id_text = v;
+    } else if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr) {
+      // Its last message is gone (max age): the cursor kept here says which it was.
+      auto c = read_cursor();
+      if (!c || c->first != last) {
+        state("stream " + o.stream + "'s last message (seq " + std::to_string(last) +
+                  ") is gone (max age?) and this data directory does not say which event it was: cannot tell where to "
+                  "continue without a gap or a duplicate; purge the stream or give a new one",
+              true);
+        return std::nullopt;
+      }
+      id_text = c->second;
+    } else {
+      state("cannot read stream " + o.stream + "'s last message: " + nats_error(s, jerr) + " (trying again)");
+      return std::nullopt;
+    }
+    auto id = transform::event_id::parse(id_text);
+    if (!id) {
+      state("stream " + o.stream + "'s last message has a Walgate-Id that is not an event id ('" + id_text + "')", true);
+      return std::nullopt;
+    }
+    auto rp = on_loop([this, id = *id] { return log.resume_after(id); });
+    if (!rp) return std::nullopt;
+    if (!rp->error.empty()) {
+      state("cannot find " + id_text + " in the event log: " + rp->error + " (trying again)");
+      return std::nullopt;
+    }
+    if (!rp->seq) {
+      state("stream " + o.stream + " ends at event " + id_text +
+                ", which this event log does not hold (dropped, or from another slot's log): publishing would leave a gap; "
+                "give a new stream, or the data directory that published it",
+            true);
+      return std::nullopt;
+    }
+    position p{*rp->seq, std::nullopt};
+    if (rp->past_head) p.skip_through = *id;   // (the log lost a tail the stream has: it comes again)
+    return p;
+  }
+
+  // --- publishing -----------------------------------------------------------------------------
+
+  struct batch_read {
+    std::vector<event_ptr> events;
+    std::uint64_t visible = 0;
+    std::uint64_t durable = 0;
+    bool fetching = false;
+    std::string error;
+    bool next_is_other_txn = false;   // the event after the batch's last is of another transaction
+  };
+
+  /// Publishes from p on until a failure (then false: the caller finds the stream's end again).
+  bool publish_from(position p, std::uint64_t expected_last) {
+    synced = true;
+    state("");
+    const std::uint64_t hold = p.seq;
+    post([this, hold] { log.hold_from(hold); });
+    auto last_cursor_write = std::chrono::steady_clock::now() - std::chrono::seconds(10);
+    while (!stopped()) {
+      auto r = on_loop([this, seq = p.seq] {
+        batch_read b;
+        b.visible = log.visible_seq();
+        b.durable = log.durable_seq();
+        if (seq >= b.visible || seq >= b.durable) return b;
+        b.events = log.read(seq, o.batch_events, 4u << 20, &b.error, &b.fetching, 0);
+        if (!b.events.empty()) {
+          const auto& last = b.events.back();
+          if (last->seq + 1 < b.visible) {   // is the last one its transaction's last?
+            auto next = log.read(last->seq + 1, 1, 1, nullptr, nullptr, 0);
+            b.next_is_other_txn = !next.empty() && next.front()->id.commit_lsn != last->id.commit_lsn;
+          } else {
+            b.next_is_other_txn = true;   // (what is visible is whole transactions)
+          }
+        }
+        return b;
+      });
+      if (!r) return true;
+      if (r->fetching) {
+        idle(std::chrono::milliseconds(50));
+        continue;
+      }
+      if (r->events.empty()) {
+        if (!r->error.empty()) {
+          state("cannot read the event log at #" + std::to_string(p.seq) + ": " + r->error + " (trying again)", true);
+          idle(std::chrono::seconds(1));
+        } else if (p.seq < r->visible) {
+          idle(std::chrono::milliseconds(2));   // (committed, its sync on its way: no notification for that)
+        } else {
+          idle(std::chrono::milliseconds(200));   // (woken when more is visible)
+        }
+        continue;
+      }
+      // Durable events only: what a crash of this process cannot take back.
+      std::size_t n = 0;
+      while (n < r->events.size() && r->events[n]->seq < r->durable) ++n;
+      if (n == 0) {
+        idle(std::chrono::milliseconds(20));   // (a sync is on its way)
+        continue;
+      }
+      {
+        std::lock_guard lk(fail_m);
+        failed = false;
+        fail_text.clear();
+      }
+      std::uint64_t sent = 0, last_seq = p.seq;
+      std::string last_id;
+      std::uint64_t last_offset = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const auto& e = r->events[i];
+        last_seq = e->seq;
+        last_offset = e->end_offset;
+        if (p.skip_through && !(*p.skip_through < e->id)) continue;   // in the stream already
+        p.skip_through.reset();
+        const bool txn_end = i + 1 < r->events.size() ? r->events[i + 1]->id.commit_lsn != e->id.commit_lsn : r->next_is_other_txn;
+        natsStatus s = publish_one(*e, txn_end, expected_last + sent);
+        if (s != NATS_OK) {
+          std::lock_guard lk(fail_m);
+          if (!failed) {
+            failed = true;
+            fail_text = nats_error(s);
+          }
+          break;
+        }
+        ++sent;
+        last_id = e->id.to_string();
+      }
+      jsPubOptions po;
+      jsPubOptions_Init(&po);
+      po.MaxWait = o.ack_wait.count();
+      natsStatus s = js_PublishAsyncComplete(js, &po);
+      bool bad = false;
+      {
+        std::lock_guard lk(fail_m);
+        bad = failed;
+        if (!bad && s != NATS_OK) fail_text = nats_error(s);
+        bad = bad || s != NATS_OK;
+      }
+      if (bad) {
+        ++resyncs;
+        std::string why;
+        {
+          std::lock_guard lk(fail_m);
+          why = fail_text;
+        }
+        state("publishing stopped: " + why + "; finding the stream's end again");
+        return false;
+      }
+      expected_last += sent;
+      published += sent;
+      stream_last = expected_last;
+      p.seq = last_seq + 1;
+      confirmed_seq = p.seq;
+      confirmed_offset = last_offset;
+      post([this, hold = p.seq] { log.hold_from(hold); });
+      if (!last_id.empty() && std::chrono::steady_clock::now() - last_cursor_write > std::chrono::seconds(1)) {
+        write_cursor(expected_last, last_id);
+        last_cursor_write = std::chrono::steady_clock::now();
+      }
+    }
+    return true;
+  }
+
+  natsStatus publish_one(const logged_event& e, bool txn_end, std::uint64_t expect_last) {
+    const std::string subject = event_subject(o.subject_prefix, e);
+    msg_ptr msg;
+    natsStatus s = natsMsg_Create(&msg.p, subject.c_str(), nullptr, e.record.data(), static_cast<int>(e.record.size()));
+    const std::string id = e.id.to_string();
+    if (s == NATS_OK) s = natsMsgHeader_Set(msg.p, "Walgate-Id", id.c_str());
+    if (s == NATS_OK) s = natsMsgHeader_Set(msg.p, "Walgate-Seq", std::to_string(e.seq).c_str());
+    if (s == NATS_OK) s = natsMsgHeader_Set(msg.p, "Walgate-Xid", std::to_string(e.xid).c_str());
+    const char op[2] = {static_cast<char>(e.kind), 0};
+    if (s == NATS_OK) s = natsMsgHeader_Set(msg.p, "Walgate-Op", op);
+    if (s == NATS_OK && txn_end) s = natsMsgHeader_Set(msg.p, "Walgate-Txn-End", "true");
+    if (s == NATS_OK && e.kind != transform::op::message) {
+      // The ordering key (Waltail's schema.table:pk), from the self-contained record.
+      if (auto v = transform::read_record(protocol::bytes_view(reinterpret_cast<const std::byte*>(e.record.data()), e.record.size()))) {
+        const std::string key = transform::waltail_ordering_key((*v)->get());
+        if (!key.empty()) s = natsMsgHeader_Set(msg.p, "Walgate-Key", key.c_str());
+      }
+    }
+    if (s != NATS_OK) return s;
+    jsPubOptions po;
+    jsPubOptions_Init(&po);
+    po.MsgId = id.c_str();
+    po.ExpectLastSeq = expect_last;   // (0, an empty stream: not checked — the first message has nothing before it)
+    po.MaxWait = o.ack_wait.count();
+    s = js_PublishMsgAsync(js, &msg.p, &po);   // (takes the message when it succeeds)
+    return s;
+  }
+
+  void run() {
+    while (!stopped()) {
+      if (!nc && !connect()) {
+        idle(std::chrono::seconds(1));
+        continue;
+      }
+      std::uint64_t last = 0;
+      if (!ensure_stream(&last)) {
+        // (a connection that nats.c cannot restore is started again)
+        if (natsConnection_Status(nc) == NATS_CONN_STATUS_CLOSED) disconnect();
+        idle(std::chrono::seconds(fault ? 5 : 1));
+        continue;
+      }
+      stream_last = last;
+      auto p = sync(last);
+      if (!p) {
+        idle(std::chrono::seconds(fault ? 5 : 1));
+        continue;
+      }
+      if (publish_from(*p, last)) break;   // (stopping)
+      idle(std::chrono::milliseconds(250));
+    }
+    disconnect();
+  }
+};
+
+jetstream_publisher::jetstream_publisher(event_log& log, std::function<void(std::function<void()>)> post,
+                                         jetstream_options o, std::function<void(const std::string&)> log_line)
+    : p_(std::make_unique<impl>(log, std::move(post), std::move(o), std::move(log_line))) {}
+
+jetstream_publisher::~jetstream_publisher() { stop(); }
+
+void jetstream_publisher::start() {
+  p_->log.hold_from(p_->log.first_seq());   // (nothing is dropped until the stream's end is known)
+  p_->confirmed_seq = p_->log.first_seq();
+  p_->visible_listener = p_->log.on_visible([p = p_.get()] { p->wake(); });
+  p_->fetched_listener = p_->log.on_fetched([p = p_.get()] { p->wake(); });
+  p_->thread = std::thread([p = p_.get()] { p->run(); });
+}
+
+void jetstream_publisher::stop() {
+  if (!p_->thread.joinable()) return;
+  {
+    std::lock_guard lk(p_->m);
+    p_->stopping = true;
+  }
+  p_->cv.notify_one();
+  p_->thread.join();
+  p_->log.remove_listener(p_->visible_listener);
+  p_->log.remove_listener(p_->fetched_listener);
+}
+
+void jetstream_publisher::register_metrics(metrics_registry& r) {
+  auto* p = p_.get();
+  r.add_value("walgate_nats_published_total", "counter", "Events published to JetStream and confirmed by their PubAck.",
+              [p] { return p->published.load(); });
+  r.add_value("walgate_nats_publish_lag_events", "gauge",
+              "Events of the log (committed) not yet confirmed by JetStream.", [p] {
+                const auto v = p->log.visible_seq(), c = p->confirmed_seq.load();
+                return v > c ? v - c : 0;
+              });
+  r.add_value("walgate_nats_publish_lag_bytes", "gauge",
+              "Event log bytes between the last event JetStream confirmed and the log's head.", [p] {
+                const auto v = p->log.visible_offset(), c = p->confirmed_offset.load();
+                return v > c ? v - c : 0;
+              });
+  r.add_value("walgate_nats_stream_last_seq", "gauge", "The stream sequence of the last event confirmed.",
+              [p] { return p->stream_last.load(); });
+  r.add_value("walgate_nats_connected", "gauge", "1 while connected to NATS and publishing.",
+              [p] { return p->connected && p->link_up && p->synced ? 1 : 0; });
+  r.add_value("walgate_nats_fault", "gauge",
+              "1 while publishing is stopped by what needs an operator (a stream that does not match, a gap).",
+              [p] { return p->fault.load(); });
+  r.add_value("walgate_nats_resyncs_total", "counter",
+              "Publishing restarted from the stream's end after a failed or refused publish.", [p] { return p->resyncs.load(); });
+}
+
+}  // namespace walgate::proxy

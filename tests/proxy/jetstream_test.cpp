@@ -1,0 +1,263 @@
+// Scale-out, origin side: the event log published to NATS JetStream (real nats-server processes
+// started here, a 3-node cluster on loopback ports), under faults — the walgate executable
+// killed with SIGKILL, NATS nodes killed, all of JetStream down for a while — then the stream
+// read back message by message: every event exactly once, in log order, with its headers, and
+// its records replayed into a model of each table equal to SELECT.
+//
+// ctest label "nats"; needs nats-server (.ci/install-deps.sh installs it): without it, SKIPPED.
+#include "walgate/proxy/jetstream.hpp"
+#include "walgate/transform/formats.hpp"
+#include "walgate/transform/record.hpp"
+
+#include "fault_harness.hpp"
+#include "nats_harness.hpp"
+
+#include <doctest/doctest.h>
+
+using namespace walgate;
+using namespace walgate::test::fault_harness;
+using namespace walgate::test::nats_harness;
+
+namespace {
+
+std::string http_get(std::uint16_t port, const std::string& target) {
+  asio::io_context io;
+  tcp::socket s(io);
+  boost::system::error_code ec;
+  s.connect({asio::ip::make_address("127.0.0.1"), port}, ec);
+  if (ec) return {};
+  http::request<http::empty_body> req{http::verb::get, target, 11};
+  req.set(http::field::host, "localhost");
+  http::write(s, req, ec);
+  if (ec) return {};
+  beast::flat_buffer b;
+  http::response<http::string_body> res;
+  http::read(s, b, res, ec);
+  return ec ? std::string() : res.body();
+}
+
+/// A metric's value from walgate's /metrics (-1: not there, or walgate not answering).
+long long metric(std::uint16_t port, const std::string& name) {
+  const std::string text = http_get(port, "/metrics");
+  const auto at = text.find("\n" + name + " ");
+  if (at == std::string::npos) return -1;
+  return std::stoll(text.substr(at + name.size() + 2));
+}
+
+/// Replays native events into a model of each table (as the fault tests' client does).
+void apply_native(std::map<std::string, table_model>& tables, const std::string& line, std::vector<std::string>& problems) {
+  auto v = json::parse(line);
+  auto& o = v.as_object();
+  const std::string op(o.at("op").as_string());
+  if (op == "message") return;
+  auto& t = tables[std::string(o.at("table").as_string())];
+  auto key = [](const json::value& row) { return row.as_object().at("id").to_number<long long>(); };
+  if (op == "insert" || op == "read") {
+    t[key(o.at("after"))] = std::string(o.at("after").at("v").as_string());
+  } else if (op == "update") {
+    if (!o.at("before").is_null()) t.erase(key(o.at("before")));
+    t[key(o.at("after"))] = std::string(o.at("after").at("v").as_string());
+  } else if (op == "delete") {
+    if (!t.erase(key(o.at("before")))) problems.push_back("delete of a row not in the model: " + line);
+  } else if (op == "truncate") {
+    t.clear();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("subjects: names made subject-safe; a stream's configuration checked against the options") {
+  CHECK(proxy::subject_token("orders") == "orders");
+  CHECK(proxy::subject_token("order items") == "order~20items");
+  CHECK(proxy::subject_token("a.b*>~") == "a~2Eb~2A~3E~7E");
+  CHECK(proxy::subject_token("Ünï") == "~C3~9Cn~C3~AF");
+  CHECK(proxy::subject_token("snake_case-1") == "snake_case-1");
+  proxy::logged_event e;
+  e.schema = "public";
+  e.table = "line items";
+  CHECK(proxy::event_subject("wg", e) == "wg.public.line~20items");
+  e.kind = transform::op::message;
+  e.schema.clear();
+  e.table.clear();
+  CHECK(proxy::event_subject("wg.x", e) == "wg.x.~message");
+
+  proxy::jetstream_options want;
+  want.subject_prefix = "wg";
+  want.replicas = 3;
+  proxy::jetstream_stream_config have;
+  have.subjects = {"wg.>"};
+  have.replicas = 3;
+  CHECK(proxy::stream_mismatch(have, want).empty());
+  have.subjects = {"wg.>", "other.>"};
+  have.replicas = 1;
+  have.discard_old = false;
+  const auto diff = proxy::stream_mismatch(have, want);
+  CHECK(diff.find("its subjects are [wg.>,other.>]") != std::string::npos);
+  CHECK(diff.find("1 replica(s), --nats-replicas says 3") != std::string::npos);
+  CHECK(diff.find("discards new") != std::string::npos);
+}
+
+TEST_CASE("JetStream origin: under kill -9 of walgate, of NATS nodes and all of JetStream down, the stream holds every event once, in order, equal to SELECT") {
+  if (nats_server_binary().empty()) {
+    MESSAGE("SKIPPED: nats-server is not installed (.ci/install-deps.sh installs Debian's nats-server)");
+    return;
+  }
+  nats_cluster nats(3);
+  scenario sc("jsa");
+  const std::string stream = "WG_JSA";
+  sc.gw.args.insert(sc.gw.args.end(), {"--nats", nats.urls(), "--nats-stream", stream, "--nats-replicas", "3",
+                                       "--nats-subject-prefix", "wg.jsa"});
+  sc.start_streaming();
+  {
+    writer w(test::cluster().conninfo(), "jsa", 11, /*truncate=*/true);
+    // walgate killed at random moments (the publisher finds where the stream ends each time).
+    for (int i = 0; i < cycles(3); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(random_ms(400, 1500)));
+      REQUIRE(sc.gw.kill_with(SIGKILL) == 128 + SIGKILL);
+      sc.start();
+    }
+    // A NATS node killed, then another after the first is back.
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    nats.kill(0);
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    nats.restart(0);
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    nats.kill(1);
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    nats.restart(1);
+    // All of JetStream down: the origin goes on logging (and serving), the lag grows.
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    for (std::size_t i = 0; i < 3; ++i) nats.kill(i);
+    const long long logged_before = metric(sc.port, "walgate_log_next_seq");
+    std::this_thread::sleep_for(std::chrono::seconds(8));
+    const long long logged_after = metric(sc.port, "walgate_log_next_seq");
+    CHECK(logged_after > logged_before);
+    CHECK(metric(sc.port, "walgate_nats_publish_lag_events") > 0);
+    CHECK(metric(sc.port, "walgate_nats_connected") == 0);
+    for (std::size_t i = 0; i < 3; ++i) nats.start(i);
+    for (std::size_t i = 0; i < 3; ++i) nats.wait_listening(i);
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    w.finish();
+    MESSAGE("statements " << w.statements.load());
+    CHECK(w.statements > 0);
+  }
+  // Caught up: nothing the log holds is unconfirmed.
+  REQUIRE_MESSAGE(test::wait_until(
+                      [&] {
+                        return metric(sc.port, "walgate_nats_publish_lag_events") == 0 &&
+                               metric(sc.port, "walgate_nats_connected") == 1;
+                      },
+                      std::chrono::seconds(120)),
+                  sc.gw.log());
+  const long long logged = metric(sc.port, "walgate_log_next_seq");
+  CHECK(metric(sc.port, "walgate_nats_fault") == 0);
+
+  // The stream, message by message.
+  stream_reader r(nats.urls(), stream);
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> st;
+  REQUIRE(test::wait_until([&] { return (st = r.state()).has_value(); }, std::chrono::seconds(30)));
+  MESSAGE("events logged " << logged << ", stream last seq " << st->first << ", messages " << st->second);
+  CHECK(st->second == st->first);                              // nothing deleted in between
+  CHECK(st->first == static_cast<std::uint64_t>(logged));      // every event of the log, once
+  std::map<std::string, table_model> model;
+  std::vector<std::string> problems;
+  transform::event_id last{};
+  std::string last_commit;
+  bool txn_ended = true;
+  std::uint64_t checked = 0;
+  for (std::uint64_t seq = 1; seq <= st->first; ++seq) {
+    auto m = r.get(seq);
+    REQUIRE_MESSAGE(m, "stream message " << seq << " cannot be read");
+    const auto& h = m->headers;
+    if (!h.count("Walgate-Id") || !h.count("Walgate-Seq") || !h.count("Nats-Msg-Id")) {
+      problems.push_back("message " + std::to_string(seq) + " lacks its headers");
+      continue;
+    }
+    auto id = transform::event_id::parse(h.at("Walgate-Id"));
+    if (!id || !(last < *id)) problems.push_back("message " + std::to_string(seq) + ": id " + h.at("Walgate-Id") + " after " + last.to_string());
+    if (id) last = *id;
+    if (h.at("Nats-Msg-Id") != h.at("Walgate-Id")) problems.push_back("message " + std::to_string(seq) + ": Nats-Msg-Id differs");
+    if (h.at("Walgate-Seq") != std::to_string(seq - 1)) problems.push_back("message " + std::to_string(seq) + ": log seq " + h.at("Walgate-Seq"));
+    // A transaction's messages: its last one (only) marked.
+    const std::string commit = id ? id->commit_lsn.to_string() : "";
+    if (commit != last_commit && !txn_ended) problems.push_back("transaction " + last_commit + " has no Walgate-Txn-End");
+    last_commit = commit;
+    txn_ended = h.count("Walgate-Txn-End") > 0;
+    auto rec = transform::read_record(protocol::bytes_view(reinterpret_cast<const std::byte*>(m->body.data()), m->body.size()));
+    if (!rec) {
+      problems.push_back("message " + std::to_string(seq) + ": its record does not decode");
+      continue;
+    }
+    const auto& c = (*rec)->get();
+    if (m->subject != "wg.jsa.public." + (*rec)->table()) problems.push_back("message " + std::to_string(seq) + " on " + m->subject);
+    const std::string key = h.count("Walgate-Key") ? h.at("Walgate-Key") : "";
+    if (c.kind != transform::op::truncate && key != transform::waltail_ordering_key(c))
+      problems.push_back("message " + std::to_string(seq) + ": key " + key);
+    std::string line;
+    REQUIRE(transform::encode_change(line, c, transform::format::native));
+    apply_native(model, line, problems);
+    ++checked;
+  }
+  CHECK(txn_ended);
+  for (const auto& p : problems) FAIL_CHECK(p);
+  CHECK(problems.empty());
+  CHECK(checked == st->first);
+  sql_conn q(test::cluster().conninfo());
+  CHECK(model["jsa_a"] == select_table(q, "jsa_a"));
+  CHECK(model["jsa_b"] == select_table(q, "jsa_b"));
+  // The outages made publishes fail, and the publisher found the stream's end again after them.
+  std::string said;
+  {
+    const std::string log = sc.gw.log();
+    for (std::size_t at = 0, nl; at < log.size(); at = nl + 1) {
+      nl = log.find('\n', at);
+      if (nl == std::string::npos) nl = log.size();
+      if (log.compare(at, 18, "walgate: JetStream") == 0) said += log.substr(at, nl - at + 1);
+    }
+  }
+  MESSAGE("walgate said:\n" << said);
+  CHECK(metric(sc.port, "walgate_nats_resyncs_total") >= 1);
+}
+
+TEST_CASE("JetStream origin: a stream that does not match is a clear error; walgate goes on logging and serving") {
+  if (nats_server_binary().empty()) {
+    MESSAGE("SKIPPED: nats-server is not installed (.ci/install-deps.sh installs Debian's nats-server)");
+    return;
+  }
+  nats_cluster nats(1);
+  {   // a stream of that name with other subjects
+    stream_reader r(nats.url(0), "WG_JSM");
+    jsStreamConfig cfg;
+    jsStreamConfig_Init(&cfg);
+    const char* subjects[] = {"elsewhere.>"};
+    cfg.Name = "WG_JSM";
+    cfg.Subjects = subjects;
+    cfg.SubjectsLen = 1;
+    jsStreamInfo* si = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    REQUIRE(js_AddStream(&si, r.js, &cfg, nullptr, &jerr) == NATS_OK);
+    jsStreamInfo_Destroy(si);
+  }
+  scenario sc("jsm");
+  sc.gw.args.insert(sc.gw.args.end(), {"--nats", nats.url(0), "--nats-stream", "WG_JSM"});
+  sc.start_streaming();
+  REQUIRE_MESSAGE(test::wait_until([&] { return sc.gw.log().find("stream WG_JSM does not match") != std::string::npos; },
+                                   std::chrono::seconds(20)),
+                  sc.gw.log());
+  CHECK(sc.gw.log().find("its subjects are [elsewhere.>], walgate publishes on walgate.>") != std::string::npos);
+  CHECK(metric(sc.port, "walgate_nats_fault") == 1);
+  // The origin itself goes on: its clients get the changes, the lag counts them.
+  resuming_client client(sc.port, "");
+  sql_conn q(test::cluster().conninfo());
+  REQUIRE(q.exec("INSERT INTO jsm_a VALUES (1, 'one')"));
+  CHECK(test::wait_until(
+      [&] {
+        std::lock_guard<std::mutex> g(client.m);
+        return client.tables["jsm_a"] == table_model{{1, "one"}};
+      },
+      std::chrono::seconds(20)));
+  client.finish();
+  CHECK(client.problems.empty());
+  CHECK(metric(sc.port, "walgate_nats_publish_lag_events") >= 1);
+  CHECK(metric(sc.port, "walgate_nats_connected") == 0);
+}

@@ -288,8 +288,8 @@ const std::vector<setting>& settings() {
                      }));
     s.push_back(text("nats-stream", "the JetStream stream the event log is published to (created if missing)",
                      &config::nats_stream, on_serve, [](const std::string& v) -> std::string {
-                       bool ok = !v.empty() && v.size() <= 255 &&
-                                 v.find_first_of(" \t\r\n.*>/\\") == std::string::npos;
+                       bool ok = v.empty() || (v.size() <= 255 &&
+                                 v.find_first_of(" \t\r\n.*>/\\") == std::string::npos);
                        return ok ? std::string()
                                  : source_names("nats-stream") + ": '" + v +
                                        "' cannot name a stream (no spaces, '.', '*', '>', '/' or '\\')";

@@ -65,6 +65,22 @@ TEST_CASE("a wrong setting is a one-line error naming it") {
   CHECK(o.status == 2);
   CHECK(o.output.find("--origin (or WALGATE_ORIGIN, or origin in the config file): 'local' is not one of none any") !=
         std::string::npos);
+  // JetStream: the servers and the stream go together; names a stream and subjects can hold.
+  auto n1 = run(base + "--nats nats://127.0.0.1:4222");
+  CHECK(n1.status == 2);
+  CHECK(n1.output.find("--nats and --nats-stream go together") != std::string::npos);
+  auto n2 = run(base + "--nats 127.0.0.1:4222 --nats-stream S");
+  CHECK(n2.status == 2);
+  CHECK(n2.output.find("'127.0.0.1:4222' is not a NATS URL: use nats://host:port") != std::string::npos);
+  auto n3 = run(base + "--nats nats://127.0.0.1:4222 --nats-stream a.b");
+  CHECK(n3.status == 2);
+  CHECK(n3.output.find("'a.b' cannot name a stream") != std::string::npos);
+  auto n4 = run(base + "--nats nats://127.0.0.1:4222 --nats-stream S --nats-subject-prefix 'wg.*'");
+  CHECK(n4.status == 2);
+  CHECK(n4.output.find("'wg.*' is not a subject prefix") != std::string::npos);
+  auto n5 = run(base + "--nats nats://127.0.0.1:4222 --nats-stream S --nats-replicas 7");
+  CHECK(n5.status == 2);
+  CHECK(n5.output.find("--nats-replicas") != std::string::npos);
   auto e = run("--publication p --pg 'host=x bogus=1'");
   CHECK(e.status == 2);
   CHECK(e.output.find("--pg (or WALGATE_PG, or pg in the config file): invalid connection string") != std::string::npos);

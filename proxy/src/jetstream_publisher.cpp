@@ -12,6 +12,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -61,6 +62,11 @@ std::string stream_mismatch(const jetstream_stream_config& have, const jetstream
   if (have.max_age_ns != age)
     add("its max age is " + std::to_string(have.max_age_ns / 1'000'000'000) + " s, --nats-max-age says " +
         std::to_string(want.max_age.count()) + " s");
+  if (!have.file_storage) add("its storage is memory (a NATS restart would empty it, and walgate would publish again from its log's start)");
+  if (have.max_msgs >= 0) add("it keeps at most " + std::to_string(have.max_msgs) + " messages (walgate limits it by bytes and age only)");
+  if (have.max_msgs_per_subject >= 0)
+    add("it keeps at most " + std::to_string(have.max_msgs_per_subject) + " messages per subject (older events of a table would vanish)");
+  if (have.sealed) add("it is sealed");
   if (!have.limits_retention) add("its retention is not limits (interest or work queue streams lose events no edge read)");
   if (!have.discard_old) add("it discards new messages when full (walgate needs discard old: the newest events must go in)");
   return out;
@@ -104,6 +110,7 @@ struct jetstream_publisher::impl {
   std::condition_variable cv;
   bool stopping = false;
   bool woken = false;
+  bool closed = true;   // no connection, or nats.c said it is closed (its callbacks are over)
   std::size_t visible_listener = 0, fetched_listener = 0;
 
   natsConnection* nc = nullptr;
@@ -166,14 +173,41 @@ struct jetstream_publisher::impl {
 
   // --- the connection and the stream ----------------------------------------------------------
 
-  static void on_pub_error(jsCtx*, jsPubAckErr* pae, void* closure) {
+  /// Every PubAck (nats.c's thread): a failure, a duplicate, or a message stored at another
+  /// sequence than the one after what it expected is a failure of the batch.
+  static void on_pub_ack(jsCtx*, natsMsg* msg, jsPubAck* pa, jsPubAckErr* pae, void* closure) {
     auto* self = static_cast<impl*>(closure);
+    std::string why;
+    if (pae) {
+      why = std::string(pae->ErrText ? pae->ErrText : natsStatus_GetText(pae->Err));
+      if (pae->ErrCode) why += " (JetStream error " + std::to_string(static_cast<int>(pae->ErrCode)) + ")";
+    } else if (pa) {
+      const char* expect = nullptr;
+      std::uint64_t after = 0;
+      if (natsMsgHeader_Get(msg, "Nats-Expected-Last-Sequence", &expect) == NATS_OK && expect) after = std::strtoull(expect, nullptr, 10);
+      if (pa->Duplicate) why = "JetStream took event " + header(msg, "Walgate-Id") + " for a duplicate";
+      else if (pa->Sequence != after + 1)
+        why = "JetStream stored event " + header(msg, "Walgate-Id") + " at sequence " + std::to_string(pa->Sequence) + ", not " +
+              std::to_string(after + 1);
+    }
+    if (why.empty()) return;
     std::lock_guard lk(self->fail_m);
     if (!self->failed) {
       self->failed = true;
-      self->fail_text = std::string(pae->ErrText ? pae->ErrText : natsStatus_GetText(pae->Err));
-      if (pae->ErrCode) self->fail_text += " (JetStream error " + std::to_string(static_cast<int>(pae->ErrCode)) + ")";
+      self->fail_text = why;
     }
+  }
+  static std::string header(natsMsg* msg, const char* name) {
+    const char* v = nullptr;
+    return natsMsgHeader_Get(msg, name, &v) == NATS_OK && v ? v : "?";
+  }
+  static void on_closed(natsConnection*, void* closure) {
+    auto* self = static_cast<impl*>(closure);
+    {
+      std::lock_guard lk(self->m);
+      self->closed = true;
+    }
+    self->cv.notify_all();
   }
 
   void disconnect() {
@@ -181,6 +215,11 @@ struct jetstream_publisher::impl {
     js = nullptr;
     if (nc) {
       natsConnection_Close(nc);
+      // Its callbacks (on nats.c's thread) end with the closed one: waited for, so none comes
+      // after this object is gone.
+      std::unique_lock lk(m);
+      cv.wait_for(lk, std::chrono::seconds(5), [&] { return closed; });
+      lk.unlock();
       natsConnection_Destroy(nc);
     }
     nc = nullptr;
@@ -200,11 +239,20 @@ struct jetstream_publisher::impl {
     if (s == NATS_OK) s = natsOptions_SetTimeout(opts.p, 2000);
     if (s == NATS_OK)
       s = natsOptions_SetDisconnectedCB(opts.p, [](natsConnection*, void* self) { static_cast<impl*>(self)->link_up = false; }, this);
+    if (s == NATS_OK) s = natsOptions_SetClosedCB(opts.p, &impl::on_closed, this);
     if (s == NATS_OK)
       s = natsOptions_SetReconnectedCB(opts.p, [](natsConnection*, void* self) { static_cast<impl*>(self)->link_up = true; }, this);
+    {
+      std::lock_guard lk(m);
+      closed = false;
+    }
     if (s == NATS_OK) s = natsConnection_Connect(&nc, opts.p);
     if (s != NATS_OK) {
       nc = nullptr;
+      {
+        std::lock_guard lk(m);
+        closed = true;   // (no connection was made: no callback comes)
+      }
       state("cannot connect to " + join(o.servers) + ": " + nats_error(s) + " (trying again; the event log keeps what is not published)");
       return false;
     }
@@ -212,8 +260,8 @@ struct jetstream_publisher::impl {
     jsOptions_Init(&jo);
     jo.Wait = o.ack_wait.count();
     jo.PublishAsync.MaxPending = static_cast<int64_t>(o.batch_events) * 2;
-    jo.PublishAsync.ErrHandler = &impl::on_pub_error;
-    jo.PublishAsync.ErrHandlerClosure = this;
+    jo.PublishAsync.AckHandler = &impl::on_pub_ack;
+    jo.PublishAsync.AckHandlerClosure = this;
     s = natsConnection_JetStream(&js, nc, &jo);
     if (s != NATS_OK) {
       state("cannot open a JetStream context: " + nats_error(s));
@@ -275,6 +323,10 @@ struct jetstream_publisher::impl {
     have.max_age_ns = si.p->Config->MaxAge;
     have.limits_retention = si.p->Config->Retention == js_LimitsPolicy;
     have.discard_old = si.p->Config->Discard == js_DiscardOld;
+    have.file_storage = si.p->Config->Storage == js_FileStorage;
+    have.max_msgs = si.p->Config->MaxMsgs;
+    have.max_msgs_per_subject = si.p->Config->MaxMsgsPerSubject;
+    have.sealed = si.p->Config->Sealed;
     if (auto diff = stream_mismatch(have, o); !diff.empty()) {
       state("stream " + o.stream + " does not match: " + diff + "; change the stream or the flags (nothing is published until they agree)", true);
       return false;
@@ -330,12 +382,12 @@ struct jetstream_publisher::impl {
       }
       id_text = v;
     } else if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr) {
-      // Its last message is gone (max age): the cursor kept here says which it was.
-      auto c = read_cursor();
+      // Its last message is gone (max age): the last confirmed event, as kept here, says which it was.
+      auto c = confirmed ? confirmed : read_cursor();
       if (!c || c->first != last) {
         state("stream " + o.stream + "'s last message (seq " + std::to_string(last) +
                   ") is gone (max age?) and this data directory does not say which event it was: cannot tell where to "
-                  "continue without a gap or a duplicate; purge the stream or give a new one",
+                  "continue without a gap or a duplicate; give a new stream (or delete this one: walgate creates it again)",
               true);
         return std::nullopt;
       }
@@ -370,39 +422,78 @@ struct jetstream_publisher::impl {
   // --- publishing -----------------------------------------------------------------------------
 
   struct batch_read {
-    std::vector<event_ptr> events;
+    std::vector<event_ptr> events;   // to publish, each with its transaction-end flag known
     std::uint64_t visible = 0;
     std::uint64_t durable = 0;
     bool fetching = false;
     std::string error;
-    bool next_is_other_txn = false;   // the event after the batch's last is of another transaction
+    bool next_is_other_txn = false;   // the event after the last of events is of another transaction
   };
+
+  /// Up to batch_events events from seq (durable ones), read on the loop: whether the last is
+  /// its transaction's last is known from the event after it, read with them (never a read of
+  /// the file on the loop: what is not in memory is read in the background, then retried).
+  batch_read read_batch(std::uint64_t seq) {
+    batch_read b;
+    b.visible = log.visible_seq();
+    b.durable = log.durable_seq();
+    const std::uint64_t upto = std::min(b.visible, b.durable);
+    if (seq >= upto) return b;
+    b.events = log.read(seq, o.batch_events + 1, 4u << 20, &b.error, &b.fetching, 0);
+    while (!b.events.empty() && b.events.back()->seq >= upto) b.events.pop_back();   // (durable ones only)
+    if (b.events.empty()) return b;
+    if (b.events.back()->seq + 1 >= b.visible) {   // the visible end: a transaction's end
+      b.next_is_other_txn = true;
+      return b;
+    }
+    if (b.events.size() >= 2) {   // the last one read tells about the one before it, and waits
+      const auto& lookahead = b.events.back();
+      b.next_is_other_txn = lookahead->id.commit_lsn != b.events[b.events.size() - 2]->id.commit_lsn;
+      b.events.pop_back();
+      return b;
+    }
+    // One event (a large one) with more after it: the next one is looked at.
+    std::string error;
+    bool fetching = false;
+    auto next = log.read(b.events.back()->seq + 1, 1, 1, &error, &fetching, 0);
+    if (next.empty()) {
+      b.events.clear();
+      b.fetching = fetching;
+      if (!fetching) b.error = error.empty() ? "event #" + std::to_string(seq + 1) + " cannot be read" : error;
+      return b;
+    }
+    b.next_is_other_txn = next.front()->id.commit_lsn != b.events.back()->id.commit_lsn;
+    return b;
+  }
+
+  // The last event the stream confirmed: (its stream sequence, its id), kept for a stream whose
+  // last message is gone (max age) — in memory, and in the cursor file when idle and at the end.
+  std::optional<std::pair<std::uint64_t, std::string>> confirmed;
+  bool cursor_dirty = false;
+  void save_cursor() {
+    if (!cursor_dirty || !confirmed) return;
+    write_cursor(confirmed->first, confirmed->second);
+    cursor_dirty = false;
+  }
+
+  // The same event failing again and again (too large for the servers, refused by the stream's
+  // limits): after 5 times, a fault (it is still tried, every 5 s).
+  std::uint64_t failing_seq = UINT64_MAX;
+  int failures = 0;
 
   /// Publishes from p on until a failure (then false: the caller finds the stream's end again).
   bool publish_from(position p, std::uint64_t expected_last) {
     synced = true;
-    state("");
-    const std::uint64_t hold = p.seq;
-    post([this, hold] { log.hold_from(hold); });
-    auto last_cursor_write = std::chrono::steady_clock::now() - std::chrono::seconds(10);
+    if (!fault || failures == 0) state("");
+    // Retention keeps the last event the stream has (where the next start finds its id) and all after.
+    auto hold = [this](std::uint64_t next, bool stream_empty) {
+      const std::uint64_t from = stream_empty || next == 0 ? next : next - 1;
+      post([this, from] { log.hold_from(from); });
+    };
+    hold(p.seq, expected_last == 0);
+    const std::size_t max_payload = static_cast<std::size_t>(std::max<int64_t>(natsConnection_GetMaxPayload(nc), 0));
     while (!stopped()) {
-      auto r = on_loop([this, seq = p.seq] {
-        batch_read b;
-        b.visible = log.visible_seq();
-        b.durable = log.durable_seq();
-        if (seq >= b.visible || seq >= b.durable) return b;
-        b.events = log.read(seq, o.batch_events, 4u << 20, &b.error, &b.fetching, 0);
-        if (!b.events.empty()) {
-          const auto& last = b.events.back();
-          if (last->seq + 1 < b.visible) {   // is the last one its transaction's last?
-            auto next = log.read(last->seq + 1, 1, 1, nullptr, nullptr, 0);
-            b.next_is_other_txn = !next.empty() && next.front()->id.commit_lsn != last->id.commit_lsn;
-          } else {
-            b.next_is_other_txn = true;   // (what is visible is whole transactions)
-          }
-        }
-        return b;
-      });
+      auto r = on_loop([this, seq = p.seq] { return read_batch(seq); });
       if (!r) return true;
       if (r->fetching) {
         idle(std::chrono::milliseconds(50));
@@ -415,15 +506,9 @@ struct jetstream_publisher::impl {
         } else if (p.seq < r->visible) {
           idle(std::chrono::milliseconds(2));   // (committed, its sync on its way: no notification for that)
         } else {
+          save_cursor();
           idle(std::chrono::milliseconds(200));   // (woken when more is visible)
         }
-        continue;
-      }
-      // Durable events only: what a crash of this process cannot take back.
-      std::size_t n = 0;
-      while (n < r->events.size() && r->events[n]->seq < r->durable) ++n;
-      if (n == 0) {
-        idle(std::chrono::milliseconds(20));   // (a sync is on its way)
         continue;
       }
       {
@@ -431,114 +516,154 @@ struct jetstream_publisher::impl {
         failed = false;
         fail_text.clear();
       }
+      const std::size_t n = r->events.size();
       std::uint64_t sent = 0, last_seq = p.seq;
       std::string last_id;
       std::uint64_t last_offset = 0;
+      std::string stop_reason;
       for (std::size_t i = 0; i < n; ++i) {
         const auto& e = r->events[i];
-        last_seq = e->seq;
-        last_offset = e->end_offset;
-        if (p.skip_through && !(*p.skip_through < e->id)) continue;   // in the stream already
+        if (p.skip_through && !(*p.skip_through < e->id)) {   // in the stream already
+          last_seq = e->seq;
+          last_offset = e->end_offset;
+          continue;
+        }
         p.skip_through.reset();
-        const bool txn_end = i + 1 < r->events.size() ? r->events[i + 1]->id.commit_lsn != e->id.commit_lsn : r->next_is_other_txn;
-        natsStatus s = publish_one(*e, txn_end, expected_last + sent);
+        const bool txn_end = i + 1 < n ? r->events[i + 1]->id.commit_lsn != e->id.commit_lsn : r->next_is_other_txn;
+        natsStatus s = publish_one(*e, txn_end, expected_last + sent, max_payload, stop_reason);
         if (s != NATS_OK) {
-          std::lock_guard lk(fail_m);
-          if (!failed) {
-            failed = true;
-            fail_text = nats_error(s);
-          }
+          if (stop_reason.empty()) stop_reason = nats_error(s);
           break;
         }
+        last_seq = e->seq;
+        last_offset = e->end_offset;
         ++sent;
         last_id = e->id.to_string();
       }
       jsPubOptions po;
       jsPubOptions_Init(&po);
       po.MaxWait = o.ack_wait.count();
-      natsStatus s = js_PublishAsyncComplete(js, &po);
-      bool bad = false;
+      natsStatus s = sent ? js_PublishAsyncComplete(js, &po) : NATS_OK;
+      std::string why;
       {
         std::lock_guard lk(fail_m);
-        bad = failed;
-        if (!bad && s != NATS_OK) fail_text = nats_error(s);
-        bad = bad || s != NATS_OK;
+        why = failed ? fail_text : s != NATS_OK ? nats_error(s) : stop_reason;
       }
-      if (bad) {
+      // The events go back to the loop to be let go of there (their encodings are the loop's).
+      const std::uint64_t first_seq = r->events.front()->seq;
+      post([events = std::move(r->events)] {});
+      if (!why.empty()) {
         ++resyncs;
-        std::string why;
-        {
-          std::lock_guard lk(fail_m);
-          why = fail_text;
-        }
-        state("publishing stopped: " + why + "; finding the stream's end again");
+        synced = false;
+        failures = failing_seq == first_seq ? failures + 1 : 1;
+        failing_seq = first_seq;
+        if (failures >= 5)
+          state("publishing is stuck at event #" + std::to_string(first_seq) + ": " + why + " (" + std::to_string(failures) +
+                    " times; trying again every 5 s)",
+                true);
+        else
+          state("publishing stopped: " + why + "; finding the stream's end again");
         return false;
       }
+      failures = 0;
+      if (fault) state("");
       expected_last += sent;
       published += sent;
       stream_last = expected_last;
       p.seq = last_seq + 1;
       confirmed_seq = p.seq;
       confirmed_offset = last_offset;
-      post([this, hold = p.seq] { log.hold_from(hold); });
-      if (!last_id.empty() && std::chrono::steady_clock::now() - last_cursor_write > std::chrono::seconds(1)) {
-        write_cursor(expected_last, last_id);
-        last_cursor_write = std::chrono::steady_clock::now();
+      if (sent) {
+        confirmed = std::make_pair(expected_last, last_id);
+        cursor_dirty = true;
       }
+      hold(p.seq, expected_last == 0);
     }
     return true;
   }
 
-  natsStatus publish_one(const logged_event& e, bool txn_end, std::uint64_t expect_last) {
+  /// A key as a header value: printable ASCII but %, each other byte %XX.
+  static std::string header_safe(std::string_view v) {
+    static constexpr char hex[] = "0123456789ABCDEF";
+    std::string out;
+    out.reserve(v.size());
+    for (unsigned char c : v) {
+      if (c >= 0x20 && c < 0x7f && c != '%') {
+        out += static_cast<char>(c);
+      } else {
+        out += '%';
+        out += hex[c >> 4];
+        out += hex[c & 15];
+      }
+    }
+    return out;
+  }
+
+  natsStatus publish_one(const logged_event& e, bool txn_end, std::uint64_t expect_last, std::size_t max_payload,
+                         std::string& why) {
     const std::string subject = event_subject(o.subject_prefix, e);
+    const std::string id = e.id.to_string();
+    std::string key;
+    if (e.kind != transform::op::message && e.kind != transform::op::truncate) {
+      // The ordering key (Waltail's schema.table:pk), from the self-contained record.
+      if (auto v = transform::read_record(protocol::bytes_view(reinterpret_cast<const std::byte*>(e.record.data()), e.record.size())))
+        key = header_safe(transform::waltail_ordering_key((*v)->get()));
+    }
+    // What the servers take at most (headers and body): a larger event stops publishing, saying so.
+    const std::size_t size = e.record.size() + key.size() + 2 * id.size() + 256;
+    if (max_payload && size > max_payload) {
+      why = "event " + id + " is " + std::to_string(e.record.size()) + " bytes, more than the NATS servers take (max_payload " +
+            std::to_string(max_payload) + "): raise max_payload (up to 64 MiB) on every server";
+      return NATS_ERR;
+    }
     msg_ptr msg;
     natsStatus s = natsMsg_Create(&msg.p, subject.c_str(), nullptr, e.record.data(), static_cast<int>(e.record.size()));
-    const std::string id = e.id.to_string();
     if (s == NATS_OK) s = natsMsgHeader_Set(msg.p, "Walgate-Id", id.c_str());
     if (s == NATS_OK) s = natsMsgHeader_Set(msg.p, "Walgate-Seq", std::to_string(e.seq).c_str());
     if (s == NATS_OK) s = natsMsgHeader_Set(msg.p, "Walgate-Xid", std::to_string(e.xid).c_str());
     const char op[2] = {static_cast<char>(e.kind), 0};
     if (s == NATS_OK) s = natsMsgHeader_Set(msg.p, "Walgate-Op", op);
     if (s == NATS_OK && txn_end) s = natsMsgHeader_Set(msg.p, "Walgate-Txn-End", "true");
-    if (s == NATS_OK && e.kind != transform::op::message) {
-      // The ordering key (Waltail's schema.table:pk), from the self-contained record.
-      if (auto v = transform::read_record(protocol::bytes_view(reinterpret_cast<const std::byte*>(e.record.data()), e.record.size()))) {
-        const std::string key = transform::waltail_ordering_key((*v)->get());
-        if (!key.empty()) s = natsMsgHeader_Set(msg.p, "Walgate-Key", key.c_str());
-      }
-    }
+    if (s == NATS_OK && !key.empty()) s = natsMsgHeader_Set(msg.p, "Walgate-Key", key.c_str());
     if (s != NATS_OK) return s;
     jsPubOptions po;
     jsPubOptions_Init(&po);
     po.MsgId = id.c_str();
-    po.ExpectLastSeq = expect_last;   // (0, an empty stream: not checked — the first message has nothing before it)
+    po.ExpectLastSeq = expect_last;   // (0, an empty stream: not sent — its PubAck must then say sequence 1)
     po.MaxWait = o.ack_wait.count();
     s = js_PublishMsgAsync(js, &msg.p, &po);   // (takes the message when it succeeds)
     return s;
   }
 
+  /// Waits d, woken early only by a stop (a fault is not looked at again on every commit).
+  void pause(std::chrono::milliseconds d) {
+    std::unique_lock lk(m);
+    cv.wait_for(lk, d, [&] { return stopping; });
+  }
+
   void run() {
     while (!stopped()) {
       if (!nc && !connect()) {
-        idle(std::chrono::seconds(1));
+        pause(std::chrono::seconds(1));
         continue;
       }
       std::uint64_t last = 0;
       if (!ensure_stream(&last)) {
         // (a connection that nats.c cannot restore is started again)
         if (natsConnection_Status(nc) == NATS_CONN_STATUS_CLOSED) disconnect();
-        idle(std::chrono::seconds(fault ? 5 : 1));
+        pause(std::chrono::seconds(fault ? 5 : 1));
         continue;
       }
       stream_last = last;
       auto p = sync(last);
       if (!p) {
-        idle(std::chrono::seconds(fault ? 5 : 1));
+        pause(std::chrono::seconds(fault ? 5 : 1));
         continue;
       }
       if (publish_from(*p, last)) break;   // (stopping)
-      idle(std::chrono::milliseconds(250));
+      pause(fault ? std::chrono::milliseconds(5000) : std::chrono::milliseconds(250));
     }
+    save_cursor();
     disconnect();
   }
 };

@@ -438,7 +438,10 @@ bool subscription::take(const event_ptr& e, std::vector<item>& out, std::size_t&
   bool silent = false;
   if (skip_through_) {
     if (!(*skip_through_ < e->id)) {
-      if (!in_txn) return true;
+      // A transaction seen to its end (the id is its commit's, or a later transaction's): no
+      // records again; one seen in part (the id is its begin's or an event's): counted, not sent.
+      if (!in_txn || skip_through_->commit_lsn > e->id.commit_lsn || skip_through_->at == transform::event_id::mark::commit)
+        return true;
       silent = true;
     } else {
       skip_through_.reset();

@@ -306,6 +306,32 @@ TEST_CASE("subscription: resume positions from every id, and an id past the head
   f.w.txn(*f.log, f.w.a, 3);   // 0:…:0, 1 were seen; 2 is new
   auto got = ids(drain(s));
   CHECK(got == std::vector<std::string>{transform::event_id{past.commit_lsn, 2}.to_string()});
+
+  // With transaction records: past the head at a transaction's commit, none of it again (not its
+  // commit either); at an event inside one, the rest of it and its commit, no begin.
+  const lsn next{f.w.next_lsn};
+  const transform::event_id at_commit{next, 0, transform::event_id::mark::commit};
+  const transform::event_id inside{lsn{f.w.next_lsn + 0x100}, 0};
+  auto h1 = f.log->resume_after(at_commit);
+  REQUIRE(h1.seq);
+  CHECK(h1.past_head);
+  subscription whole(*f.log, *f.enc, f.request("/v1/stream?transactions=true"), *h1.seq, at_commit, {});
+  subscription part(*f.log, *f.enc, f.request("/v1/stream?transactions=true"), *h1.seq, inside, {});
+  subscription grouped(*f.log, *f.enc, f.request("/v1/stream?group=transaction"), *h1.seq, at_commit, {});
+  f.w.xid = 5000;              // (transactions with an xid: with records)
+  f.w.txn(*f.log, f.w.a, 2);   // at `next`: seen whole
+  f.w.txn(*f.log, f.w.a, 2);   // at next + 0x100: its event 0 seen
+  const std::string second = lsn{f.w.next_lsn - 0x100}.to_string();
+  auto w_ids = ids(drain(whole)), g_ids = ids(drain(grouped)), p_ids = ids(drain(part));
+  auto join = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (const auto& x : v) out += x + " ";
+    return out;
+  };
+  INFO("whole: " << join(w_ids) << "| grouped: " << join(g_ids) << "| part: " << join(p_ids) << "| second " << second);
+  CHECK(w_ids == std::vector<std::string>{second + ":B", second + ":0", second + ":1", second + ":C"});
+  CHECK(g_ids == std::vector<std::string>{second + ":C"});
+  CHECK(p_ids == std::vector<std::string>{second + ":1", second + ":C"});
 }
 
 TEST_CASE("subscription: close reasons — too slow, no longer retained, a damaged log, closed by the transport") {

@@ -55,6 +55,9 @@ struct jetstream_stream_config {
   std::int64_t max_age_ns = 0;
   bool limits_retention = true;   ///< retention policy limits (not interest, not work queue)
   bool discard_old = true;
+  bool file_storage = true;
+  std::int64_t max_msgs = -1, max_msgs_per_subject = -1;
+  bool sealed = false;
 };
 std::string stream_mismatch(const jetstream_stream_config& have, const jetstream_options& want);
 

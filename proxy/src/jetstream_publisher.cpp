@@ -38,6 +38,22 @@ std::string subject_token(std::string_view name) {
   return out;
 }
 
+std::string header_value(std::string_view v) {
+  static constexpr char hex[] = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(v.size());
+  for (unsigned char c : v) {
+    if (c >= 0x20 && c < 0x7f && c != '%') {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
+}
+
 std::string event_subject(std::string_view prefix, const logged_event& e) {
   std::string s(prefix);
   if (e.kind == transform::op::message || e.table.empty()) return s + ".~message";
@@ -582,23 +598,6 @@ struct jetstream_publisher::impl {
     return true;
   }
 
-  /// A key as a header value: printable ASCII but %, each other byte %XX.
-  static std::string header_safe(std::string_view v) {
-    static constexpr char hex[] = "0123456789ABCDEF";
-    std::string out;
-    out.reserve(v.size());
-    for (unsigned char c : v) {
-      if (c >= 0x20 && c < 0x7f && c != '%') {
-        out += static_cast<char>(c);
-      } else {
-        out += '%';
-        out += hex[c >> 4];
-        out += hex[c & 15];
-      }
-    }
-    return out;
-  }
-
   natsStatus publish_one(const logged_event& e, bool txn_end, std::uint64_t expect_last, std::size_t max_payload,
                          std::string& why) {
     const std::string subject = event_subject(o.subject_prefix, e);
@@ -607,7 +606,7 @@ struct jetstream_publisher::impl {
     if (e.kind != transform::op::message && e.kind != transform::op::truncate) {
       // The ordering key (Waltail's schema.table:pk), from the self-contained record.
       if (auto v = transform::read_record(protocol::bytes_view(reinterpret_cast<const std::byte*>(e.record.data()), e.record.size())))
-        key = header_safe(transform::waltail_ordering_key((*v)->get()));
+        key = header_value(transform::waltail_ordering_key((*v)->get()));
     }
     // What the servers take at most (headers and body): a larger event stops publishing, saying so.
     const std::size_t size = e.record.size() + key.size() + 2 * id.size() + 256;

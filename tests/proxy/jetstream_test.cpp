@@ -72,6 +72,9 @@ TEST_CASE("subjects: names made subject-safe; a stream's configuration checked a
   CHECK(proxy::subject_token("a.b*>~") == "a~2Eb~2A~3E~7E");
   CHECK(proxy::subject_token("Ünï") == "~C3~9Cn~C3~AF");
   CHECK(proxy::subject_token("snake_case-1") == "snake_case-1");
+  CHECK(proxy::header_value("public.t:1") == "public.t:1");
+  CHECK(proxy::header_value("public.t:a\r\nNats-Msg-Id: x") == "public.t:a%0D%0ANats-Msg-Id: x");
+  CHECK(proxy::header_value("100%\xC3\xA9") == "100%25%C3%A9");
   proxy::logged_event e;
   e.schema = "public";
   e.table = "line items";
@@ -91,10 +94,14 @@ TEST_CASE("subjects: names made subject-safe; a stream's configuration checked a
   have.subjects = {"wg.>", "other.>"};
   have.replicas = 1;
   have.discard_old = false;
+  have.file_storage = false;
+  have.max_msgs_per_subject = 10;
   const auto diff = proxy::stream_mismatch(have, want);
   CHECK(diff.find("its subjects are [wg.>,other.>]") != std::string::npos);
   CHECK(diff.find("1 replica(s), --nats-replicas says 3") != std::string::npos);
   CHECK(diff.find("discards new") != std::string::npos);
+  CHECK(diff.find("its storage is memory") != std::string::npos);
+  CHECK(diff.find("at most 10 messages per subject") != std::string::npos);
 }
 
 TEST_CASE("JetStream origin: under kill -9 of walgate, of NATS nodes and all of JetStream down, the stream holds every event once, in order, equal to SELECT") {
@@ -164,7 +171,7 @@ TEST_CASE("JetStream origin: under kill -9 of walgate, of NATS nodes and all of 
   transform::event_id last{};
   std::string last_commit;
   bool txn_ended = true;
-  std::uint64_t checked = 0;
+  std::uint64_t checked = 0, truncates = 0;
   for (std::uint64_t seq = 1; seq <= st->first; ++seq) {
     auto m = r.get(seq);
     REQUIRE_MESSAGE(m, "stream message " << seq << " cannot be read");
@@ -181,6 +188,7 @@ TEST_CASE("JetStream origin: under kill -9 of walgate, of NATS nodes and all of 
     // A transaction's messages: its last one (only) marked.
     const std::string commit = id ? id->commit_lsn.to_string() : "";
     if (commit != last_commit && !txn_ended) problems.push_back("transaction " + last_commit + " has no Walgate-Txn-End");
+    if (commit == last_commit && txn_ended) problems.push_back("transaction " + commit + " has a Walgate-Txn-End before its last event");
     last_commit = commit;
     txn_ended = h.count("Walgate-Txn-End") > 0;
     auto rec = transform::read_record(protocol::bytes_view(reinterpret_cast<const std::byte*>(m->body.data()), m->body.size()));
@@ -191,8 +199,9 @@ TEST_CASE("JetStream origin: under kill -9 of walgate, of NATS nodes and all of 
     const auto& c = (*rec)->get();
     if (m->subject != "wg.jsa.public." + (*rec)->table()) problems.push_back("message " + std::to_string(seq) + " on " + m->subject);
     const std::string key = h.count("Walgate-Key") ? h.at("Walgate-Key") : "";
-    if (c.kind != transform::op::truncate && key != transform::waltail_ordering_key(c))
+    if (key != (c.kind == transform::op::truncate ? std::string() : proxy::header_value(transform::waltail_ordering_key(c))))
       problems.push_back("message " + std::to_string(seq) + ": key " + key);
+    truncates += c.kind == transform::op::truncate;
     std::string line;
     REQUIRE(transform::encode_change(line, c, transform::format::native));
     apply_native(model, line, problems);
@@ -202,6 +211,7 @@ TEST_CASE("JetStream origin: under kill -9 of walgate, of NATS nodes and all of 
   for (const auto& p : problems) FAIL_CHECK(p);
   CHECK(problems.empty());
   CHECK(checked == st->first);
+  MESSAGE("truncates in the stream: " << truncates);
   sql_conn q(test::cluster().conninfo());
   CHECK(model["jsa_a"] == select_table(q, "jsa_a"));
   CHECK(model["jsa_b"] == select_table(q, "jsa_b"));
@@ -260,4 +270,31 @@ TEST_CASE("JetStream origin: a stream that does not match is a clear error; walg
   CHECK(client.problems.empty());
   CHECK(metric(sc.port, "walgate_nats_publish_lag_events") >= 1);
   CHECK(metric(sc.port, "walgate_nats_connected") == 0);
+}
+
+TEST_CASE("JetStream origin: an event larger than the servers' max_payload stops publishing there, saying so; nothing skipped") {
+  if (nats_server_binary().empty()) {
+    MESSAGE("SKIPPED: nats-server is not installed (.ci/install-deps.sh installs Debian's nats-server)");
+    return;
+  }
+  nats_cluster nats(1, "max_payload: 8192");
+  scenario sc("jsp");
+  sc.gw.args.insert(sc.gw.args.end(), {"--nats", nats.url(0), "--nats-stream", "WG_JSP"});
+  sc.start_streaming();
+  sql_conn q(test::cluster().conninfo());
+  REQUIRE(q.exec("INSERT INTO jsp_a VALUES (1, 'small')"));
+  REQUIRE(test::wait_until([&] { return metric(sc.port, "walgate_nats_stream_last_seq") == 1; }, std::chrono::seconds(30)));
+  REQUIRE(q.exec("INSERT INTO jsp_a VALUES (2, repeat('x', 20000))"));
+  REQUIRE(q.exec("INSERT INTO jsp_a VALUES (3, 'after it')"));
+  REQUIRE_MESSAGE(test::wait_until([&] { return sc.gw.log().find("more than the NATS servers take (max_payload 8192)") != std::string::npos; },
+                                   std::chrono::seconds(30)),
+                  sc.gw.log());
+  CHECK(test::wait_until([&] { return metric(sc.port, "walgate_nats_fault") == 1; }, std::chrono::seconds(60)));
+  // Not skipped: the stream still ends at the event before it, the rest waits in the log.
+  CHECK(metric(sc.port, "walgate_nats_stream_last_seq") == 1);
+  CHECK(metric(sc.port, "walgate_nats_publish_lag_events") == 2);
+  stream_reader r(nats.url(0), "WG_JSP");
+  auto st = r.state();
+  REQUIRE(st);
+  CHECK(st->first == 1);
 }

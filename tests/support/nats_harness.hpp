@@ -55,8 +55,9 @@ struct nats_cluster {
   };
   std::vector<node> nodes;
   std::filesystem::path root;
+  std::string config;   // nats-server configuration lines for every node ("": none)
 
-  explicit nats_cluster(std::size_t n) {
+  explicit nats_cluster(std::size_t n, std::string config_lines = "") : config(std::move(config_lines)) {
     std::string t = (std::filesystem::temp_directory_path() / "walgate-nats-XXXXXX").string();
     root = mkdtemp(t.data());
     for (std::size_t i = 0; i < n; ++i) {
@@ -91,6 +92,11 @@ struct nats_cluster {
         if (j != i) routes += (routes.empty() ? "" : ",") + std::string("nats://127.0.0.1:") + std::to_string(nodes[j].cluster_port);
       args.insert(args.end(), {"--cluster_name", "walgate-test", "--cluster",
                                "nats://127.0.0.1:" + std::to_string(x.cluster_port), "--routes", routes});
+    }
+    if (!config.empty()) {
+      const auto file = x.dir / "server.conf";
+      std::ofstream(file) << config << "\n";
+      args.insert(args.end(), {"-c", file.string()});
     }
     const std::string log = (x.dir / "server.log").string();
     x.pid = fork();

@@ -43,6 +43,9 @@ struct jetstream_options {
 /// A name (schema, table) as one subject token: A-Z a-z 0-9 _ - kept, every other byte ~XX (hex,
 /// upper case). "order items" -> "order~20items"; "a.b" -> "a~2Eb".
 std::string subject_token(std::string_view name);
+/// A value as a NATS header holds it: printable ASCII but %, each other byte %XX (a key with a
+/// line break or non-ASCII text cannot break the header block).
+std::string header_value(std::string_view v);
 /// The subject of an event: <prefix>.<schema>.<table>, or <prefix>.~message for a logical message.
 std::string event_subject(std::string_view prefix, const logged_event& e);
 

@@ -104,7 +104,7 @@ TEST_CASE("subjects: names made subject-safe; a stream's configuration checked a
   CHECK(diff.find("at most 10 messages per subject") != std::string::npos);
 }
 
-TEST_CASE("JetStream origin: under kill -9 of walgate, of NATS nodes and all of JetStream down, the stream holds every event once, in order, equal to SELECT") {
+TEST_CASE("JetStream origin: under kill -9 of walgate, of NATS nodes and all of JetStream down for a minute, the stream holds every event once, in order, equal to SELECT") {
   if (nats_server_binary().empty()) {
     MESSAGE("SKIPPED: nats-server is not installed (.ci/install-deps.sh installs Debian's nats-server)");
     return;
@@ -136,7 +136,9 @@ TEST_CASE("JetStream origin: under kill -9 of walgate, of NATS nodes and all of 
     std::this_thread::sleep_for(std::chrono::seconds(1));
     for (std::size_t i = 0; i < 3; ++i) nats.kill(i);
     const long long logged_before = metric(sc.port, "walgate_log_next_seq");
-    std::this_thread::sleep_for(std::chrono::seconds(8));
+    // (a minute, as the issue asks; WALGATE_NATS_OUTAGE_S shortens it for a quick run)
+    const char* outage = std::getenv("WALGATE_NATS_OUTAGE_S");
+    std::this_thread::sleep_for(std::chrono::seconds(outage ? std::max(1, std::atoi(outage)) : 60));
     const long long logged_after = metric(sc.port, "walgate_log_next_seq");
     CHECK(logged_after > logged_before);
     CHECK(metric(sc.port, "walgate_nats_publish_lag_events") > 0);

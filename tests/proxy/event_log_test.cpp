@@ -327,10 +327,45 @@ TEST_CASE("a sync in two halves: durable only when the fdatasync has ended, dirt
   event_log::run_sync_job(job);              // (on the sync thread, in the gateway)
   REQUIRE(log->end_sync(job));
   CHECK(log->durable_lsn().value == 0x108);
+  CHECK(log->durable_seq() == 2);            // (t1's two events; t2's not yet)
   CHECK(log->dirty());
   REQUIRE(log->sync());
   CHECK(log->durable_lsn().value == 0x208);
+  CHECK(log->durable_seq() == 3);
   CHECK_FALSE(log->dirty());
+  log.reset();
+  auto again = event_log::open(o, error);    // what was recovered is durable
+  REQUIRE(again);
+  CHECK(again->durable_seq() == 3);
+}
+
+TEST_CASE("a hold keeps what a consumer has not confirmed past the retention; moved on, retention drops it") {
+  temp_dir d;
+  std::string error;
+  log_options o;
+  o.dir = d.path;
+  o.segment_bytes = 4096;
+  o.retention_bytes = 16384;
+  o.memory_bytes = 8192;   // (the memory tail holds no old events: what is retained is the files')
+  o.fsync = false;
+  auto log = event_log::open(o, error);
+  REQUIRE(log);
+  log->hold_from(0);   // (the JetStream publisher, before it knows where the stream ends)
+  txn_builder b;
+  std::vector<protocol::transaction_info> txns(200);
+  for (int i = 0; i < 200; ++i) {
+    REQUIRE(b.append(*log, 0x1000 + 0x10 * static_cast<std::uint64_t>(i), 5, txns[static_cast<std::size_t>(i)]));
+    REQUIRE(log->sync());
+  }
+  CHECK(log->first_seq() == 0);   // all of it, past the retention
+  CHECK(log->disk_bytes() > 3 * 16384);
+  log->hold_from(600);            // confirmed up to event 599: what is before its segment may go
+  CHECK(log->first_seq() > 0);
+  CHECK(log->first_seq() <= 600);
+  CHECK(log->disk_bytes() > 16384);
+  log->hold_from(std::nullopt);   // no hold: the retention alone
+  CHECK(log->disk_bytes() <= 16384 + 4096);
+  CHECK(log->read(log->first_seq(), 1).front()->seq == log->first_seq());
 }
 
 TEST_CASE("an event is readable from the tail until it is in the file, then from the file") {

@@ -315,7 +315,9 @@ struct jetstream_publisher::impl {
       cfg.Replicas = o.replicas;
       cfg.MaxBytes = o.max_bytes;
       cfg.MaxAge = std::chrono::duration_cast<std::chrono::nanoseconds>(o.max_age).count();
-      cfg.Duplicates = std::chrono::duration_cast<std::chrono::nanoseconds>(o.duplicate_window).count();
+      // (JetStream refuses a duplicate window longer than the max age)
+      const auto window = o.max_age.count() > 0 ? std::min(o.duplicate_window, o.max_age) : o.duplicate_window;
+      cfg.Duplicates = std::chrono::duration_cast<std::chrono::nanoseconds>(window).count();
       cfg.AllowDirect = true;   // (edges read messages by sequence from any replica)
       stream_info_ptr created;
       jerr = static_cast<jsErrCode>(0);

@@ -300,3 +300,47 @@ TEST_CASE("JetStream origin: an event larger than the servers' max_payload stops
   REQUIRE(st);
   CHECK(st->first == 1);
 }
+
+TEST_CASE("JetStream origin: a stream whose last message aged out continues after the confirmed event kept in the data directory; without it, a fault") {
+  if (nats_server_binary().empty()) {
+    MESSAGE("SKIPPED: nats-server is not installed (.ci/install-deps.sh installs Debian's nats-server)");
+    return;
+  }
+  nats_cluster nats(1);
+  scenario sc("jsc");
+  sc.gw.args.insert(sc.gw.args.end(), {"--nats", nats.url(0), "--nats-stream", "WG_JSC", "--nats-max-age", "2"});
+  sc.start_streaming();
+  sql_conn q(test::cluster().conninfo());
+  REQUIRE(q.exec("INSERT INTO jsc_a VALUES (1, 'a'), (2, 'b'), (3, 'c')"));
+  REQUIRE(test::wait_until([&] { return metric(sc.port, "walgate_nats_stream_last_seq") == 3; }, std::chrono::seconds(30)));
+  stream_reader r(nats.url(0), "WG_JSC");
+  auto m3 = r.get(3);
+  REQUIRE(m3);
+  const std::string third = m3->headers["Walgate-Id"];
+  // Aged out: the stream is empty, its last sequence stays 3.
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> st;
+  REQUIRE(test::wait_until([&] { return (st = r.state()) && st->second == 0; }, std::chrono::seconds(30)));
+  CHECK(st->first == 3);
+  // kill -9: the cursor was saved when publishing went idle.
+  REQUIRE(sc.gw.kill_with(SIGKILL) == 128 + SIGKILL);
+  REQUIRE(q.exec("INSERT INTO jsc_a VALUES (4, 'd'), (5, 'e')"));
+  sc.start();
+  REQUIRE_MESSAGE(test::wait_until([&] { return metric(sc.port, "walgate_nats_stream_last_seq") == 5; }, std::chrono::seconds(30)),
+                  sc.gw.log());
+  CHECK(metric(sc.port, "walgate_nats_fault") == 0);
+  auto m4 = r.get(4);
+  REQUIRE(m4);
+  CHECK(m4->headers["Walgate-Seq"] == "3");
+  CHECK(transform::event_id::parse(third).value() < transform::event_id::parse(m4->headers["Walgate-Id"]).value());
+  // Without the cursor file: the end cannot be told; publishing stops, saying why.
+  REQUIRE(test::wait_until([&] { return (st = r.state()) && st->second == 0; }, std::chrono::seconds(30)));
+  REQUIRE(sc.gw.kill_with(SIGKILL) == 128 + SIGKILL);
+  std::filesystem::remove(sc.data_dir / "jetstream.cursor");
+  REQUIRE(q.exec("INSERT INTO jsc_a VALUES (6, 'f')"));
+  sc.start();
+  REQUIRE_MESSAGE(test::wait_until([&] { return sc.gw.log().find("last message (seq 5) is gone") != std::string::npos; },
+                                   std::chrono::seconds(30)),
+                  sc.gw.log());
+  CHECK(test::wait_until([&] { return metric(sc.port, "walgate_nats_fault") == 1; }));
+  CHECK(r.state()->first == 5);
+}

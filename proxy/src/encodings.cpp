@@ -153,8 +153,21 @@ std::string encoding_cache::key_of(const logged_event& e, encoding enc, transfor
   if (mask && !apply_mask(c, *mask, m, e, error)) return {};
   if (std::none_of(c.relation->columns.begin(), c.relation->columns.end(), [](const auto& col) { return col.key; }))
     return "null";   // (no key columns: REPLICA IDENTITY NOTHING, or DEFAULT without a primary key)
-  // An update is keyed by the row as it is now (its new key, when the update changed it).
+  // An update is keyed by the row as it is now (its new key, when the update changed it). A
+  // TOASTed value it did not change is not in its new row: the old row's is the same (under
+  // REPLICA IDENTITY FULL every column is a key column), so that a row keeps one key.
+  std::vector<protocol::pgoutput::tuple_column> merged;
   if (c.kind == transform::op::update) {
+    if (!c.before.empty() && std::any_of(c.after.begin(), c.after.end(), [](const auto& x) {
+          return x.kind == protocol::pgoutput::column_kind::unchanged_toast;
+        })) {
+      merged.assign(c.after.begin(), c.after.end());
+      for (std::size_t k = 0; k < merged.size() && k < c.before.size(); ++k)
+        if (merged[k].kind == protocol::pgoutput::column_kind::unchanged_toast &&
+            c.before[k].kind != protocol::pgoutput::column_kind::unchanged_toast)
+          merged[k] = c.before[k];
+      c.after = merged;
+    }
     c.before_kind = 0;
     c.before = {};
   }

@@ -597,7 +597,8 @@ bool subscription::take(const event_ptr& e, std::vector<item>& out, std::size_t&
   // message_events=true: named by its prefix over SSE (one that cannot be an SSE event name —
   // empty, a line break, not UTF-8 — goes as an unnamed event, as without).
   if (request_.message_events && e->kind == transform::op::message && !prefix_copy.empty() &&
-      prefix_copy.find_first_of("\r\n") == std::string::npos && transform::is_utf8(prefix_copy))
+      prefix_copy.find_first_of("\r\n") == std::string::npos && transform::is_utf8(prefix_copy) &&
+      prefix_copy != "error" && prefix_copy != "snapshot-end" && prefix_copy != "message")   // (walgate's own names)
     out.back().event = std::move(prefix_copy);
   if (request_.tombstones && (moved ? as == transform::op::delete_ : e->kind == transform::op::delete_))
     if (auto t = encodings_.tombstone(*e, mask)) out.push_back({std::move(t), e->id, what});

@@ -207,18 +207,21 @@ TEST_CASE("transactions=true: begin and commit records per client, counted after
 
 TEST_CASE("keys=true: each event as {key, value} with the key each format's users expect, every transport") {
   auto& pg = test::cluster();
-  pg.sql(R"(DROP PUBLICATION IF EXISTS kx_pub; DROP TABLE IF EXISTS kx_a, kx_c, kx_n;
+  pg.sql(R"(DROP PUBLICATION IF EXISTS kx_pub; DROP TABLE IF EXISTS kx_a, kx_c, kx_n, kx_f;
             CREATE TABLE kx_a(id int PRIMARY KEY, v text);
             CREATE TABLE kx_c(a int, b text, v text, PRIMARY KEY (a, b));
             CREATE TABLE kx_n(v text);
-            CREATE PUBLICATION kx_pub FOR TABLE kx_a, kx_c, kx_n)");
+            CREATE TABLE kx_f(id int, big text); ALTER TABLE kx_f REPLICA IDENTITY FULL;
+            CREATE PUBLICATION kx_pub FOR TABLE kx_a, kx_c, kx_n, kx_f)");
   running_gateway g("kx_slot", "kx_pub");
   stream_client dbz(g.port(), "/v1/stream?format=debezium&keys=true&tombstones=true", {{"Accept", "text/event-stream"}});
   stream_client p2j(g.port(), "/v1/stream?format=pgoutput2json&keys=true");
   ws_client wt(g.port(), "/v1/ws?format=waltail&keys=true", true);
   tx_mux mux(g.port(), "/v1/mux");
+  stream_client full(g.port(), "/v1/stream?format=pgoutput2json&keys=true&tables=public.kx_f");
   REQUIRE(dbz.status() == 200);
   REQUIRE(p2j.status() == 200);
+  REQUIRE(full.status() == 200);
   mux.send(R"({"type":"subscribe","id":"k","format":"debezium","keys":true,"tables":"public.kx_c"})");
   REQUIRE(mux.messages(1) == std::vector<std::string>{R"({"sub":"k","type":"subscribed"})"});
   CHECK(stream_client(g.port(), "/v1/stream?keys=true").status() == 400);   // native: no message key
@@ -227,6 +230,10 @@ TEST_CASE("keys=true: each event as {key, value} with the key each format's user
   pg.sql("UPDATE kx_a SET id = 4472 WHERE id = 4471");
   pg.sql("DELETE FROM kx_c");
   pg.sql("INSERT INTO kx_n VALUES ('no key')");
+  // REPLICA IDENTITY FULL (every column a key column) and a TOASTed value an update leaves alone:
+  // the update's key has the value (from its old row), not a placeholder — one row, one key.
+  pg.sql("INSERT INTO kx_f SELECT 1, string_agg(md5(i::text), '') FROM generate_series(1, 400) i");
+  pg.sql("UPDATE kx_f SET id = 2");
 
   auto d = dbz.sse(6);   // insert, insert, update, delete, tombstone, insert
   REQUIRE(d.size() == 6);
@@ -250,6 +257,12 @@ TEST_CASE("keys=true: each event as {key, value} with the key each format's user
   CHECK(obj(w[1]).at("key") == "public.kx_c:1,b,1");
   CHECK(obj(w[2]).at("key") == "public.kx_a:4472");
   CHECK(obj(w[3]).at("value").at("op") == "delete");
+  auto f = full.events(2);
+  REQUIRE(f.size() == 2);
+  const auto big = *pg.sql("SELECT big FROM kx_f")[0][0];
+  CHECK(json::serialize(obj(f[0]).at("key")) == "[1,\"" + big + "\"]");
+  CHECK(json::serialize(obj(f[1]).at("key")) == "[2,\"" + big + "\"]");
+  CHECK(obj(f[1]).at("value").at("r").at("big") == "__TOAST__");   // (the value itself, as PgOutput2Json sends it)
   auto m = mux.messages(2);
   REQUIRE(m.size() == 2);
   CHECK(json::serialize(obj(m[0]).at("data").at("key")) == R"({"a":1,"b":"b,1"})");
@@ -267,7 +280,7 @@ TEST_CASE("prefixes=: logical messages chosen by prefix whatever tables= says; n
             CREATE PUBLICATION px_pub FOR TABLE px_t)");
   running_gateway g("px_slot", "px_pub");
   stream_client topics(g.port(), "/v1/stream?tables=public.px_t&prefixes=audit.*");
-  stream_client named(g.port(), "/v1/stream?prefixes=jobs&message_events=true", {{"Accept", "text/event-stream"}});
+  stream_client named(g.port(), "/v1/stream?prefixes=jobs,error&message_events=true", {{"Accept", "text/event-stream"}});
   stream_client every(g.port(), "/v1/stream");
   tx_mux mux(g.port(), "/v1/mux");
   REQUIRE(topics.status() == 200);
@@ -280,6 +293,7 @@ TEST_CASE("prefixes=: logical messages chosen by prefix whatever tables= says; n
   pg.sql("INSERT INTO px_t VALUES (1)");
   pg.sql("SELECT pg_logical_emit_message(true, 'audit.login', 'alice')");
   pg.sql("SELECT pg_logical_emit_message(false, 'jobs', 'run')");
+  pg.sql("SELECT pg_logical_emit_message(true, 'error', 'not the stream ending')");
   pg.sql("SELECT pg_logical_emit_message(true, 'other', 'x')");
   pg.sql("SELECT pg_logical_emit_message(true, 'audit.bin', '\\xff00'::bytea)");
   pg.sql("INSERT INTO px_t VALUES (2)");
@@ -299,10 +313,11 @@ TEST_CASE("prefixes=: logical messages chosen by prefix whatever tables= says; n
   CHECK(obj(t[1]).at("content_encoding") == "text");
   CHECK(obj(t[2]).at("content") == "/wA=");
   CHECK(obj(t[2]).at("content_encoding") == "base64");
-  auto e = every.events(6);
-  CHECK(kinds(e) == std::vector<std::string>{"insert", "m:audit.login", "m:jobs", "m:other", "m:audit.bin", "insert"});
-  // SSE: the message is the event "jobs" (addEventListener('jobs')); the rows unnamed.
-  auto lines = named.lines(12);   // retry and a blank line, then 3 events of id, [event,] data and a blank line
+  auto e = every.events(7);
+  CHECK(kinds(e) == std::vector<std::string>{"insert", "m:audit.login", "m:jobs", "m:error", "m:other", "m:audit.bin", "insert"});
+  // SSE: the message is the event "jobs" (addEventListener('jobs')); the rows unnamed, and so is
+  // a message whose prefix is one of walgate's own event names (error, snapshot-end, message).
+  auto lines = named.lines(15);   // retry and a blank line, then 4 events of id, [event,] data and a blank line
   std::vector<std::string> names;
   std::string name;
   for (const auto& l : lines) {
@@ -313,7 +328,7 @@ TEST_CASE("prefixes=: logical messages chosen by prefix whatever tables= says; n
       name.clear();
     }
   }
-  CHECK(names == std::vector<std::string>{"-=insert", "jobs=message", "-=insert"});
+  CHECK(names == std::vector<std::string>{"-=insert", "jobs=message", "-=message", "-=insert"});
   auto m = mux.messages(2);
   REQUIRE(m.size() == 2);
   CHECK(obj(m[0]).at("data").at("prefix") == "audit.login");

@@ -60,6 +60,30 @@ std::string event_subject(std::string_view prefix, const logged_event& e) {
   return s + "." + subject_token(e.schema) + "." + subject_token(e.table);
 }
 
+std::optional<std::uint64_t> stream_seq_after(const transform::event_id& id, std::uint64_t first, std::uint64_t last,
+                                              const std::function<std::optional<transform::event_id>(std::uint64_t)>& id_at,
+                                              std::size_t* gets) {
+  if (gets) *gets = 0;
+  if (first == 0 || last < first) return first ? first : 1;   // (an empty stream: its next message)
+  auto at = [&](std::uint64_t seq) {
+    if (gets) ++*gets;
+    return id_at(seq);
+  };
+  auto head = at(first);
+  if (!head) return std::nullopt;
+  if (id < *head) return 0;
+  // The first sequence in (first, last] whose id is after id: ids increase along the stream.
+  std::uint64_t lo = first, hi = last + 1;   // id_at(lo) <= id; every seq >= hi is after id
+  while (hi - lo > 1) {
+    const std::uint64_t mid = lo + (hi - lo) / 2;
+    auto m = at(mid);
+    if (!m) return std::nullopt;
+    if (id < *m) hi = mid;
+    else lo = mid;
+  }
+  return hi;
+}
+
 std::string stream_mismatch(const jetstream_stream_config& have, const jetstream_options& want) {
   std::string out;
   auto add = [&](const std::string& clause) { out += (out.empty() ? "" : "; ") + clause; };

@@ -84,6 +84,25 @@ TEST_CASE("subjects: names made subject-safe; a stream's configuration checked a
   e.table.clear();
   CHECK(proxy::event_subject("wg.x", e) == "wg.x.~message");
 
+  // Resume positions in a stream by binary search: ids 0/100:0..4, 0/200:0..4, … at seqs 11…
+  std::vector<transform::event_id> ids;
+  for (std::uint64_t t = 1; t <= 200; ++t)
+    for (std::uint32_t i = 0; i < 5; ++i) ids.push_back({protocol::lsn{t * 0x100}, i});
+  auto id_at = [&](std::uint64_t seq) -> std::optional<transform::event_id> { return ids[seq - 11]; };
+  const std::uint64_t first = 11, last = 11 + ids.size() - 1;
+  std::size_t gets = 0, most = 0;
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    CHECK(proxy::stream_seq_after(ids[k], first, last, id_at, &gets) == first + k + 1);
+    most = std::max(most, gets);
+  }
+  CHECK(most <= 12);   // 1 + log2(1000)
+  CHECK(proxy::stream_seq_after({protocol::lsn{0x50}, 0}, first, last, id_at) == 0u);                   // before it: 410
+  CHECK(proxy::stream_seq_after({protocol::lsn{0x100}, 9}, first, last, id_at) == first + 5);           // between two
+  CHECK(proxy::stream_seq_after({protocol::lsn{0x100}, 0, transform::event_id::mark::commit}, first, last, id_at) == first + 5);
+  CHECK(proxy::stream_seq_after({protocol::lsn{0x200}, 0, transform::event_id::mark::begin}, first, last, id_at) == first + 5);
+  CHECK(proxy::stream_seq_after({protocol::lsn{0xFFFFF}, 0}, first, last, id_at) == last + 1);           // the head
+  CHECK_FALSE(proxy::stream_seq_after(ids[500], first, last, [](std::uint64_t) { return std::optional<transform::event_id>{}; }));
+
   proxy::jetstream_options want;
   want.subject_prefix = "wg";
   want.replicas = 3;
@@ -210,6 +229,29 @@ TEST_CASE("JetStream origin: under kill -9 of walgate, of NATS nodes and all of 
     ++checked;
   }
   CHECK(txn_ended);
+  // Resume positions found in the real stream by direct gets (what an edge will do): 200 ids.
+  {
+    std::size_t gets = 0, total_gets = 0;
+    std::uint64_t wrong = 0;
+    auto id_at = [&](std::uint64_t seq) -> std::optional<transform::event_id> {
+      auto v = r.direct_header(seq, "Walgate-Id");
+      if (!v) return std::nullopt;
+      return transform::event_id::parse(*v);
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int k = 0; k < 200; ++k) {
+      const std::uint64_t seq = 1 + static_cast<std::uint64_t>(rng()() % st->first);
+      auto id = id_at(seq);
+      REQUIRE(id);
+      auto found = proxy::stream_seq_after(*id, 1, st->first, id_at, &gets);
+      wrong += !found || *found != seq + 1;
+      total_gets += gets;
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    MESSAGE("resume positions by binary search over " << st->first << " messages: " << total_gets / 200.0
+                                                       << " direct gets and " << ms / 200 << " ms each (3 replicas)");
+    CHECK(wrong == 0);
+  }
   for (const auto& p : problems) FAIL_CHECK(p);
   CHECK(problems.empty());
   CHECK(checked == st->first);

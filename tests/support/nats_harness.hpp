@@ -183,6 +183,19 @@ struct stream_reader {
     jsStreamInfo_Destroy(si);
     return out;
   }
+  /// A message's header by a direct get (any replica answers; the stream allows direct gets).
+  std::optional<std::string> direct_header(std::uint64_t seq, const char* name) {
+    natsMsg* m = nullptr;
+    jsDirectGetMsgOptions o;
+    jsDirectGetMsgOptions_Init(&o);
+    o.Sequence = seq;
+    if (js_DirectGetMsg(&m, js, stream.c_str(), nullptr, &o) != NATS_OK) return std::nullopt;
+    const char* v = nullptr;
+    std::optional<std::string> out;
+    if (natsMsgHeader_Get(m, name, &v) == NATS_OK && v) out = v;
+    natsMsg_Destroy(m);
+    return out;
+  }
   std::optional<stream_message> get(std::uint64_t seq) {
     natsMsg* m = nullptr;
     jsErrCode jerr = static_cast<jsErrCode>(0);

@@ -14,6 +14,8 @@
 
 #include "walgate/proxy/log_reader.hpp"
 
+#include <optional>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -48,6 +50,16 @@ std::string subject_token(std::string_view name);
 std::string header_value(std::string_view v);
 /// The subject of an event: <prefix>.<schema>.<table>, or <prefix>.~message for a logical message.
 std::string event_subject(std::string_view prefix, const logged_event& e);
+
+/// Where a client that processed event id resumes in a stream whose messages' ids increase
+/// along it (as the publisher makes them), without scanning it: a binary search over stream
+/// sequences [first, last] by id_at(seq) (a direct get of one message's Walgate-Id; nullopt when
+/// it cannot be read). Returns the sequence of the first message after id (last + 1: none yet);
+/// 0 when id is older than the first message (410: what came between may be gone); nullopt when
+/// a message could not be read. *gets counts the lookups.
+std::optional<std::uint64_t> stream_seq_after(const transform::event_id& id, std::uint64_t first, std::uint64_t last,
+                                              const std::function<std::optional<transform::event_id>(std::uint64_t)>& id_at,
+                                              std::size_t* gets = nullptr);
 
 /// "" when the stream's configuration (as JetStream reports it) is what the options ask for,
 /// else what differs, one clause per setting.

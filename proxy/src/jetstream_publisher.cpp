@@ -395,13 +395,16 @@ struct jetstream_publisher::impl {
   void write_cursor(std::uint64_t stream_seq, const std::string& id) {
     if (o.cursor_file.empty()) return;
     const std::string tmp = o.cursor_file + ".tmp";
+    std::error_code ec;
     {
       std::ofstream f(tmp, std::ios::trunc);
       f << stream_seq << ' ' << id << '\n';
-      if (!f) return;
+      if (!f) ec = std::make_error_code(std::errc::io_error);
     }
-    std::error_code ec;
-    std::filesystem::rename(tmp, o.cursor_file, ec);
+    if (!ec) std::filesystem::rename(tmp, o.cursor_file, ec);
+    // (not fatal: it is needed only once the stream's last message has aged out, and then its
+    // absence stops publishing, saying so)
+    if (ec) say("JetStream: cannot save " + o.cursor_file + ": " + ec.message());
   }
 
   /// Where the stream ends, as a position in the log.

@@ -36,13 +36,7 @@
 #include <random>
 #include <thread>
 
-using namespace walgate;
-namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
-namespace websocket = beast::websocket;
-namespace json = boost::json;
-using tcp = asio::ip::tcp;
+using namespace walgate;   // (asio, beast, http, websocket, json, tcp: from the harness)
 
 using namespace walgate::test::fault_harness;
 

@@ -177,6 +177,19 @@ std::vector<std::string> ids(const std::vector<std::vector<subscription::item>>&
 
 std::string text(const subscription::item& i) { return std::string(i.bytes->bytes()); }
 
+/// A subscription resumed from the request's from= as the server starts one (resume_after, then
+/// resume_in_transaction), drained.
+std::vector<std::vector<subscription::item>> drain_resumed(fixture& f, const std::string& query, subscription::limits l = {}) {
+  auto r = f.request(query);
+  auto rp = f.log->resume_after(*r.from);
+  REQUIRE(rp.seq);
+  std::uint64_t seq = *rp.seq;
+  std::optional<transform::event_id> skip;
+  resume_in_transaction(*f.log, r, seq, skip);
+  subscription s(*f.log, *f.enc, r, seq, skip, l);
+  return drain(s);
+}
+
 }  // namespace
 
 TEST_CASE("subscription: table and op filters, resume id, eager encodings for unfiltered readers") {
@@ -839,16 +852,7 @@ TEST_CASE("subscription: transaction records around each transaction, counted pe
     CHECK(t[5] == "{\"id\":\"0/1100:C\",\"op\":\"commit\",\"xid\":901,\"commit_lsn\":\"0/1100\"," + time +
                       ",\"events\":0,\"tables\":[]}");
     // Resumed from the empty one's begin: its commit; from its commit: the next transaction.
-    auto resumed = [&](const std::string& query) {
-      auto r = f.request(query);
-      auto rp = f.log->resume_after(*r.from);
-      REQUIRE(rp.seq);
-      std::uint64_t seq = *rp.seq;
-      std::optional<transform::event_id> skip;
-      resume_in_transaction(*f.log, r, seq, skip);
-      subscription rs(*f.log, *f.enc, r, seq, skip, {});
-      return ids(drain(rs));
-    };
+    auto resumed = [&](const std::string& query) { return ids(drain_resumed(f, query)); };
     const std::string q = "/v1/stream?transactions=true&tables=public.a&empty_transactions=true&from=";
     CHECK(resumed(q + "0/1100:B") == std::vector<std::string>{"0/1100:C", "0/1200:B", "0/1200:0", "0/1200:C"});
     CHECK(resumed(q + "0/1100:C") == std::vector<std::string>{"0/1200:B", "0/1200:0", "0/1200:C"});
@@ -907,14 +911,7 @@ TEST_CASE("subscription: transaction records around each transaction, counted pe
   }
   SUBCASE("resumed from a begin, an event or a commit: the rest, no record twice, the commit's counts whole") {
     auto resumed = [&](const std::string& query) {
-      auto r = f.request(query);
-      auto rp = f.log->resume_after(*r.from);
-      REQUIRE(rp.seq);
-      std::uint64_t seq = *rp.seq;
-      std::optional<transform::event_id> skip;
-      resume_in_transaction(*f.log, r, seq, skip);
-      subscription s(*f.log, *f.enc, r, seq, skip, {});
-      auto got = drain(s);
+      auto got = drain_resumed(f, query);
       return std::make_pair(ids(got), texts(got));
     };
     auto [from_begin, t1] = resumed("/v1/stream?transactions=true&from=0/1000:B");
@@ -1082,16 +1079,7 @@ TEST_CASE("subscription: group=transaction sends each transaction whole as one m
   CHECK(pt[1] == head + R"("part":2,"last":false,"events":[)" + events[1] + "]}");
   CHECK(pt[2] == head + R"("part":3,"last":true,"events":[)" + events[2] + "]}");
   // Resumed from a part: the next part, numbered as before; from the last: the next transaction.
-  auto resumed = [&](const char* from) {
-    auto r = f.request(std::string("/v1/stream?group=transaction&from=") + from);
-    auto rp = f.log->resume_after(*r.from);
-    REQUIRE(rp.seq);
-    std::uint64_t seq = *rp.seq;
-    std::optional<transform::event_id> skip;
-    resume_in_transaction(*f.log, r, seq, skip);
-    subscription s(*f.log, *f.enc, r, seq, skip, l);
-    return texts(drain(s));
-  };
+  auto resumed = [&](const char* from) { return texts(drain_resumed(f, std::string("/v1/stream?group=transaction&from=") + from, l)); };
   auto r1 = resumed("0/1000:0");
   REQUIRE(r1.size() == 5);
   CHECK(r1[0] == pt[1]);

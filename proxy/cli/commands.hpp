@@ -13,6 +13,8 @@ namespace walgate::cli {
 void log_line(const std::string& s);
 /// The gateway (serve.cpp), until SIGINT/SIGTERM or a failure; on_listening gets the port.
 int serve(const config& c, const std::function<void(std::uint16_t)>& on_listening = {});
+/// An edge (serve.cpp): the HTTP API served from the JetStream stream an origin publishes to.
+int run_edge(const config& c, const std::function<void(std::uint16_t)>& on_listening = {});
 /// A throwaway PostgreSQL with a trickle of changes, and the gateway on it (demo.cpp).
 int run_demo(config c);
 /// Prints each decoded message of the stream (stream_command.cpp).

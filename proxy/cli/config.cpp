@@ -39,7 +39,15 @@ struct setting {
   std::function<void(const config&, toml::table&, const char* key)> show;
 };
 
-constexpr unsigned on_serve = 1, on_demo = 2, on_stream = 4;
+constexpr unsigned on_serve = 1, on_demo = 2, on_stream = 4, on_edge = 8;
+/// What `walgate edge` takes: what serving takes, but what concerns PostgreSQL and publishing.
+bool edge_takes(const char* name) {
+  for (const char* not_edge : {"pg", "slot", "publication", "create-publication", "status-interval", "streaming", "origin",
+                               "snapshot", "snapshot-workers", "snapshot-concurrency", "snapshot-queue", "snapshot-timeout",
+                               "snapshot-client-kb", "nats-replicas", "nats-max-mb", "nats-max-age", "no-fsync"})
+    if (std::string_view(name) == not_edge) return false;
+  return true;
+}
 
 std::string source_names(const char* name) {
   return std::string("--") + name + " (or " + env_name(name) + ", or " + name + " in the config file)";
@@ -450,6 +458,7 @@ load_result load(config& c, int argc, char** argv) {
                "and exit");
   auto* demo = app.add_subcommand("demo", "a throwaway PostgreSQL with a trickle of changes, and the gateway");
   auto* stream = app.add_subcommand("stream", "stream from a server and print each decoded message");
+  auto* edge = app.add_subcommand("edge", "serve the HTTP API from a JetStream stream an origin walgate publishes (--nats)");
   stream->add_option("--capture", c.capture, "append every byte read from the server to FILE");
   // Each setting's flag on each command that takes it: the text is kept and set as the file's
   // and the environment's values are, after them.
@@ -462,8 +471,8 @@ load_result load(config& c, int argc, char** argv) {
   std::deque<flag_option> flags;
   const config defaults;
   for (const auto& s : settings()) {
-    for (auto [cmd, bit] : {std::pair{&app, on_serve}, {demo, on_demo}, {stream, on_stream}}) {
-      if (!(s.commands & bit)) continue;
+    for (auto [cmd, bit] : {std::pair{&app, on_serve}, {demo, on_demo}, {stream, on_stream}, {edge, on_edge}}) {
+      if (bit == on_edge ? !((s.commands & on_serve) && edge_takes(s.name)) : !(s.commands & bit)) continue;
       auto& g = flags.emplace_back();
       g.s = &s;
       std::string flag_name = std::string("--") + s.name;
@@ -499,7 +508,11 @@ load_result load(config& c, int argc, char** argv) {
     r.error = apply(c, s, it->second.values, it->second.from);
     if (!r.error.empty()) return r;
   }
-  r.cmd = print_config ? command::print_config : *demo ? command::demo : *stream ? command::stream : command::serve;
+  r.cmd = print_config ? command::print_config
+          : *demo     ? command::demo
+          : *stream   ? command::stream
+          : *edge     ? command::edge
+                      : command::serve;
   r.error = check(c, r.cmd);
   return r;
 }
@@ -520,7 +533,9 @@ std::string check(const config& c, command cmd) {
     auto parsed = proxy::parse_conninfo(c.pg);
     if (!parsed.params) return source_names("pg") + ": " + parsed.error;
   }
-  if (cmd == command::serve || cmd == command::demo || cmd == command::print_config) {
+  if (cmd == command::edge && (c.nats.empty() || c.nats_stream.empty()))
+    return "walgate edge needs --nats and --nats-stream (the stream an origin walgate publishes to)";
+  if (cmd == command::serve || cmd == command::demo || cmd == command::edge || cmd == command::print_config) {
     if (c.tls_cert.empty() != c.tls_key.empty()) return "--tls-cert and --tls-key go together";
     if (c.nats.empty() != c.nats_stream.empty()) return "--nats and --nats-stream go together";
     if (c.auth_jwt && c.jwt_secret_file.empty() && c.jwks_file.empty())

@@ -63,7 +63,7 @@ struct config {
   std::string capture;                  ///< walgate stream --capture
 };
 
-enum class command { serve, demo, stream, print_config, exit_now };
+enum class command { serve, demo, stream, edge, print_config, exit_now };
 
 struct load_result {
   command cmd = command::serve;

@@ -2,6 +2,7 @@
 //   walgate [serve] --pg CONNINFO --slot NAME --publication NAME ...   the gateway (serve.cpp)
 //   walgate demo                                                     a throwaway PostgreSQL + the gateway (demo.cpp)
 //   walgate stream --pg ... --slot ... --publication ...             print decoded messages (stream_command.cpp)
+//   walgate edge --nats URL --nats-stream NAME ...                   serve from a JetStream stream (serve.cpp)
 //   walgate --print-config                                           the configuration, checked, as TOML
 // Settings (config.cpp): flags over WALGATE_* environment variables over the TOML config file.
 #include "commands.hpp"
@@ -21,6 +22,7 @@ int main(int argc, char** argv) {
     case command::print_config: std::fputs(print(c).c_str(), stdout); return 0;
     case command::demo: return run_demo(c);
     case command::stream: return run_stream(c);
+    case command::edge: return run_edge(c);
     default: return serve(c);
   }
 }

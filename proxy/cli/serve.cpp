@@ -169,6 +169,59 @@ class stream_sink final : public proxy::replication_sink {
   bool throw_;
 };
 
+/// The server's options from the configuration (what serve and edge share); false, said, on an
+/// error (a key file that cannot be read, a client limit that cannot be).
+bool server_options_of(const config& s, const std::string& database, proxy::server_options& so) {
+  std::string error;
+  if (s.auth_jwt) {
+    proxy::auth_options ao;
+    ao.secret_file = s.jwt_secret_file;
+    ao.jwks_file = s.jwks_file;
+    ao.policy_file = s.policy_file;
+    ao.claims.issuer = s.jwt_issuer;
+    ao.claims.audience = s.jwt_audience;
+    ao.claims.leeway = std::chrono::seconds(s.jwt_leeway_s);
+    ao.claims.require_exp = s.jwt_require_exp;
+    so.auth = std::make_shared<proxy::authenticator>(ao);
+    if (!so.auth->reload(error)) {
+      log_line("--auth jwt: " + error);
+      return false;
+    }
+    log_line("authentication: bearer tokens (JWT), " + std::to_string(so.auth->keys()) + " key(s)" +
+             (s.policy_file.empty() ? "" : ", " + std::to_string(so.auth->policy_grants()) + " grant(s)") +
+             (s.jwt_issuer.empty() ? "" : ", iss " + s.jwt_issuer) + (s.jwt_audience.empty() ? "" : ", aud " + s.jwt_audience));
+  }
+  so.max_streams_per_subject = s.max_streams_per_subject;
+  so.max_streams_per_address = s.max_streams_per_address;
+  so.auth_failures_per_minute = s.auth_failures_per_minute;
+  so.log = log_line;
+  if (!client_limit(s.max_clients, so, error)) {
+    log_line(error);
+    return false;
+  }
+  so.allowed_origins = s.allow_origins;
+  so.allowed_hosts = s.allow_hosts;
+  so.host = s.listen_host;
+  so.port = s.listen_port;
+  so.tls_cert = s.tls_cert;
+  so.tls_key = s.tls_key;
+  so.client_lag_bytes = s.client_lag_mb << 20;
+  so.ws_max_subscriptions = s.ws_max_subscriptions;
+  so.encoder.server_name = s.debezium_name;
+  so.debezium_transaction_metadata = s.debezium_transaction_metadata;
+  so.group_max_bytes = s.group_max_mb << 20;
+  so.encoder.database = database;
+  so.encoder.decimal = s.decimal;
+  so.encoder.time = s.time;
+  so.snapshot.conninfo = s.pg;
+  so.snapshot.publications = s.publications;
+  so.snapshot.max_running = s.snapshot_concurrency;
+  so.snapshot.max_queued = s.snapshot_queue;
+  so.snapshot.statement_timeout = std::chrono::seconds(s.snapshot_timeout_s);
+  so.snapshot.client_bytes = s.snapshot_client_kb << 10;
+  return true;
+}
+
 }  // namespace
 
 /// Runs the gateway until SIGINT/SIGTERM or a failure reconnecting cannot fix.
@@ -185,52 +238,7 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
   if (!listens_on_loopback(s) && !s.auth_jwt)
     log_line("WARNING: serving unauthenticated on " + s.listen + ": anyone who can reach it reads every change");
   proxy::server_options so;
-  if (s.auth_jwt) {
-    proxy::auth_options ao;
-    ao.secret_file = s.jwt_secret_file;
-    ao.jwks_file = s.jwks_file;
-    ao.policy_file = s.policy_file;
-    ao.claims.issuer = s.jwt_issuer;
-    ao.claims.audience = s.jwt_audience;
-    ao.claims.leeway = std::chrono::seconds(s.jwt_leeway_s);
-    ao.claims.require_exp = s.jwt_require_exp;
-    so.auth = std::make_shared<proxy::authenticator>(ao);
-    if (!so.auth->reload(error)) {
-      log_line("--auth jwt: " + error);
-      return 2;
-    }
-    log_line("authentication: bearer tokens (JWT), " + std::to_string(so.auth->keys()) + " key(s)" +
-             (s.policy_file.empty() ? "" : ", " + std::to_string(so.auth->policy_grants()) + " grant(s)") +
-             (s.jwt_issuer.empty() ? "" : ", iss " + s.jwt_issuer) + (s.jwt_audience.empty() ? "" : ", aud " + s.jwt_audience));
-  }
-  so.max_streams_per_subject = s.max_streams_per_subject;
-  so.max_streams_per_address = s.max_streams_per_address;
-  so.auth_failures_per_minute = s.auth_failures_per_minute;
-  so.log = log_line;
-  if (!client_limit(s.max_clients, so, error)) {
-    log_line(error);
-    return 2;
-  }
-  so.allowed_origins = s.allow_origins;
-  so.allowed_hosts = s.allow_hosts;
-  so.host = s.listen_host;
-  so.port = s.listen_port;
-  so.tls_cert = s.tls_cert;
-  so.tls_key = s.tls_key;
-  so.client_lag_bytes = s.client_lag_mb << 20;
-  so.ws_max_subscriptions = s.ws_max_subscriptions;
-  so.encoder.server_name = s.debezium_name;
-  so.debezium_transaction_metadata = s.debezium_transaction_metadata;
-  so.group_max_bytes = s.group_max_mb << 20;
-  so.encoder.database = parsed.params->dbname;
-  so.encoder.decimal = s.decimal;
-  so.encoder.time = s.time;
-  so.snapshot.conninfo = s.pg;
-  so.snapshot.publications = s.publications;
-  so.snapshot.max_running = s.snapshot_concurrency;
-  so.snapshot.max_queued = s.snapshot_queue;
-  so.snapshot.statement_timeout = std::chrono::seconds(s.snapshot_timeout_s);
-  so.snapshot.client_bytes = s.snapshot_client_kb << 10;
+  if (!server_options_of(s, parsed.params->dbname, so)) return 2;
 
   proxy::log_options lo;
   lo.dir = s.data_dir;
@@ -467,5 +475,74 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
   return rc;
 }
 
+
+/// walgate edge: the stream mirrored into this process's own event log (a cache in --data-dir),
+/// served with the same server; until SIGINT/SIGTERM.
+int run_edge(const config& s, const std::function<void(std::uint16_t)>& on_listening) {
+  std::signal(SIGHUP, SIG_IGN);
+  if (!listens_on_loopback(s) && !s.auth_jwt)
+    log_line("WARNING: serving unauthenticated on " + s.listen + ": anyone who can reach it reads every change");
+  proxy::server_options so;
+  if (!server_options_of(s, "", so)) return 2;
+  so.edge = true;
+  std::string error;
+  proxy::log_options lo;
+  lo.dir = s.data_dir;
+  lo.retention_bytes = s.retention_mb << 20;
+  lo.memory_bytes = s.tail_mb << 20;
+  lo.fsync = false;   // (a cache of the stream: what a crash loses comes again from it)
+  auto log = proxy::event_log::open(lo, error);
+  if (!log) {
+    log_line(error);
+    return 1;
+  }
+  asio::io_context io;
+  protocol::assembler_options ao;
+  ao.spill_dir = std::filesystem::path(s.data_dir) / "spill";
+  {
+    std::error_code ec;
+    std::filesystem::remove_all(ao.spill_dir, ec);
+    if (!ec) std::filesystem::create_directory(ao.spill_dir, ec);
+    if (ec) {
+      log_line("cannot prepare the spill directory " + ao.spill_dir.string() + ": " + ec.message());
+      return 1;
+    }
+  }
+  so.spill_dir = ao.spill_dir;
+  // The gateway's log side only (no replication stream reaches it): the server's hooks on the
+  // events appended.
+  proxy::gateway gw(io.get_executor(), *log, ao);
+  proxy::jetstream_options jo;
+  jo.servers = s.nats;
+  jo.stream = s.nats_stream;
+  jo.subject_prefix = s.nats_subject_prefix;
+  proxy::jetstream_mirror mirror(*log, [&io](std::function<void()> f) { asio::post(io, std::move(f)); }, jo, log_line);
+  so.extra_metrics.push_back([&mirror](proxy::metrics_registry& m) { mirror.register_metrics(m); });
+  proxy::server_status st;
+  st.streaming = [&] { return mirror.streaming(); };
+  st.reconnects = [] { return 0; };
+  proxy::server srv(io.get_executor(), so, gw, st);
+  if (!srv.start(error)) {
+    log_line(error);
+    return 1;
+  }
+  mirror.start();
+  log_line("listening on " + s.listen_host + ":" + std::to_string(srv.port()) + (so.tls_cert.empty() ? "" : " (TLS)") +
+           "; edge of JetStream stream " + s.nats_stream + ", its mirror in " + s.data_dir + " (next event " +
+           std::to_string(log->next_seq()) + ")");
+  if (on_listening) on_listening(srv.port());
+  asio::signal_set signals(io, SIGINT, SIGTERM);
+  signals.async_wait([&](boost::system::error_code ec, int) {
+    if (ec) return;
+    log_line("stopping");
+    srv.stop();
+    auto t = std::make_shared<asio::steady_timer>(io, std::chrono::seconds(2));
+    t->async_wait([&io, t](boost::system::error_code) { io.stop(); });
+  });
+  io.run();
+  mirror.stop();
+  log_line("stopped");
+  return 0;
+}
 
 }  // namespace walgate::cli

@@ -6,7 +6,7 @@
 #include "walgate/transform/formats.hpp"
 #include "walgate/transform/record.hpp"
 
-#include <nats/nats.h>
+#include "nats_util.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -21,6 +21,8 @@
 #include <thread>
 
 namespace walgate::proxy {
+
+using namespace nats_util;
 
 std::string subject_token(std::string_view name) {
   static constexpr char hex[] = "0123456789ABCDEF";
@@ -112,29 +114,6 @@ std::string stream_mismatch(const jetstream_stream_config& have, const jetstream
   return out;
 }
 
-namespace {
-
-std::string nats_error(natsStatus s, jsErrCode jerr = static_cast<jsErrCode>(0)) {
-  std::string out = natsStatus_GetText(s);
-  if (const char* last = nats_GetLastError(nullptr); last && *last && out.find(last) == std::string::npos) out += std::string(": ") + last;
-  if (jerr) out += " (JetStream error " + std::to_string(static_cast<int>(jerr)) + ")";
-  return out;
-}
-
-struct nats_options_ptr {
-  natsOptions* p = nullptr;
-  ~nats_options_ptr() { if (p) natsOptions_Destroy(p); }
-};
-struct stream_info_ptr {
-  jsStreamInfo* p = nullptr;
-  ~stream_info_ptr() { if (p) jsStreamInfo_Destroy(p); }
-};
-struct msg_ptr {
-  natsMsg* p = nullptr;
-  ~msg_ptr() { if (p) natsMsg_Destroy(p); }
-};
-
-}  // namespace
 
 struct jetstream_publisher::impl {
   impl(event_log& l, std::function<void(std::function<void()>)> p, jetstream_options opts,

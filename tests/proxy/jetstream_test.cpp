@@ -386,3 +386,73 @@ TEST_CASE("JetStream origin: a stream whose last message aged out continues afte
   CHECK(test::wait_until([&] { return metric(sc.port, "walgate_nats_fault") == 1; }));
   CHECK(r.state()->first == 5);
 }
+
+TEST_CASE("walgate edge: two edges serve the stream on every transport; an edge killed, its clients resume on the other; every replay equals SELECT") {
+  if (nats_server_binary().empty()) {
+    MESSAGE("SKIPPED: nats-server is not installed (.ci/install-deps.sh installs Debian's nats-server)");
+    return;
+  }
+  nats_cluster nats(3);
+  scenario sc("jse");
+  sc.gw.args.insert(sc.gw.args.end(), {"--nats", nats.urls(), "--nats-stream", "WG_JSE", "--nats-replicas", "3",
+                                       "--nats-subject-prefix", "wg.jse"});
+  sc.start_streaming();
+  struct edge {
+    walgate_process p;
+    std::uint16_t port = free_port();
+    std::filesystem::path dir;
+    edge(const std::string& urls) {
+      std::string t = (std::filesystem::temp_directory_path() / "walgate-edge-XXXXXX").string();
+      dir = mkdtemp(t.data());
+      p.args = {"edge", "--nats", urls, "--nats-stream", "WG_JSE", "--nats-subject-prefix", "wg.jse", "--listen",
+                "127.0.0.1:" + std::to_string(port), "--data-dir", dir.string()};
+    }
+    ~edge() { std::filesystem::remove_all(dir); }
+    void start() {
+      p.start();
+      REQUIRE_MESSAGE(test::wait_until([&] { return p.listening.load(); }, std::chrono::seconds(30)), p.log());
+    }
+  };
+  edge e1(nats.urls()), e2(nats.urls());
+  e1.start();
+  e2.start();
+  // An edge takes no snapshot.
+  CHECK(http_get(e1.port, "/v1/stream?snapshot=true").find("an edge (walgate edge) takes no snapshots") != std::string::npos);
+  std::vector<std::unique_ptr<resuming_client>> clients;
+  {
+    writer w(test::cluster().conninfo(), "jse", 5);
+    clients.push_back(std::make_unique<resuming_client>(e1.port, "", transport::ndjson));
+    clients.push_back(std::make_unique<resuming_client>(e1.port, "", transport::sse));
+    clients.push_back(std::make_unique<resuming_client>(e2.port, "", transport::websocket));
+    clients[0]->alt_port = e2.port;
+    clients[1]->alt_port = e2.port;
+    clients[2]->alt_port = e1.port;
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    REQUIRE(e1.p.kill_with(SIGKILL) == 128 + SIGKILL);   // its clients go on at e2
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    e1.start();                                          // its mirror goes on from its own log
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    REQUIRE(e2.p.kill_with(SIGKILL) == 128 + SIGKILL);   // now every client is at e1
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    e2.start();
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    w.finish();
+    MESSAGE("statements " << w.statements.load());
+  }
+  sql_conn q(test::cluster().conninfo());
+  const table_model a = select_table(q, "jse_a"), b = select_table(q, "jse_b");
+  for (auto& c : clients) {
+    const bool equal = test::wait_until(
+        [&] {
+          std::lock_guard<std::mutex> g(c->m);
+          return c->tables["jse_a"] == a && c->tables["jse_b"] == b;
+        },
+        std::chrono::seconds(90));
+    c->finish();
+    MESSAGE("a client: " << c->events << " events, " << c->connections << " connections");
+    CHECK_MESSAGE(equal, "edge 1 said:\n" << e1.p.log() << "\nedge 2 said:\n" << e2.p.log());
+    CHECK(c->duplicates == 0);
+    for (const auto& p : c->problems) FAIL_CHECK(p);
+    CHECK(c->connections >= 2);
+  }
+}

@@ -150,7 +150,8 @@ enum class transport { ndjson, sse, websocket };
 /// Reads NDJSON, SSE or WebSocket (native format) from walgate, resuming from the last id it
 /// received after every disconnect, and replays the events into a model of each table.
 struct resuming_client {
-  std::uint16_t port;
+  std::atomic<std::uint16_t> port;
+  std::atomic<std::uint16_t> alt_port{0};   // set: where to go when port does not answer
   std::string query;
   std::thread thread;
   std::atomic<bool> stop{false};
@@ -182,8 +183,12 @@ struct resuming_client {
   /// Connects to walgate; false, after a short wait, while it is not listening.
   bool connect_or_wait(tcp::socket& s) {
     boost::system::error_code ec;
-    s.connect({asio::ip::make_address("127.0.0.1"), port}, ec);
-    if (ec) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    s.connect({asio::ip::make_address("127.0.0.1"), port.load()}, ec);
+    if (ec) {
+      // Another server to go to (an edge killed: its clients resume on another edge).
+      if (alt_port) port = alt_port.exchange(port.load());
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
     return !ec;
   }
 
@@ -213,7 +218,7 @@ struct resuming_client {
           ws_fd = -1;
           // (walgate went away mid-handshake: retried; an answer that is not an upgrade: wrong)
           if (res.result_int() != 0 && res.result_int() != 101)
-            problems.push_back("HTTP " + std::to_string(res.result_int()) + " resuming from " + from);
+            problems.push_back("HTTP " + std::to_string(res.result_int()) + " resuming from " + from + ": " + res.body());
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
         continue;   // walgate went away, or refused

@@ -99,4 +99,29 @@ class jetstream_publisher {
   std::unique_ptr<impl> p_;
 };
 
+/// Scale-out, edge side (`walgate edge`): the stream mirrored, in order, into this process's own
+/// event log (a cache in its data directory), which the server serves from as walgate does
+/// from the log it fills from PostgreSQL. One ordered consumer per edge; it starts after the
+/// last event the local log holds (found in the stream by stream_seq_after), or at the stream's
+/// first message for an empty log. Events are appended through log.add (the server's hooks see
+/// them as live events), whole transactions visible at once (Walgate-Txn-End).
+class jetstream_mirror {
+ public:
+  jetstream_mirror(event_log& log, std::function<void(std::function<void()>)> post, jetstream_options o,
+                   std::function<void(const std::string&)> log_line);
+  ~jetstream_mirror();
+  jetstream_mirror(const jetstream_mirror&) = delete;
+  jetstream_mirror& operator=(const jetstream_mirror&) = delete;
+  void start();
+  void stop();
+  /// Consuming the stream (for /readyz).
+  bool streaming() const;
+  void register_metrics(metrics_registry& r);
+
+  struct impl;
+
+ private:
+  std::unique_ptr<impl> p_;
+};
+
 }  // namespace walgate::proxy

@@ -79,6 +79,8 @@ struct server_options {
   std::function<void(const std::string&)> log;
   /// Registers further figures for /metrics (the initial snapshot's).
   std::vector<std::function<void(metrics_registry&)>> extra_metrics;
+  /// walgate edge: served from a JetStream stream's mirror (no PostgreSQL: snapshot=true is 501).
+  bool edge = false;
 };
 
 /// What /readyz and /metrics need from the replication side.

@@ -272,7 +272,9 @@ std::optional<refusal> position(server_core& core, stream_request r, std::string
     auto resume = log.resume_after(*r.from);
     if (!resume.error.empty()) {
       // Damage, not age: the log could not be read to find the position.
-      return refusal{500, "from", "cannot find event " + r.from->to_string() + " in the event log: " + resume.error, {}};
+      std::string why = "cannot find event " + r.from->to_string() + " in the event log: " + resume.error;
+      if (core.opts.log) core.opts.log("a resume refused (500): " + why);   // (damage an operator must see)
+      return refusal{500, "from", why, {}};
     }
     if (resume.past_head) out.skip_through = r.from;
     if (!resume.seq) {

@@ -452,7 +452,11 @@ TEST_CASE("walgate edge: two edges serve the stream on every transport; an edge 
     MESSAGE("a client: " << c->events << " events, " << c->connections << " connections");
     CHECK_MESSAGE(equal, "edge 1 said:\n" << e1.p.log() << "\nedge 2 said:\n" << e2.p.log());
     CHECK(c->duplicates == 0);
-    for (const auto& p : c->problems) FAIL_CHECK(p);
+    for (const auto& p : c->problems) FAIL_CHECK(p << "\nedge 1 said:\n" << e1.p.log() << "\nedge 2 said:\n" << e2.p.log());
     CHECK(c->connections >= 2);
   }
+  CHECK(metric(e1.port, "walgate_edge_consuming") == 1);
+  CHECK(metric(e1.port, "walgate_edge_events_mirrored_total") > 0);
+  CHECK(metric(e1.port, "walgate_edge_fault") == 0);
+  CHECK(http_get(e1.port, "/readyz") == "{\"status\":\"streaming\"}\n");
 }

@@ -192,6 +192,25 @@ struct resuming_client {
     return !ec;
   }
 
+  /// The body of a plain request resuming from `from` now (why a WebSocket upgrade was refused).
+  std::string why_refused(const std::string& from) {
+    asio::io_context io;
+    tcp::socket s(io);
+    boost::system::error_code ec;
+    s.connect({asio::ip::make_address("127.0.0.1"), port.load()}, ec);
+    if (ec) return "(no answer)";
+    http::request<http::empty_body> req{http::verb::get, "/v1/stream?format=native&from=" + from + query, 11};
+    req.set(http::field::host, "localhost");
+    http::write(s, req, ec);
+    beast::flat_buffer b;
+    http::response_parser<http::string_body> p;
+    http::read_header(s, b, p, ec);
+    if (ec) return "(no answer)";
+    if (p.get().result_int() == 200) return "(200 now)";
+    http::read(s, b, p, ec);
+    return p.get().body();
+  }
+
   void run_ws() {
     while (!stop) {
       asio::io_context io;
@@ -218,7 +237,7 @@ struct resuming_client {
           ws_fd = -1;
           // (walgate went away mid-handshake: retried; an answer that is not an upgrade: wrong)
           if (res.result_int() != 0 && res.result_int() != 101)
-            problems.push_back("HTTP " + std::to_string(res.result_int()) + " resuming from " + from + ": " + res.body());
+            problems.push_back("HTTP " + std::to_string(res.result_int()) + " resuming from " + from + ": " + why_refused(from));
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
         continue;   // walgate went away, or refused

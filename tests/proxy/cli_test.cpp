@@ -81,6 +81,12 @@ TEST_CASE("a wrong setting is a one-line error naming it") {
   auto n5 = run(base + "--nats nats://127.0.0.1:4222 --nats-stream S --nats-replicas 7");
   CHECK(n5.status == 2);
   CHECK(n5.output.find("--nats-replicas") != std::string::npos);
+  auto edge = run("edge --listen 127.0.0.1:0");
+  CHECK(edge.status == 2);
+  CHECK(edge.output.find("walgate edge needs --nats and --nats-stream") != std::string::npos);
+  auto edge_pg = run("edge --pg 'host=x' --nats nats://127.0.0.1:4222 --nats-stream S");
+  CHECK(edge_pg.status != 0);   // (an edge takes no PostgreSQL settings)
+  CHECK(edge_pg.output.find("--pg") != std::string::npos);
   auto e = run("--publication p --pg 'host=x bogus=1'");
   CHECK(e.status == 2);
   CHECK(e.output.find("--pg (or WALGATE_PG, or pg in the config file): invalid connection string") != std::string::npos);

@@ -184,6 +184,16 @@ struct resuming_client {
   bool connect_or_wait(tcp::socket& s) {
     boost::system::error_code ec;
     s.connect({asio::ip::make_address("127.0.0.1"), port.load()}, ec);
+    // Nothing listening on a port of the ephemeral range (a server just killed): the kernel may
+    // give the socket that very port and connect it to itself (TCP simultaneous open), and the
+    // client would read its own request. Not a server: as refused.
+    if (!ec) {
+      boost::system::error_code e1, e2;
+      if (s.local_endpoint(e1) == s.remote_endpoint(e2)) {
+        s.close(e1);
+        ec = asio::error::connection_refused;
+      }
+    }
     if (ec) {
       // Another server to go to (an edge killed: its clients resume on another edge).
       if (alt_port) port = alt_port.exchange(port.load());

@@ -245,8 +245,10 @@ struct resuming_client {
         {
           std::lock_guard<std::mutex> g(m);
           ws_fd = -1;
-          // (walgate went away mid-handshake: retried; an answer that is not an upgrade: wrong)
-          if (res.result_int() != 0 && res.result_int() != 101)
+          // (walgate went away mid-handshake: retried; an answer that is not an upgrade: wrong).
+          // Beast presets the response to 500 before it writes the request, so the status says
+          // nothing when the exchange itself failed: only a WebSocket-level refusal counts.
+          if (ec.category() == websocket::make_error_code(websocket::error::upgrade_declined).category())
             problems.push_back("HTTP " + std::to_string(res.result_int()) + " resuming from " + from + ": " + why_refused(from));
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(200));

@@ -250,6 +250,8 @@ const std::vector<setting>& settings() {
                      "Host name served on a loopback --listen besides localhost (a reverse proxy's public name; * for any)",
                      &config::allow_hosts));
     s.push_back(text("debezium-name", "Debezium source.name", &config::debezium_name));
+    s.push_back(text("debezium-db", "Debezium source.db on an edge (the origin's database name; the stream does not carry it)",
+                     &config::debezium_db, on_edge));
     s.push_back(flag("debezium-transaction-metadata",
                      "debezium streams carry transaction records and each change's transaction block unless a request "
                      "says transactions=false (provide.transaction.metadata)",
@@ -472,7 +474,8 @@ load_result load(config& c, int argc, char** argv) {
   const config defaults;
   for (const auto& s : settings()) {
     for (auto [cmd, bit] : {std::pair{&app, on_serve}, {demo, on_demo}, {stream, on_stream}, {edge, on_edge}}) {
-      if (bit == on_edge ? !((s.commands & on_serve) && edge_takes(s.name)) : !(s.commands & bit)) continue;
+      if (bit == on_edge ? !((s.commands & on_edge) || ((s.commands & on_serve) && edge_takes(s.name))) : !(s.commands & bit))
+        continue;
       auto& g = flags.emplace_back();
       g.s = &s;
       std::string flag_name = std::string("--") + s.name;

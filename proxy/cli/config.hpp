@@ -40,6 +40,7 @@ struct config {
   std::vector<std::string> allow_origins;
   std::vector<std::string> allow_hosts;
   std::string debezium_name = "walgate";
+  std::string debezium_db;   // (walgate edge: source.db)
   bool debezium_transaction_metadata = false;
   std::size_t group_max_mb = 16;
   transform::encoder_options::decimal_mode decimal = transform::encoder_options::decimal_mode::string;

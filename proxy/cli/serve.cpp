@@ -483,7 +483,7 @@ int run_edge(const config& s, const std::function<void(std::uint16_t)>& on_liste
   if (!listens_on_loopback(s) && !s.auth_jwt)
     log_line("WARNING: serving unauthenticated on " + s.listen + ": anyone who can reach it reads every change");
   proxy::server_options so;
-  if (!server_options_of(s, "", so)) return 2;
+  if (!server_options_of(s, s.debezium_db, so)) return 2;
   so.edge = true;
   std::string error;
   proxy::log_options lo;

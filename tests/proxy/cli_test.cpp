@@ -87,6 +87,9 @@ TEST_CASE("a wrong setting is a one-line error naming it") {
   auto edge_pg = run("edge --pg 'host=x' --nats nats://127.0.0.1:4222 --nats-stream S");
   CHECK(edge_pg.status != 0);   // (an edge takes no PostgreSQL settings)
   CHECK(edge_pg.output.find("--pg") != std::string::npos);
+  auto serve_db = run(base + "--debezium-db app");
+  CHECK(serve_db.status != 0);   // (the origin names its database from --pg)
+  CHECK(serve_db.output.find("--debezium-db") != std::string::npos);
   auto e = run("--publication p --pg 'host=x bogus=1'");
   CHECK(e.status == 2);
   CHECK(e.output.find("--pg (or WALGATE_PG, or pg in the config file): invalid connection string") != std::string::npos);

@@ -14,6 +14,8 @@
 
 #include <doctest/doctest.h>
 
+#include <regex>
+
 using namespace walgate;
 using namespace walgate::test::fault_harness;
 using namespace walgate::test::nats_harness;
@@ -42,6 +44,48 @@ long long metric(std::uint16_t port, const std::string& name) {
   const auto at = text.find("\n" + name + " ");
   if (at == std::string::npos) return -1;
   return std::stoll(text.substr(at + name.size() + 2));
+}
+
+/// The first `n` lines of a stream request's body (NDJSON), or fewer when `wait` passes first.
+std::vector<std::string> first_lines(std::uint16_t port, const std::string& target, std::size_t n,
+                                     std::chrono::seconds wait = std::chrono::seconds(60)) {
+  std::vector<std::string> out;
+  asio::io_context io;
+  tcp::socket s(io);
+  boost::system::error_code ec;
+  s.connect({asio::ip::make_address("127.0.0.1"), port}, ec);
+  if (ec) return out;
+  http::request<http::empty_body> req{http::verb::get, target, 11};
+  req.set(http::field::host, "localhost");
+  http::write(s, req, ec);
+  if (ec) return out;
+  beast::flat_buffer b;
+  http::response_parser<http::string_body> p;
+  p.body_limit(boost::none);
+  http::read_header(s, b, p, ec);
+  if (ec) return out;
+  if (p.get().result_int() != 200) {
+    http::read(s, b, p, ec);
+    out.push_back("HTTP " + std::to_string(p.get().result_int()) + ": " + p.get().body());
+    return out;
+  }
+  const auto until = std::chrono::steady_clock::now() + wait;
+  std::size_t consumed = 0;
+  while (out.size() < n && std::chrono::steady_clock::now() < until) {
+    if (b.size() == 0) {
+      pollfd pf{s.native_handle(), POLLIN, 0};
+      if (::poll(&pf, 1, 100) <= 0) continue;
+    }
+    http::read_some(s, b, p, ec);
+    if (ec) break;
+    auto& body = p.get().body();
+    std::size_t nl;
+    while (out.size() < n && (nl = body.find('\n', consumed)) != std::string::npos) {
+      if (nl > consumed) out.push_back(body.substr(consumed, nl - consumed));   // (blank: keep-alive)
+      consumed = nl + 1;
+    }
+  }
+  return out;
 }
 
 /// Replays native events into a model of each table (as the fault tests' client does).
@@ -397,15 +441,21 @@ TEST_CASE("walgate edge: two edges serve the stream on every transport; an edge 
   sc.gw.args.insert(sc.gw.args.end(), {"--nats", nats.urls(), "--nats-stream", "WG_JSE", "--nats-replicas", "3",
                                        "--nats-subject-prefix", "wg.jse"});
   sc.start_streaming();
+  auto database = [] {
+    sql_conn q(test::cluster().conninfo());
+    std::vector<std::vector<std::string>> rows;
+    REQUIRE(q.exec("SELECT current_database()", &rows));
+    return rows.at(0).at(0);
+  };
   struct edge {
     walgate_process p;
     std::uint16_t port = free_port();
     std::filesystem::path dir;
-    edge(const std::string& urls) {
+    edge(const std::string& urls, const std::string& database) {
       std::string t = (std::filesystem::temp_directory_path() / "walgate-edge-XXXXXX").string();
       dir = mkdtemp(t.data());
       p.args = {"edge", "--nats", urls, "--nats-stream", "WG_JSE", "--nats-subject-prefix", "wg.jse", "--listen",
-                "127.0.0.1:" + std::to_string(port), "--data-dir", dir.string()};
+                "127.0.0.1:" + std::to_string(port), "--data-dir", dir.string(), "--debezium-db", database};
     }
     ~edge() { std::filesystem::remove_all(dir); }
     void start() {
@@ -413,7 +463,8 @@ TEST_CASE("walgate edge: two edges serve the stream on every transport; an edge 
       REQUIRE_MESSAGE(test::wait_until([&] { return p.listening.load(); }, std::chrono::seconds(30)), p.log());
     }
   };
-  edge e1(nats.urls()), e2(nats.urls());
+  const std::string db = database();
+  edge e1(nats.urls(), db), e2(nats.urls(), db);
   e1.start();
   e2.start();
   // An edge takes no snapshot.
@@ -459,4 +510,27 @@ TEST_CASE("walgate edge: two edges serve the stream on every transport; an edge 
   CHECK(metric(e1.port, "walgate_edge_events_mirrored_total") > 0);
   CHECK(metric(e1.port, "walgate_edge_fault") == 0);
   CHECK(http_get(e1.port, "/readyz") == "{\"status\":\"streaming\"}\n");
+  // Every format, from both edges, byte for byte what the origin sends (Debezium's source.db from
+  // --debezium-db; Waltail's seq equal too: the stream holds the origin's log from its first event).
+  for (const char* f : {"native", "debezium&transactions=true&keys=true", "pgoutput2json", "pgoutput2json&compact=true",
+                        "waltail&keys=true", "wal2json", "native&group=transaction"}) {
+    const std::string target = std::string("/v1/stream?from=0/0:0&format=") + f;
+    // (Debezium's top-level ts_ms is when the record was made: not compared)
+    auto made = [](std::vector<std::string> lines) {
+      static const std::regex ts(R"re("op":"([a-z])","ts_ms":[0-9]+)re");
+      for (auto& l : lines) l = std::regex_replace(l, ts, "\"op\":\"$1\",\"ts_ms\":_");
+      return lines;
+    };
+    const std::size_t n = target.find("group=") == std::string::npos ? 3000 : 1000;   // (one per transaction)
+    const auto origin = made(first_lines(sc.port, target, n));
+    CHECK_MESSAGE(origin.size() == n, std::string(f) << ": " << (origin.empty() ? "" : origin.front()));
+    for (auto* e : {&e1, &e2}) {
+      const auto at_edge = made(first_lines(e->port, target, origin.size()));
+      CHECK_MESSAGE(at_edge.size() == origin.size(), std::string(f));
+      std::size_t same = 0;
+      while (same < std::min(origin.size(), at_edge.size()) && origin[same] == at_edge[same]) ++same;
+      CHECK_MESSAGE(same == origin.size(), std::string(f) << ": line " << same << " differs:\norigin " << (same < origin.size() ? origin[same] : "")
+                                            << "\nedge   " << (same < at_edge.size() ? at_edge[same] : ""));
+    }
+  }
 }

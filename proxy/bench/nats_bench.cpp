@@ -5,9 +5,14 @@
 // nats-server (a stream of 1 replica) and to a 3-node cluster on loopback ports (3 replicas) —
 // and times it from its start until the stream's last sequence is the workload's last change
 // (every event published and confirmed by its PubAck). WALGATE_BENCH_ROUNDS=N (3).
+// Then the edges: an origin publishing to the 3-node cluster and two `walgate edge`s; commit ->
+// client latency at 2,000 changes/s, 50 WebSocket clients on the origin and 50 on an edge in the
+// same run; then the deliveries/s of 100 clients reading the log from its start, on the origin
+// alone, on one edge alone and spread over two edges. WALGATE_BENCH_EDGE_ONLY=1: only these.
 #include "walgate/proxy/local_cluster.hpp"
 
 #include "bench_process.hpp"
+#include "ws_clients.hpp"
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
@@ -20,12 +25,15 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <libpq-fe.h>
 
 using namespace walgate;
 namespace asio = boost::asio;
@@ -35,6 +43,9 @@ using walgate::bench::cpu_seconds;
 using walgate::bench::free_port;
 using walgate::bench::median;
 using walgate::bench::since;
+using walgate::bench::client;
+using walgate::bench::connect_ws;
+using walgate::bench::pump;
 
 namespace {
 
@@ -112,6 +123,173 @@ struct nats_nodes {
   }
 };
 
+
+/// The percentile q of sorted v (-1: empty).
+double pct(const std::vector<double>& v, double q) { return v.empty() ? -1.0 : v[static_cast<std::size_t>(q * (v.size() - 1))]; }
+
+/// Waits until f() (at most `s` seconds); whether it came true.
+template <class F>
+bool wait_for(F f, double s) {
+  const auto t0 = clock_type::now();
+  while (!f()) {
+    if (since(t0) > s) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return true;
+}
+
+/// The edges: an origin publishing to the cluster, two edges mirroring it.
+int edges(proxy::local_cluster& pg, const std::string& conninfo, const std::string& walgate, nats_nodes& cluster, int replicas,
+          int rounds) {
+  const std::string r = "r" + std::to_string(replicas);
+  pg.sql("SELECT pg_create_logical_replication_slot('bench_edge_" + r + "', 'pgoutput')");
+  const auto dir = std::getenv("WALGATE_BENCH_KEEP") ? std::filesystem::path(std::getenv("WALGATE_BENCH_KEEP")) / ("edges_" + r) : pg.dir() / ("edges_" + r);
+  std::filesystem::create_directories(dir);
+  const std::string stream = "BENCH_EDGE_" + r, prefix = "bench.edge." + r;
+  const std::uint16_t origin_port = free_port();
+  pid_t origin = spawn({walgate, "--pg", conninfo, "--slot", "bench_edge_" + r, "--publication", "bench_pub", "--data-dir",
+                        (dir / "origin").string(), "--listen", "127.0.0.1:" + std::to_string(origin_port), "--nats", cluster.urls,
+                        "--nats-stream", stream, "--nats-subject-prefix", prefix, "--nats-replicas", std::to_string(replicas)},
+                       (dir / "origin.log").string());
+  if (!wait_for([&] { return metric(origin_port, "walgate_nats_connected") == 1; }, 60)) {
+    std::fprintf(stderr, "the origin did not connect to NATS (see %s)\n", (dir / "origin.log").c_str());
+    return 1;
+  }
+  std::vector<std::uint16_t> edge_ports;
+  std::vector<pid_t> edge_pids;
+  for (int i = 1; i <= 2; ++i) {
+    const std::string name = "edge" + std::to_string(i);
+    edge_ports.push_back(free_port());
+    edge_pids.push_back(spawn({walgate, "edge", "--nats", cluster.urls, "--nats-stream", stream, "--nats-subject-prefix", prefix,
+                               "--data-dir", (dir / name).string(), "--listen", "127.0.0.1:" + std::to_string(edge_ports.back())},
+                              (dir / (name + ".log")).string()));
+    if (!wait_for([&] { return metric(edge_ports.back(), "walgate_edge_consuming") == 1; }, 60)) {
+      std::fprintf(stderr, "edge %d does not consume the stream (see %s)\n", i, (dir / (name + ".log")).c_str());
+      return 1;
+    }
+  }
+  auto stop_all = [&] {
+    for (pid_t p : edge_pids) kill(p, SIGTERM);
+    kill(origin, SIGTERM);
+    for (pid_t p : edge_pids) waitpid(p, nullptr, 0);
+    waitpid(origin, nullptr, 0);
+  };
+
+  // --- commit -> client latency, 2,000 changes/s for 16 s: 50 clients on the origin, 50 on edge 1 ---
+  std::vector<double> at_origin, at_edge;
+  at_origin.reserve(2'000'000);
+  at_edge.reserve(2'000'000);
+  std::vector<std::unique_ptr<client>> cs;
+  for (int i = 0; i < 100; ++i) {
+    auto c = connect_ws(i < 50 ? origin_port : edge_ports[0], false, i);
+    if (!c) {
+      std::fprintf(stderr, "a WebSocket client was refused\n");
+      stop_all();
+      return 1;
+    }
+    c->samples = i < 50 ? &at_origin : &at_edge;
+    cs.push_back(std::move(c));
+  }
+  std::atomic<int> transactions{0};
+  std::thread load([&] {
+    PGconn* c = PQconnectdb(conninfo.c_str());
+    const auto start = clock_type::now();
+    int n = 0;
+    while (clock_type::now() - start < std::chrono::seconds(16)) {   // 200 transactions of 10 rows a second
+      PQclear(PQexec(c, "INSERT INTO bench_orders(customer_id,status,amount,paid) SELECT g, 'paid', 1.5, true "
+                        "FROM generate_series(1,10) g"));
+      ++n;
+      std::this_thread::sleep_until(start + std::chrono::microseconds(5000L * n));
+    }
+    transactions = n;
+    PQfinish(c);
+  });
+  const double origin_cpu0 = cpu_seconds(origin), edge_cpu0 = cpu_seconds(edge_pids[0]), nats_cpu0 = cluster.cpu();
+  pump(cs, SIZE_MAX, 1.0);   // (the first second not timed)
+  for (auto& c : cs) c->timed = true;
+  const auto timed_t0 = clock_type::now();
+  pump(cs, SIZE_MAX, 15.0);
+  load.join();
+  const double timed_s = since(timed_t0);
+  for (auto& c : cs) c->timed = false;
+  pump(cs, std::size_t(10) * static_cast<std::size_t>(transactions.load()), 10.0);
+  const double origin_cpu = cpu_seconds(origin) - origin_cpu0, edge_cpu = cpu_seconds(edge_pids[0]) - edge_cpu0,
+               nats_cpu = cluster.cpu() - nats_cpu0;
+  std::size_t short_clients = 0, closed = 0;
+  for (auto& c : cs) {
+    short_clients += c->frames < std::size_t(10) * static_cast<std::size_t>(transactions.load());
+    closed += c->closed;
+  }
+  cs.clear();
+  std::sort(at_origin.begin(), at_origin.end());
+  std::sort(at_edge.begin(), at_edge.end());
+  std::printf("\nedges, JetStream R%d: commit -> WebSocket client at 2,000 changes/s (%d transactions of 10 rows), "
+              "origin -> JetStream -> edge, one run:\n", replicas, transactions.load());
+  std::printf("  50 clients on the origin:  p50 %6.2f ms, p99 %6.2f ms, max %7.2f ms (%zu samples); origin %.0f%% of a core\n",
+              pct(at_origin, 0.5), pct(at_origin, 0.99), pct(at_origin, 1.0), at_origin.size(), 100 * origin_cpu / timed_s);
+  std::printf("  50 clients on edge 1:      p50 %6.2f ms, p99 %6.2f ms, max %7.2f ms (%zu samples); edge %.0f%% of a core, "
+              "nats-servers %.0f%%\n",
+              pct(at_edge, 0.5), pct(at_edge, 0.99), pct(at_edge, 1.0), at_edge.size(), 100 * edge_cpu / timed_s,
+              100 * nats_cpu / timed_s);
+  std::printf("  edge / origin: p50 %.2f, p99 %.2f; clients short of every change: %zu; closed: %zu\n",
+              pct(at_edge, 0.5) / pct(at_origin, 0.5), pct(at_edge, 0.99) / pct(at_origin, 0.99), short_clients, closed);
+  if (short_clients || closed) {
+    stop_all();
+    return 1;
+  }
+
+  // --- deliveries: 100 clients each reading the whole log from 0/0:0 ---
+  const long long events = metric(origin_port, "walgate_log_next_seq");
+  const long long published = metric(origin_port, "walgate_nats_stream_last_seq");
+  for (auto p : edge_ports)
+    if (!wait_for([&] { return metric(p, "walgate_edge_stream_seq") >= published; }, 60)) {
+      std::fprintf(stderr, "an edge did not mirror the stream's %lld messages\n", published);
+      stop_all();
+      return 1;
+    }
+  struct setup {
+    const char* name;
+    std::vector<std::uint16_t> ports;
+    std::vector<pid_t> pids;
+    std::vector<double> rate;
+  };
+  std::vector<setup> setups = {{"one walgate (the origin) alone", {origin_port}, {origin}, {}},
+                               {"one edge alone", {edge_ports[0]}, {edge_pids[0]}, {}},
+                               {"two edges together", {edge_ports[0], edge_ports[1]}, {edge_pids[0], edge_pids[1]}, {}}};
+  std::printf("\nedges, JetStream R%d: deliveries of 100 WebSocket clients reading the log from 0/0:0 (%lld events each):\n", replicas, events);
+  for (int round = 0; round < rounds; ++round)
+    for (auto& st : setups) {
+      double cpu0 = 0;
+      for (pid_t p : st.pids) cpu0 += cpu_seconds(p);
+      const auto t0 = clock_type::now();
+      std::vector<std::unique_ptr<client>> readers;
+      for (int i = 0; i < 100; ++i) {
+        auto c = connect_ws(st.ports[static_cast<std::size_t>(i) % st.ports.size()], false, i, false, "", "format=native&from=0/0:0");
+        if (c) readers.push_back(std::move(c));
+      }
+      pump(readers, static_cast<std::size_t>(events));
+      const double s = since(t0);
+      double cpu = -cpu0;
+      for (pid_t p : st.pids) cpu += cpu_seconds(p);
+      std::size_t frames = 0, done = 0;
+      for (auto& c : readers) {
+        frames += c->frames;
+        done += c->frames >= static_cast<std::size_t>(events);
+      }
+      st.rate.push_back(static_cast<double>(frames) / s);
+      std::printf("  round %d, %-32s %6.2f s, %9.0f deliveries/s, %zu of %zu clients got every event; serving CPU %.2f s\n",
+                  round + 1, st.name, s, static_cast<double>(frames) / s, done, readers.size(), cpu);
+      if (done != 100) {
+        stop_all();
+        return 1;
+      }
+    }
+  std::printf("  median deliveries/s: origin alone %.0f, one edge %.0f, two edges %.0f; two edges / one walgate %.2f\n",
+              median(setups[0].rate), median(setups[1].rate), median(setups[2].rate), median(setups[2].rate) / median(setups[0].rate));
+  stop_all();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -154,7 +332,8 @@ int main(int argc, char** argv) {
   std::this_thread::sleep_for(std::chrono::seconds(3));   // (the cluster elects its JetStream leader)
 
   std::vector<double> r1_ratio, r3_ratio, r1_log_ratio;
-  for (int round = 0; round < rounds; ++round) {
+  const bool edge_only = std::getenv("WALGATE_BENCH_EDGE_ONLY") != nullptr;
+  for (int round = 0; round < rounds && !edge_only; ++round) {
     const std::string suffix = "_" + std::to_string(round);
     // The reference: pg_recvlogical draining a slot to the end.
     auto t0 = clock_type::now();
@@ -210,7 +389,10 @@ int main(int argc, char** argv) {
     r3_ratio.push_back(r3_s / ref_s);
     r1_log_ratio.push_back(r1_logged / ref_s);
   }
-  std::printf("\nmedian of %d rounds: published / pg_recvlogical drain: R1 %.2f, R3 %.2f (logged / drain %.2f)\n", rounds,
-              median(r1_ratio), median(r3_ratio), median(r1_log_ratio));
-  return 0;
+  if (!edge_only)
+    std::printf("\nmedian of %d rounds: published / pg_recvlogical drain: R1 %.2f, R3 %.2f (logged / drain %.2f)\n", rounds,
+                median(r1_ratio), median(r3_ratio), median(r1_log_ratio));
+  if (int r = edges(*pg, conninfo, walgate, one, 1, rounds); r != 0) return r;
+  if (std::getenv("WALGATE_BENCH_R1_ONLY")) return 0;
+  return edges(*pg, conninfo, walgate, three, 3, rounds);
 }

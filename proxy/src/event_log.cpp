@@ -392,8 +392,10 @@ bool event_log::end_sync(const sync_job& job) {
     error_ = "cannot fsync the event log: " + std::string(std::strerror(job.error));
     return false;
   }
+  const bool advanced = job.target_seq > durable_seq_ || (job.target.valid() && durable_lsn_ < job.target);
   if (job.target.valid()) durable_lsn_ = std::max(durable_lsn_, job.target);
   durable_seq_ = std::max(durable_seq_, job.target_seq);
+  if (advanced) announce_durable();
   return true;
 }
 

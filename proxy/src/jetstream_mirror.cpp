@@ -229,8 +229,14 @@ struct jetstream_mirror::impl {
           it.stream_seq = md->Sequence.Stream;
           jsMsgMetaData_Destroy(md);
         }
+        const bool end = it.txn_end;
         batch.push_back(std::move(it));
-        if (batch.size() < 512) continue;
+        // One batch for what is here already; at a transaction's end with nothing more waiting,
+        // now (its clients wait for it: commit -> edge client latency).
+        if (batch.size() < 512) {
+          int pending = 0;
+          if (!end || (natsSubscription_GetPending(sub, &pending, nullptr) == NATS_OK && pending > 0)) continue;
+        }
       } else if (s != NATS_TIMEOUT) {
         state("consuming stream " + o.stream + " stopped: " + nats_error(s) + " (starting again)");
         break;

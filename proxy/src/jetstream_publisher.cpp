@@ -130,7 +130,7 @@ struct jetstream_publisher::impl {
   bool stopping = false;
   bool woken = false;
   bool closed = true;   // no connection, or nats.c said it is closed (its callbacks are over)
-  std::size_t visible_listener = 0, fetched_listener = 0;
+  std::size_t visible_listener = 0, fetched_listener = 0, durable_listener = 0;
 
   natsConnection* nc = nullptr;
   jsCtx* js = nullptr;
@@ -528,7 +528,7 @@ struct jetstream_publisher::impl {
           state("cannot read the event log at #" + std::to_string(p.seq) + ": " + r->error + " (trying again)", true);
           idle(std::chrono::seconds(1));
         } else if (p.seq < r->visible) {
-          idle(std::chrono::milliseconds(2));   // (committed, its sync on its way: no notification for that)
+          idle(std::chrono::milliseconds(50));   // (committed, its sync on its way: woken when durable)
         } else {
           save_cursor();
           idle(std::chrono::milliseconds(200));   // (woken when more is visible)
@@ -686,6 +686,7 @@ void jetstream_publisher::start() {
   p_->confirmed_seq = p_->log.first_seq();
   p_->visible_listener = p_->log.on_visible([p = p_.get()] { p->wake(); });
   p_->fetched_listener = p_->log.on_fetched([p = p_.get()] { p->wake(); });
+  p_->durable_listener = p_->log.on_durable([p = p_.get()] { p->wake(); });
   p_->thread = std::thread([p = p_.get()] { p->run(); });
 }
 
@@ -699,6 +700,7 @@ void jetstream_publisher::stop() {
   p_->thread.join();
   p_->log.remove_listener(p_->visible_listener);
   p_->log.remove_listener(p_->fetched_listener);
+  p_->log.remove_listener(p_->durable_listener);
 }
 
 void jetstream_publisher::register_metrics(metrics_registry& r) {

@@ -123,3 +123,44 @@ TEST_CASE("sync scheduler: commits within the interval share one fdatasync; the 
     event_log::set_sync_observer({});
   }
 }
+
+TEST_CASE("sync scheduler: a commit after a quiet interval is synced at once, the next waits for the interval; on_durable says each advance") {
+  test::temp_dir dir("walgate-sync-now");
+  log_options o;
+  o.dir = dir.path;
+  std::string error;
+  auto log = event_log::open(o, error);
+  REQUIRE_MESSAGE(log, error);
+  int durable_calls = 0;
+  auto h = log->on_durable([&] { ++durable_calls; });
+  boost::asio::io_context io;
+  auto guard = boost::asio::make_work_guard(io);
+  sync_scheduler s(io.get_executor(), *log, std::chrono::seconds(3));
+  s.on_failure([] { FAIL("a sync failed"); }, [] { return false; });
+  auto commit = [&](unsigned i) {
+    protocol::transaction_info t;
+    t.commit_lsn = protocol::lsn{0x1000u + 0x100u * i};
+    t.end_lsn = protocol::lsn{0x1008u + 0x100u * i};
+    REQUIRE(log->append(t, {}));
+    s.schedule();
+    return t.end_lsn;
+  };
+  auto run_until = [&](protocol::lsn l, std::chrono::milliseconds max) {
+    const auto until = std::chrono::steady_clock::now() + max;
+    while (log->durable_lsn() != l && std::chrono::steady_clock::now() < until) io.run_one_for(std::chrono::milliseconds(10));
+    return log->durable_lsn() == l;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto first = commit(0);
+  CHECK(run_until(first, std::chrono::milliseconds(2000)));   // at once: not 3 s later
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(2000));
+  CHECK(durable_calls == 1);
+  const auto second = commit(1);
+  CHECK_FALSE(run_until(second, std::chrono::milliseconds(500)));   // within the interval: it waits
+  CHECK(durable_calls == 1);
+  CHECK(run_until(second, std::chrono::milliseconds(5000)));
+  CHECK(durable_calls == 2);
+  REQUIRE(log->sync());   // nothing new: no notification
+  CHECK(durable_calls == 2);
+  log->remove_listener(h);
+}

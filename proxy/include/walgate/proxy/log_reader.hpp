@@ -133,36 +133,44 @@ class log_reader {
   /// Tail notifications: f is called (on the log's executor) each time events became visible
   /// (once for a burst of transactions, not once per event). The returned handle removes it.
   std::size_t on_visible(std::function<void()> f) {
-    listeners_.push_back({++last_listener_, false, std::move(f)});
+    listeners_.push_back({++last_listener_, listen::visible, std::move(f)});
     return last_listener_;
   }
   /// Background-read notifications: f is called (on the log's executor) each time a read in
   /// the background is done — the readers that waited for it (read() set *fetching) go on. No
   /// event became visible: the clients waiting for new events need not wake.
   std::size_t on_fetched(std::function<void()> f) {
-    listeners_.push_back({++last_listener_, true, std::move(f)});
+    listeners_.push_back({++last_listener_, listen::fetched, std::move(f)});
+    return last_listener_;
+  }
+  /// Durability notifications: f is called (on the log's executor) each time the durable
+  /// position (durable_seq(), durable_lsn()) advanced — an fsync done: what takes only durable
+  /// events (the JetStream publisher) waits for it.
+  std::size_t on_durable(std::function<void()> f) {
+    listeners_.push_back({++last_listener_, listen::durable, std::move(f)});
     return last_listener_;
   }
   void remove_listener(std::size_t handle) {
     std::erase_if(listeners_, [&](const auto& l) { return l.handle == handle; });
   }
   /// Calls the on_visible listeners (the appending side, after events became visible).
-  void announce() const {
-    for (const auto& l : listeners_)
-      if (!l.fetched) l.f();
-  }
+  void announce() const { call(listen::visible); }
   /// Calls the on_fetched listeners (a background read is done).
-  void announce_fetched() const {
-    for (const auto& l : listeners_)
-      if (l.fetched) l.f();
-  }
+  void announce_fetched() const { call(listen::fetched); }
+  /// Calls the on_durable listeners (the syncing side, after durable_seq() advanced).
+  void announce_durable() const { call(listen::durable); }
 
  private:
+  enum class listen { visible, fetched, durable };
   struct listener {
     std::size_t handle;
-    bool fetched;
+    listen kind;
     std::function<void()> f;
   };
+  void call(listen kind) const {
+    for (const auto& l : listeners_)
+      if (l.kind == kind) l.f();
+  }
   std::vector<listener> listeners_;
   std::size_t last_listener_ = 0;
 };

@@ -28,6 +28,7 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <stdexcept>
 
@@ -169,6 +170,61 @@ class stream_sink final : public proxy::replication_sink {
   bool throw_;
 };
 
+/// SIGHUP: the key files and the TLS certificate read again (the connections stay; what is in
+/// use stays if that fails). The key files are also read again when they change (polled every
+/// 2 s: a rotation by rewriting or renaming over the file needs no signal). Serve and edge.
+class reloads {
+ public:
+  reloads(asio::io_context& io, const config& s, proxy::server_options& so, proxy::server& srv)
+      : s_(s), so_(so), srv_(srv), hangups_(io, SIGHUP), key_watch_(io) {
+    on_hangup();
+    watch_keys();
+  }
+  void cancel() {
+    hangups_.cancel();
+    key_watch_.cancel();
+  }
+
+ private:
+  void on_hangup() {
+    hangups_.async_wait([this](boost::system::error_code ec, int) {
+      if (ec) return;
+      if (so_.auth) {
+        std::string e;
+        if (so_.auth->reload(e)) log_line("SIGHUP: key files read again: " + std::to_string(so_.auth->keys()) + " key(s)" + grants());
+        else log_line("SIGHUP: " + e + "; the keys in use stay");
+      }
+      if (!so_.tls_cert.empty()) {
+        std::string e;
+        if (srv_.reload_tls(e)) log_line("SIGHUP: TLS certificate and key read again (for new connections)");
+        else log_line("SIGHUP: " + e + "; the certificate in use stays");
+      }
+      if (!so_.auth && so_.tls_cert.empty()) log_line("SIGHUP: nothing to read again (no --auth jwt, no TLS)");
+      on_hangup();
+    });
+  }
+  void watch_keys() {
+    if (!so_.auth) return;
+    key_watch_.expires_after(std::chrono::seconds(2));
+    key_watch_.async_wait([this](boost::system::error_code ec) {
+      if (ec) return;
+      std::string e;
+      int r = so_.auth->reload_if_changed(e);
+      if (r > 0) log_line("a key file changed: read again, " + std::to_string(so_.auth->keys()) + " key(s)" + grants());
+      else if (r < 0) log_line("a key file changed and cannot be used: " + e + "; the keys in use stay");
+      watch_keys();
+    });
+  }
+  std::string grants() const {
+    return s_.policy_file.empty() ? "" : ", " + std::to_string(so_.auth->policy_grants()) + " grant(s)";
+  }
+  const config& s_;
+  proxy::server_options& so_;
+  proxy::server& srv_;
+  asio::signal_set hangups_;
+  asio::steady_timer key_watch_;
+};
+
 /// The server's options from the configuration (what serve and edge share); false, said, on an
 /// error (a key file that cannot be read, a client limit that cannot be).
 bool server_options_of(const config& s, const std::string& database, proxy::server_options& so) {
@@ -239,6 +295,10 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
     log_line("WARNING: serving unauthenticated on " + s.listen + ": anyone who can reach it reads every change");
   proxy::server_options so;
   if (!server_options_of(s, parsed.params->dbname, so)) return 2;
+  if (std::filesystem::exists(std::filesystem::path(s.data_dir) / "EDGE")) {
+    log_line("--data-dir " + s.data_dir + " is a walgate edge's copy of a stream (it has an EDGE file): give this walgate a data directory of its own");
+    return 1;
+  }
 
   proxy::log_options lo;
   lo.dir = s.data_dir;
@@ -369,45 +429,7 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
            "; event log in " + s.data_dir + " (next event " + std::to_string(log->next_seq()) + ")");
   if (on_listening) on_listening(srv.port());
 
-  // SIGHUP: the key files read again (the connections stay; the keys in use stay if that
-  // fails). They are also read again when they change (polled every 2 s: a rotation by
-  // rewriting or renaming over the file needs no signal).
-  asio::signal_set hangups(io, SIGHUP);
-  std::function<void()> on_hangup = [&] {
-    hangups.async_wait([&](boost::system::error_code ec, int) {
-      if (ec) return;
-      if (so.auth) {
-        std::string e;
-        if (so.auth->reload(e)) log_line("SIGHUP: key files read again: " + std::to_string(so.auth->keys()) + " key(s)" +
-                                         (s.policy_file.empty() ? "" : ", " + std::to_string(so.auth->policy_grants()) + " grant(s)"));
-        else log_line("SIGHUP: " + e + "; the keys in use stay");
-      }
-      if (!so.tls_cert.empty()) {
-        std::string e;
-        if (srv.reload_tls(e)) log_line("SIGHUP: TLS certificate and key read again (for new connections)");
-        else log_line("SIGHUP: " + e + "; the certificate in use stays");
-      }
-      if (!so.auth && so.tls_cert.empty()) log_line("SIGHUP: nothing to read again (no --auth jwt, no TLS)");
-      on_hangup();
-    });
-  };
-  on_hangup();
-  asio::steady_timer key_watch(io);
-  std::function<void()> watch_keys = [&] {
-    if (!so.auth) return;
-    key_watch.expires_after(std::chrono::seconds(2));
-    key_watch.async_wait([&](boost::system::error_code ec) {
-      if (ec) return;
-      std::string e;
-      int r = so.auth->reload_if_changed(e);
-      if (r > 0)
-        log_line("a key file changed: read again, " + std::to_string(so.auth->keys()) + " key(s)" +
-                 (s.policy_file.empty() ? "" : ", " + std::to_string(so.auth->policy_grants()) + " grant(s)"));
-      else if (r < 0) log_line("a key file changed and cannot be used: " + e + "; the keys in use stay");
-      watch_keys();
-    });
-  };
-  watch_keys();
+  reloads reload(io, s, so, srv);
 
   std::atomic<bool> stop{false};
   asio::co_spawn(io, watch_slot(*parsed.params, s.slot, gw.metrics(), stop), asio::detached);
@@ -419,8 +441,7 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
     gw.flush();       // everything logged is durable...
     client.stop();    // ...and the final status update says so
     signals.cancel();
-    hangups.cancel();
-    key_watch.cancel();
+    reload.cancel();
   };
   signals.async_wait([&](boost::system::error_code ec, int) {
     if (!ec) {
@@ -486,6 +507,23 @@ int run_edge(const config& s, const std::function<void(std::uint16_t)>& on_liste
   if (!server_options_of(s, s.debezium_db, so)) return 2;
   so.edge = true;
   std::string error;
+  // Never an origin's log (an edge appends what the stream holds to what is there): a directory
+  // that holds anything is an edge's only with the EDGE file it writes into an empty one.
+  const std::filesystem::path dir = s.data_dir;
+  {
+    std::error_code ec;
+    if (std::filesystem::is_directory(dir, ec) && !std::filesystem::is_empty(dir, ec) && !std::filesystem::exists(dir / "EDGE")) {
+      log_line("--data-dir " + s.data_dir + " is not a walgate edge's (it holds files, and no EDGE file): an origin walgate's "
+               "event log is never an edge's; give the edge an empty or new directory of its own");
+      return 1;
+    }
+    std::filesystem::create_directories(dir, ec);
+    std::ofstream(dir / "EDGE") << "the event log of a walgate edge: a copy of a JetStream stream; deleted, the edge copies the stream again\n";
+    if (ec || !std::filesystem::exists(dir / "EDGE")) {
+      log_line("cannot prepare the data directory " + s.data_dir + (ec ? ": " + ec.message() : ""));
+      return 1;
+    }
+  }
   proxy::log_options lo;
   lo.dir = s.data_dir;
   lo.retention_bytes = s.retention_mb << 20;
@@ -518,6 +556,7 @@ int run_edge(const config& s, const std::function<void(std::uint16_t)>& on_liste
   jo.subject_prefix = s.nats_subject_prefix;
   proxy::jetstream_mirror mirror(*log, [&io](std::function<void()> f) { asio::post(io, std::move(f)); }, jo, log_line);
   so.extra_metrics.push_back([&mirror](proxy::metrics_registry& m) { mirror.register_metrics(m); });
+  so.unavailable = [&mirror] { return mirror.not_ready(); };
   proxy::server_status st;
   st.streaming = [&] { return mirror.streaming(); };
   st.reconnects = [] { return 0; };
@@ -531,10 +570,12 @@ int run_edge(const config& s, const std::function<void(std::uint16_t)>& on_liste
            "; edge of JetStream stream " + s.nats_stream + ", its mirror in " + s.data_dir + " (next event " +
            std::to_string(log->next_seq()) + ")");
   if (on_listening) on_listening(srv.port());
+  reloads reload(io, s, so, srv);
   asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&](boost::system::error_code ec, int) {
     if (ec) return;
     log_line("stopping");
+    reload.cancel();
     srv.stop();
     auto t = std::make_shared<asio::steady_timer>(io, std::chrono::seconds(2));
     t->async_wait([&io, t](boost::system::error_code) { io.stop(); });

@@ -452,6 +452,7 @@ struct jetstream_publisher::impl {
     bool fetching = false;
     std::string error;
     bool next_is_other_txn = false;   // the event after the last of events is of another transaction
+    protocol::lsn origin;             // where the log began (Walgate-Origin on its first event)
   };
 
   /// Up to batch_events events from seq (durable ones), read on the loop: whether the last is
@@ -461,6 +462,7 @@ struct jetstream_publisher::impl {
     batch_read b;
     b.visible = log.visible_seq();
     b.durable = log.durable_seq();
+    b.origin = log.origin();
     const std::uint64_t upto = std::min(b.visible, b.durable);
     if (seq >= upto) return b;
     b.events = log.read(seq, o.batch_events + 1, 4u << 20, &b.error, &b.fetching, 0);
@@ -554,7 +556,7 @@ struct jetstream_publisher::impl {
         }
         p.skip_through.reset();
         const bool txn_end = i + 1 < n ? r->events[i + 1]->id.commit_lsn != e->id.commit_lsn : r->next_is_other_txn;
-        natsStatus s = publish_one(*e, txn_end, expected_last + sent, max_payload, stop_reason);
+        natsStatus s = publish_one(*e, txn_end, r->origin, expected_last + sent, max_payload, stop_reason);
         if (s != NATS_OK) {
           if (stop_reason.empty()) stop_reason = nats_error(s);
           break;
@@ -606,8 +608,8 @@ struct jetstream_publisher::impl {
     return true;
   }
 
-  natsStatus publish_one(const logged_event& e, bool txn_end, std::uint64_t expect_last, std::size_t max_payload,
-                         std::string& why) {
+  natsStatus publish_one(const logged_event& e, bool txn_end, protocol::lsn origin, std::uint64_t expect_last,
+                         std::size_t max_payload, std::string& why) {
     const std::string subject = event_subject(o.subject_prefix, e);
     const std::string id = e.id.to_string();
     std::string key;
@@ -631,6 +633,8 @@ struct jetstream_publisher::impl {
     const char op[2] = {static_cast<char>(e.kind), 0};
     if (s == NATS_OK) s = natsMsgHeader_Set(msg.p, "Walgate-Op", op);
     if (s == NATS_OK && txn_end) s = natsMsgHeader_Set(msg.p, "Walgate-Txn-End", "true");
+    // (the log's first event: where it began, so that an edge starting there answers as it does)
+    if (s == NATS_OK && e.seq == 0 && origin.valid()) s = natsMsgHeader_Set(msg.p, "Walgate-Origin", origin.to_string().c_str());
     if (s == NATS_OK && !key.empty()) s = natsMsgHeader_Set(msg.p, "Walgate-Key", key.c_str());
     if (s != NATS_OK) return s;
     jsPubOptions po;

@@ -262,6 +262,8 @@ std::optional<refusal> position(server_core& core, stream_request r, std::string
   if (core.opts.edge && r.snapshot && !r.from)
     return refusal{501, "snapshot", "an edge (walgate edge) takes no snapshots: ask the origin walgate for snapshot=true, "
                                     "then resume here from its resume_from", {}};
+  if (core.opts.unavailable)
+    if (auto why = core.opts.unavailable(); !why.empty()) return refusal{503, "", why, "2"};
   if (core.streams >= core.opts.max_clients) {
     ++core.rejected_clients;
     return refusal{503, "", "too many clients (limit " + std::to_string(core.opts.max_clients) + "); try again later", "5"};

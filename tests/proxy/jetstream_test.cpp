@@ -14,6 +14,7 @@
 
 #include <doctest/doctest.h>
 
+#include <fstream>
 #include <regex>
 
 using namespace walgate;
@@ -46,9 +47,27 @@ long long metric(std::uint16_t port, const std::string& name) {
   return std::stoll(text.substr(at + name.size() + 2));
 }
 
-/// The first `n` lines of a stream request's body (NDJSON), or fewer when `wait` passes first.
+/// A stream request's status (its head only: a 200 stream does not end).
+int status_of(std::uint16_t port, const std::string& target) {
+  asio::io_context io;
+  tcp::socket s(io);
+  boost::system::error_code ec;
+  s.connect({asio::ip::make_address("127.0.0.1"), port}, ec);
+  if (ec) return -1;
+  http::request<http::empty_body> req{http::verb::get, target, 11};
+  req.set(http::field::host, "localhost");
+  http::write(s, req, ec);
+  beast::flat_buffer b;
+  http::response_parser<http::string_body> p;
+  http::read_header(s, b, p, ec);
+  return ec ? -1 : p.get().result_int();
+}
+
+/// The first `n` lines of a stream request's body (NDJSON), or fewer when `wait` passes first
+/// or nothing comes for `idle`.
 std::vector<std::string> first_lines(std::uint16_t port, const std::string& target, std::size_t n,
-                                     std::chrono::seconds wait = std::chrono::seconds(60)) {
+                                     std::chrono::seconds wait = std::chrono::seconds(60),
+                                     std::chrono::seconds idle = std::chrono::seconds(60)) {
   std::vector<std::string> out;
   asio::io_context io;
   tcp::socket s(io);
@@ -70,12 +89,14 @@ std::vector<std::string> first_lines(std::uint16_t port, const std::string& targ
     return out;
   }
   const auto until = std::chrono::steady_clock::now() + wait;
+  auto last_data = std::chrono::steady_clock::now();
   std::size_t consumed = 0;
-  while (out.size() < n && std::chrono::steady_clock::now() < until) {
+  while (out.size() < n && std::chrono::steady_clock::now() < until && std::chrono::steady_clock::now() - last_data < idle) {
     if (b.size() == 0) {
       pollfd pf{s.native_handle(), POLLIN, 0};
       if (::poll(&pf, 1, 100) <= 0) continue;
     }
+    last_data = std::chrono::steady_clock::now();
     http::read_some(s, b, p, ec);
     if (ec) break;
     auto& body = p.get().body();
@@ -479,16 +500,22 @@ TEST_CASE("walgate edge: two edges serve the stream on every transport; an edge 
     clients[1]->alt_port = e2.port;
     clients[2]->alt_port = e1.port;
     std::this_thread::sleep_for(std::chrono::seconds(3));
+    w.big_now = true;                                    // (20,000 rows in one transaction: in flight)
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
     REQUIRE(e1.p.kill_with(SIGKILL) == 128 + SIGKILL);   // its clients go on at e2
     std::this_thread::sleep_for(std::chrono::seconds(3));
     e1.start();                                          // its mirror goes on from its own log
     std::this_thread::sleep_for(std::chrono::seconds(2));
+    nats.kill(1);                                        // a NATS node down: the edges' consumers go on
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    nats.restart(1);
     REQUIRE(e2.p.kill_with(SIGKILL) == 128 + SIGKILL);   // now every client is at e1
     std::this_thread::sleep_for(std::chrono::seconds(3));
     e2.start();
     std::this_thread::sleep_for(std::chrono::seconds(2));
     w.finish();
     MESSAGE("statements " << w.statements.load());
+    CHECK(w.bigs.load() == 1);
   }
   sql_conn q(test::cluster().conninfo());
   const table_model a = select_table(q, "jse_a"), b = select_table(q, "jse_b");
@@ -510,8 +537,12 @@ TEST_CASE("walgate edge: two edges serve the stream on every transport; an edge 
   CHECK(metric(e1.port, "walgate_edge_events_mirrored_total") > 0);
   CHECK(metric(e1.port, "walgate_edge_fault") == 0);
   CHECK(http_get(e1.port, "/readyz") == "{\"status\":\"streaming\"}\n");
-  // Every format, from both edges, byte for byte what the origin sends (Debezium's source.db from
-  // --debezium-db; Waltail's seq equal too: the stream holds the origin's log from its first event).
+  // Every format, from both edges, byte for byte what the origin sends, the whole log (Debezium's
+  // source.db from --debezium-db; Waltail's seq equal too: the stream holds the origin's log from
+  // its first event).
+  const long long published = metric(sc.port, "walgate_nats_stream_last_seq");
+  for (auto* e : {&e1, &e2})
+    REQUIRE(test::wait_until([&] { return metric(e->port, "walgate_edge_stream_seq") >= published; }, std::chrono::seconds(60)));
   for (const char* f : {"native", "debezium&transactions=true&keys=true", "pgoutput2json", "pgoutput2json&compact=true",
                         "waltail&keys=true", "wal2json", "native&group=transaction"}) {
     const std::string target = std::string("/v1/stream?from=0/0:0&format=") + f;
@@ -521,11 +552,10 @@ TEST_CASE("walgate edge: two edges serve the stream on every transport; an edge 
       for (auto& l : lines) l = std::regex_replace(l, ts, "\"op\":\"$1\",\"ts_ms\":_");
       return lines;
     };
-    const std::size_t n = target.find("group=") == std::string::npos ? 3000 : 1000;   // (one per transaction)
-    const auto origin = made(first_lines(sc.port, target, n));
-    CHECK_MESSAGE(origin.size() == n, std::string(f) << ": " << (origin.empty() ? "" : origin.front()));
+    const auto origin = made(first_lines(sc.port, target, SIZE_MAX, std::chrono::seconds(120), std::chrono::seconds(3)));
+    CHECK_MESSAGE(origin.size() > (target.find("group=") == std::string::npos ? 20000u : 1000u), std::string(f) << ": " << (origin.empty() ? "" : origin.front()));
     for (auto* e : {&e1, &e2}) {
-      const auto at_edge = made(first_lines(e->port, target, origin.size()));
+      const auto at_edge = made(first_lines(e->port, target, SIZE_MAX, std::chrono::seconds(120), std::chrono::seconds(3)));
       CHECK_MESSAGE(at_edge.size() == origin.size(), std::string(f));
       std::size_t same = 0;
       while (same < std::min(origin.size(), at_edge.size()) && origin[same] == at_edge[same]) ++same;
@@ -533,4 +563,113 @@ TEST_CASE("walgate edge: two edges serve the stream on every transport; an edge 
                                             << "\nedge   " << (same < at_edge.size() ? at_edge[same] : ""));
     }
   }
+}
+
+TEST_CASE("walgate edge: serves while NATS is unreachable (not ready); SIGHUP and a changed file read the key files again") {
+  const std::filesystem::path dir = [] {
+    std::string t = (std::filesystem::temp_directory_path() / "walgate-edge-XXXXXX").string();
+    return std::filesystem::path(mkdtemp(t.data()));
+  }();
+  const auto secret = dir / "secret";
+  std::ofstream(secret) << std::string(40, 'k');
+  const std::uint16_t port = free_port();
+  walgate_process p;
+  p.args = {"edge", "--nats", "nats://127.0.0.1:" + std::to_string(free_port()), "--nats-stream", "WG_JSH", "--listen",
+            "127.0.0.1:" + std::to_string(port), "--data-dir", (dir / "data").string(), "--auth", "jwt", "--jwt-secret-file",
+            secret.string()};
+  p.start();
+  REQUIRE_MESSAGE(test::wait_until([&] { return p.listening.load(); }, std::chrono::seconds(30)), p.log());
+  CHECK(http_get(port, "/healthz") == "{\"status\":\"ok\"}\n");
+  CHECK(http_get(port, "/readyz").find("not streaming") != std::string::npos);
+  CHECK(metric(port, "walgate_edge_consuming") == 0);
+  ::kill(p.pid, SIGHUP);
+  CHECK_MESSAGE(test::wait_until([&] { return p.log().find("SIGHUP: key files read again: 1 key(s)") != std::string::npos; },
+                                 std::chrono::seconds(10)),
+                p.log());
+  std::ofstream(secret) << std::string(48, 'j');
+  CHECK_MESSAGE(test::wait_until([&] { return p.log().find("a key file changed: read again") != std::string::npos; },
+                                 std::chrono::seconds(10)),
+                p.log());
+  CHECK(p.kill_with(SIGTERM) == 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("walgate edge: not served until it has copied the stream; where its copy begins decides what is gone (410), as on the origin") {
+  if (nats_server_binary().empty()) {
+    MESSAGE("SKIPPED: nats-server is not installed (.ci/install-deps.sh installs Debian's nats-server)");
+    return;
+  }
+  nats_cluster nats(1);
+  scenario sc("jsg");
+  sc.gw.args.insert(sc.gw.args.end(), {"--nats", nats.url(0), "--nats-stream", "WG_JSG", "--nats-subject-prefix", "wg.jsg",
+                                       "--nats-max-age", "3"});
+  sc.start_streaming();
+  struct edge {
+    walgate_process p;
+    std::uint16_t port = free_port();
+    std::filesystem::path dir;
+    explicit edge(const std::string& url) {
+      std::string t = (std::filesystem::temp_directory_path() / "walgate-edge-XXXXXX").string();
+      dir = mkdtemp(t.data());
+      p.args = {"edge", "--nats", url, "--nats-stream", "WG_JSG", "--nats-subject-prefix", "wg.jsg", "--listen",
+                "127.0.0.1:" + std::to_string(port), "--data-dir", (dir / "data").string()};
+      p.start();
+      REQUIRE_MESSAGE(test::wait_until([&] { return p.listening.load(); }, std::chrono::seconds(30)), p.log());
+    }
+    ~edge() {
+      p.kill_with(SIGTERM);
+      std::filesystem::remove_all(dir);
+    }
+  };
+  sql_conn q(test::cluster().conninfo());
+  stream_reader r(nats.url(0), "WG_JSG");
+  REQUIRE(q.exec("INSERT INTO jsg_a VALUES (1, 'a'), (2, 'b')"));
+  REQUIRE(test::wait_until([&] { return metric(sc.port, "walgate_nats_stream_last_seq") == 2; }, std::chrono::seconds(30)));
+  auto a1 = r.get(1), a2 = r.get(2);
+  REQUIRE(a1);
+  REQUIRE(a2);
+  CHECK(a1->headers["Walgate-Seq"] == "0");
+  CHECK(a1->headers.count("Walgate-Origin") == 1);   // (the origin's first event says where its log began)
+  CHECK(a2->headers.count("Walgate-Origin") == 0);
+  const std::string a1_id = a1->headers["Walgate-Id"], a2_id = a2->headers["Walgate-Id"];
+  const std::string before_origin = "0/1:0";   // (an id from before the origin's log began)
+  // An edge whose copy begins at the origin's first event answers as the origin does.
+  edge e1(nats.url(0));
+  REQUIRE_MESSAGE(test::wait_until([&] { return metric(e1.port, "walgate_edge_ready") == 1; }, std::chrono::seconds(30)), e1.p.log());
+  for (auto port : {sc.port, e1.port}) {
+    CHECK(status_of(port, "/v1/stream?from=" + a1_id) == 200);
+    CHECK(status_of(port, "/v1/stream?from=" + before_origin) == 410);
+  }
+  CHECK(first_lines(e1.port, "/v1/stream?from=" + a1_id, 1).at(0).find(a2_id) != std::string::npos);
+  // The stream's messages age out (3 s): a new edge has nothing to copy, and is not served.
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> st;
+  REQUIRE(test::wait_until([&] { return (st = r.state()) && st->second == 0; }, std::chrono::seconds(30)));
+  edge e2(nats.url(0));
+  REQUIRE_MESSAGE(test::wait_until([&] { return metric(e2.port, "walgate_edge_consuming") == 1; }, std::chrono::seconds(30)), e2.p.log());
+  CHECK(status_of(e2.port, "/v1/stream") == 503);
+  CHECK(http_get(e2.port, "/readyz").find("not streaming") != std::string::npos);
+  CHECK(metric(e2.port, "walgate_edge_ready") == 0);
+  // Its copy begins with the next transaction: what came before it is gone there (410), while
+  // e1 and the origin still have it.
+  REQUIRE(q.exec("INSERT INTO jsg_a VALUES (3, 'c'), (4, 'd')"));
+  REQUIRE_MESSAGE(test::wait_until([&] { return metric(e2.port, "walgate_edge_ready") == 1; }, std::chrono::seconds(30)), e2.p.log());
+  auto b1 = r.get(3);
+  REQUIRE(b1);
+  CHECK(b1->headers["Walgate-Seq"] == "2");
+  const std::string b1_id = b1->headers["Walgate-Id"];
+  CHECK(status_of(e2.port, "/v1/stream?from=" + a2_id) == 410);
+  CHECK(status_of(e2.port, "/v1/stream?from=" + a1_id) == 410);
+  CHECK(status_of(e2.port, "/v1/stream?from=" + b1_id) == 200);
+  for (auto port : {sc.port, e1.port}) CHECK(status_of(port, "/v1/stream?from=" + a2_id) == 200);
+  // Every edge and the origin: the same events from 0/0:0 as far as each has them.
+  CHECK(first_lines(e2.port, "/v1/stream?from=0/0:0", 2).size() == 2);
+  CHECK(first_lines(e2.port, "/v1/stream?from=0/0:0", 1).at(0).find(b1_id) != std::string::npos);
+  CHECK(first_lines(e1.port, "/v1/stream?from=0/0:0", 1).at(0).find(a1_id) != std::string::npos);
+  // An edge never takes an origin's data directory, nor an origin an edge's.
+  walgate_process wrong;
+  wrong.args = {"edge", "--nats", nats.url(0), "--nats-stream", "WG_JSG", "--data-dir", sc.data_dir.string(), "--listen", "127.0.0.1:0"};
+  wrong.start();
+  CHECK(wrong.wait() == 1);
+  CHECK(wrong.log().find("is not a walgate edge's") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(sc.data_dir / "EDGE"));
 }

@@ -248,7 +248,9 @@ struct resuming_client {
           // (walgate went away mid-handshake: retried; an answer that is not an upgrade: wrong).
           // Beast presets the response to 500 before it writes the request, so the status says
           // nothing when the exchange itself failed: only a WebSocket-level refusal counts.
-          if (ec.category() == websocket::make_error_code(websocket::error::upgrade_declined).category())
+          // A 503 (an edge still copying the stream, too many clients) says to try again.
+          if (ec.category() == websocket::make_error_code(websocket::error::upgrade_declined).category() &&
+              res.result_int() != 503)
             problems.push_back("HTTP " + std::to_string(res.result_int()) + " resuming from " + from + ": " + why_refused(from));
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -336,7 +338,9 @@ struct resuming_client {
         std::lock_guard<std::mutex> g(m);
         ++connections;
         if (parser.get().result_int() != 200) {
-          problems.push_back("HTTP " + std::to_string(parser.get().result_int()) + " resuming from " + from);
+          // (a 503 says to try again: an edge still copying the stream, too many clients)
+          if (parser.get().result_int() != 503)
+            problems.push_back("HTTP " + std::to_string(parser.get().result_int()) + " resuming from " + from);
           refused = true;
         }
       }

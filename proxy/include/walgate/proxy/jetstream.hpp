@@ -114,8 +114,11 @@ class jetstream_mirror {
   jetstream_mirror& operator=(const jetstream_mirror&) = delete;
   void start();
   void stop();
-  /// Consuming the stream (for /readyz).
+  /// Consuming the stream, caught up with it once (for /readyz).
   bool streaming() const;
+  /// Why clients are not served yet (the stream not copied up to where it ended when consuming
+  /// began, or nothing in it yet); "" once they are.
+  std::string not_ready() const;
   void register_metrics(metrics_registry& r);
 
   struct impl;

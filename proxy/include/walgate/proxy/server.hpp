@@ -81,6 +81,9 @@ struct server_options {
   std::vector<std::function<void(metrics_registry&)>> extra_metrics;
   /// walgate edge: served from a JetStream stream's mirror (no PostgreSQL: snapshot=true is 501).
   bool edge = false;
+  /// When set and saying why, stream requests are 503 with that reason (an edge still copying
+  /// the stream).
+  std::function<std::string()> unavailable;
 };
 
 /// What /readyz and /metrics need from the replication side.

@@ -151,12 +151,19 @@ int edges(proxy::local_cluster& pg, const std::string& conninfo, const std::stri
                         (dir / "origin").string(), "--listen", "127.0.0.1:" + std::to_string(origin_port), "--nats", cluster.urls,
                         "--nats-stream", stream, "--nats-subject-prefix", prefix, "--nats-replicas", std::to_string(replicas)},
                        (dir / "origin.log").string());
-  if (!wait_for([&] { return metric(origin_port, "walgate_nats_connected") == 1; }, 60)) {
-    std::fprintf(stderr, "the origin did not connect to NATS (see %s)\n", (dir / "origin.log").c_str());
-    return 1;
-  }
   std::vector<std::uint16_t> edge_ports;
   std::vector<pid_t> edge_pids;
+  auto stop_all = [&] {
+    for (pid_t p : edge_pids) kill(p, SIGTERM);
+    kill(origin, SIGTERM);
+    for (pid_t p : edge_pids) waitpid(p, nullptr, 0);
+    waitpid(origin, nullptr, 0);
+  };
+  if (!wait_for([&] { return metric(origin_port, "walgate_nats_connected") == 1; }, 60)) {
+    std::fprintf(stderr, "the origin did not connect to NATS (see %s)\n", (dir / "origin.log").c_str());
+    stop_all();
+    return 1;
+  }
   for (int i = 1; i <= 2; ++i) {
     const std::string name = "edge" + std::to_string(i);
     edge_ports.push_back(free_port());
@@ -165,15 +172,19 @@ int edges(proxy::local_cluster& pg, const std::string& conninfo, const std::stri
                               (dir / (name + ".log")).string()));
     if (!wait_for([&] { return metric(edge_ports.back(), "walgate_edge_consuming") == 1; }, 60)) {
       std::fprintf(stderr, "edge %d does not consume the stream (see %s)\n", i, (dir / (name + ".log")).c_str());
+      stop_all();
       return 1;
     }
   }
-  auto stop_all = [&] {
-    for (pid_t p : edge_pids) kill(p, SIGTERM);
-    kill(origin, SIGTERM);
-    for (pid_t p : edge_pids) waitpid(p, nullptr, 0);
-    waitpid(origin, nullptr, 0);
-  };
+
+  // An edge serves once it holds an event: one transaction first.
+  pg.sql("INSERT INTO bench_orders(customer_id,status,amount,paid) VALUES (1, 'paid', 1.5, true)");
+  for (std::size_t i = 0; i < edge_ports.size(); ++i)
+    if (!wait_for([&] { return metric(edge_ports[i], "walgate_edge_ready") == 1; }, 60)) {
+      std::fprintf(stderr, "edge %zu is not ready\n", i + 1);
+      stop_all();
+      return 1;
+    }
 
   // --- commit -> client latency, 2,000 changes/s for 16 s: 50 clients on the origin, 50 on edge 1 ---
   std::vector<double> at_origin, at_edge;

@@ -1,6 +1,7 @@
 // The walgate command line: one-line errors naming the setting, secure defaults, and the
 // precedence flags > WALGATE_* environment > TOML config file.
 #include <doctest/doctest.h>
+#include <filesystem>
 
 #include <algorithm>
 #include <array>
@@ -87,6 +88,15 @@ TEST_CASE("a wrong setting is a one-line error naming it") {
   auto edge_pg = run("edge --pg 'host=x' --nats nats://127.0.0.1:4222 --nats-stream S");
   CHECK(edge_pg.status != 0);   // (an edge takes no PostgreSQL settings)
   CHECK(edge_pg.output.find("--pg") != std::string::npos);
+  {   // an edge's data directory is never an origin's
+    const std::string dir = "/tmp/walgate-cli-test-edge-dir";
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir + "/EDGE") << "x\n";
+    auto on_edge_dir = run("--pg 'host=/nonexistent port=1' --publication p --data-dir " + dir);
+    CHECK(on_edge_dir.status == 1);
+    CHECK(on_edge_dir.output.find("is a walgate edge's copy of a stream (it has an EDGE file)") != std::string::npos);
+    std::filesystem::remove_all(dir);
+  }
   auto serve_db = run(base + "--debezium-db app");
   CHECK(serve_db.status != 0);   // (the origin names its database from --pg)
   CHECK(serve_db.output.find("--debezium-db") != std::string::npos);

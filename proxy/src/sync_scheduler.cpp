@@ -2,8 +2,6 @@
 
 #include <boost/asio/post.hpp>
 
-#include <algorithm>
-
 namespace walgate::proxy {
 
 namespace asio = boost::asio;
@@ -20,11 +18,10 @@ void sync_scheduler::schedule() {
   if (scheduled_ || running_) return;   // a running sync schedules the next when it ends
   if (stopped_ && stopped_()) return;
   scheduled_ = true;
-  timer_.expires_at(std::max(std::chrono::steady_clock::now(), last_sync_start_ + interval_));
+  timer_.expires_after(interval_);
   timer_.async_wait([this, alive = alive_](boost::system::error_code ec) {
     if (ec || !*alive) return;
     scheduled_ = false;
-    last_sync_start_ = std::chrono::steady_clock::now();
     auto job = log_.begin_sync();
     if (job.fd == -1) {
       if (failed_) failed_();

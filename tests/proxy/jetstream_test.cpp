@@ -452,7 +452,7 @@ TEST_CASE("JetStream origin: a stream whose last message aged out continues afte
   CHECK(r.state()->first == 5);
 }
 
-TEST_CASE("walgate edge: two edges serve the stream on every transport; an edge killed, its clients resume on the other; every replay equals SELECT") {
+TEST_CASE("walgate edge: two edges serve the stream on every transport; an edge killed, a NATS node killed, the origin killed; clients resume on the other edge; every replay equals SELECT") {
   if (nats_server_binary().empty()) {
     MESSAGE("SKIPPED: nats-server is not installed (.ci/install-deps.sh installs Debian's nats-server)");
     return;
@@ -509,6 +509,9 @@ TEST_CASE("walgate edge: two edges serve the stream on every transport; an edge 
     nats.kill(1);                                        // a NATS node down: the edges' consumers go on
     std::this_thread::sleep_for(std::chrono::seconds(3));
     nats.restart(1);
+    REQUIRE(sc.gw.kill_with(SIGKILL) == 128 + SIGKILL);  // the origin killed: its publisher goes on after a restart
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    sc.start();
     REQUIRE(e2.p.kill_with(SIGKILL) == 128 + SIGKILL);   // now every client is at e1
     std::this_thread::sleep_for(std::chrono::seconds(3));
     e2.start();

@@ -1,6 +1,5 @@
 // Group commit for the event log, in one piece: everything committed within the interval shares
-// one fdatasync (a commit after a quiet interval is synced at once: the interval separates the
-// starts of syncs, it is not a delay before each), which runs on a thread of its own (the event loop serves meanwhile; what commits
+// one fdatasync, which runs on a thread of its own (the event loop serves meanwhile; what commits
 // meanwhile goes with the next), and idle keepalive positions are stored in the ACKED file on the
 // same thread. The event log does the I/O in halves (begin_sync / run_sync_job / end_sync); this
 // decides when, and reports when a position became durable or the log failed.
@@ -25,8 +24,7 @@ class sync_scheduler {
   sync_scheduler(const sync_scheduler&) = delete;
   sync_scheduler& operator=(const sync_scheduler&) = delete;
 
-  /// Something was committed: a sync at once when none started within the interval, else when
-  /// the interval since the last one's start is over (or after the running one).
+  /// Something was committed: a sync within the interval (or after the running one).
   void schedule();
   /// Stores l as the acknowledged keepalive position (at most once a second); done(true) once
   /// stored, done(false) with log error set when it could not be — on the executor.
@@ -46,7 +44,6 @@ class sync_scheduler {
   boost::asio::steady_timer timer_;
   std::unique_ptr<boost::asio::thread_pool> thread_;
   bool scheduled_ = false, running_ = false;
-  std::chrono::steady_clock::time_point last_sync_start_{};
   bool ack_storing_ = false;
   std::chrono::steady_clock::time_point last_ack_store_{};
   std::function<void()> failed_;

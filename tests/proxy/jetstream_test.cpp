@@ -499,6 +499,9 @@ TEST_CASE("walgate edge: two edges serve the stream on every transport; an edge 
     clients[0]->alt_port = e2.port;
     clients[1]->alt_port = e2.port;
     clients[2]->alt_port = e1.port;
+    // (an edge serves once it holds the stream's first transaction: the kills start after that)
+    REQUIRE(test::wait_until([&] { return metric(e1.port, "walgate_edge_ready") == 1 && metric(e2.port, "walgate_edge_ready") == 1; },
+                             std::chrono::seconds(60)));
     std::this_thread::sleep_for(std::chrono::seconds(3));
     w.big_now = true;                                    // (20,000 rows in one transaction: in flight)
     std::this_thread::sleep_for(std::chrono::milliseconds(400));

@@ -148,58 +148,72 @@ int main(int argc, char** argv) {
       std::ofstream(dir / "policy.toml") << "[[grant]]\nwhen = { all = true }\ntables = [\"public.fan_t\", \"public.fan_items\"]\n\n"
                                             "[[grant]]\nwhen = { all = false }\ntables = [\"public.fan_t\"]\nrows = \"tenant = {claims.tenant}\"\n";
     }
-    const std::string bin = argv[1];
-    std::uint16_t port = 0;
-    pid_t gw = start(bin, port, {"--auth", "jwt", "--jwt-secret-file", (dir / "secret").string(), "--policy",
-                                 (dir / "policy.toml").string(), "--jwt-exp", "optional", "--max-streams-per-subject", "0",
-                                 "--auth-failures-per-minute", "0"});
     std::printf("%-10s %6s %8s %11s %8s %12s %11s %9s %8s\n", "clients", "N", "events", "deliveries", "time s", "deliveries/s",
                 "walgate CPU", "us each", "closed");
     int id = 0;
-    for (int round = 0; round < 2; ++round)
-      for (bool filtered : {false, true}) {
-        std::vector<std::unique_ptr<client>> cs;
-        for (int i = 0; i < 1000; ++i) {
-          const std::string claims = filtered ? "\"all\":false,\"tenant\":" + std::to_string(i % 100) : "\"all\":true";
-          if (auto c = connect_ws(port, false, i, false, "Authorization: Bearer " + hs256_token(secret, claims) + "\r\n",
-                                  "format=native&tables=public.fan_t"))
-            cs.push_back(std::move(c));
+    // WALGATE_BENCH_GRANTS=filtered or =unfiltered: that phase alone, 5 rounds (for a profiler).
+    const std::string only = std::getenv("WALGATE_BENCH_GRANTS");
+    const int rounds = only == "filtered" || only == "unfiltered" ? 5 : 2;
+    // Each walgate given (the one before a change and the one after), a round each in turn,
+    // started afresh (its own slot: nothing else reads the stream while it is measured).
+    for (int round = 0; round < rounds; ++round)
+      for (int b = 1; b < argc; ++b) {
+        const std::string bin = argv[b];
+        std::printf("-- %s\n", bin.c_str());
+        std::uint16_t port = 0;
+        pid_t gw = start(bin, port, {"--auth", "jwt", "--jwt-secret-file", (dir / "secret").string(), "--policy",
+                                     (dir / "policy.toml").string(), "--jwt-exp", "optional", "--max-streams-per-subject", "0",
+                                     "--auth-failures-per-minute", "0"});
+        // The third phase, the floor: the filtered phase's 200,000 events to one filtered client
+        // (its tenant's 2,000) — what PostgreSQL takes to make and send them and walgate to log
+        // them, whatever the clients cost.
+        for (int phase : {0, 1, 2}) {
+          const bool filtered = phase != 0;
+          if ((only == "filtered" && phase != 1) || (only == "unfiltered" && filtered)) continue;
+          std::vector<std::unique_ptr<client>> cs;
+          const int nclients = phase == 2 ? 1 : 1000;
+          for (int i = 0; i < nclients; ++i) {
+            const std::string claims = filtered ? "\"all\":false,\"tenant\":" + std::to_string(i % 100) : "\"all\":true";
+            if (auto c = connect_ws(port, false, i, false, "Authorization: Bearer " + hs256_token(secret, claims) + "\r\n",
+                                    "format=native&tables=public.fan_t"))
+              cs.push_back(std::move(c));
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(500));
+          // (a first event: each client has caught up, and the filtered ones are with the router)
+          pg->sql("INSERT INTO fan_t VALUES (" + std::to_string(++id) + ", -1, 'warm-up')");
+          std::this_thread::sleep_for(std::chrono::milliseconds(500));
+          for (auto& c : cs) c->frames = 0;
+          const int events = filtered ? 200000 : 2000;
+          const double cpu0 = cpu_seconds(gw);
+          auto t = clock_type::now();
+          // 100 transactions, sent as one request: each client gets 20 events of each (the same
+          // batches both ways) — 20 rows each for the unfiltered clients, 2,000 rows (20 of each
+          // tenant) for the filtered ones.
+          std::string sql;
+          const int per = events / 100;
+          for (int done = 0; done < events; done += per) {
+            sql += "BEGIN; INSERT INTO fan_t SELECT g, g % 100, 'note ' || repeat(md5(g::text), 4) FROM generate_series(" +
+                   std::to_string(id + done + 1) + ", " + std::to_string(id + done + per) + ") g; COMMIT;";
+          }
+          pg->sql(sql);
+          id += events;
+          pump(cs, 2000);
+          const double secs = since(t), cpu = cpu_seconds(gw) - cpu0;
+          std::size_t frames = 0, closed = 0;
+          std::string reason;
+          for (auto& c : cs) {
+            frames += c->frames, closed += c->closed;
+            if (reason.empty() && c->closed) reason = c->close_reason.empty() ? "(no close frame)" : c->close_reason;
+          }
+          if (!reason.empty()) std::printf("closed: %s\n", reason.c_str());
+          std::printf("%-10s %6zu %8d %11zu %8.2f %12.0f %9.2f s %9.2f %8zu\n", phase == 2 ? "floor" : filtered ? "100 tenants" : "unfiltered", cs.size(),
+                      events, frames, secs, frames / secs, cpu, frames ? cpu * 1e6 / frames : 0.0, closed);
+          std::fflush(stdout);
+          cs.clear();
+          std::this_thread::sleep_for(std::chrono::milliseconds(500));
         }
-        std::this_thread::sleep_for(std::chrono::milliseconds(500));
-        // (a first event: each client has caught up, and the filtered ones are with the router)
-        pg->sql("INSERT INTO fan_t VALUES (" + std::to_string(++id) + ", -1, 'warm-up')");
-        std::this_thread::sleep_for(std::chrono::milliseconds(500));
-        for (auto& c : cs) c->frames = 0;
-        const int events = filtered ? 200000 : 2000;
-        const double cpu0 = cpu_seconds(gw);
-        auto t = clock_type::now();
-        // 100 transactions, sent as one request: each client gets 20 events of each (the same
-        // batches both ways) — 20 rows each for the unfiltered clients, 2,000 rows (20 of each
-        // tenant) for the filtered ones.
-        std::string sql;
-        const int per = events / 100;
-        for (int done = 0; done < events; done += per) {
-          sql += "BEGIN; INSERT INTO fan_t SELECT g, g % 100, 'note ' || repeat(md5(g::text), 4) FROM generate_series(" +
-                 std::to_string(id + done + 1) + ", " + std::to_string(id + done + per) + ") g; COMMIT;";
-        }
-        pg->sql(sql);
-        id += events;
-        pump(cs, 2000);
-        const double secs = since(t), cpu = cpu_seconds(gw) - cpu0;
-        std::size_t frames = 0, closed = 0;
-        std::string reason;
-        for (auto& c : cs) {
-          frames += c->frames, closed += c->closed;
-          if (reason.empty() && c->closed) reason = c->close_reason.empty() ? "(no close frame)" : c->close_reason;
-        }
-        if (!reason.empty()) std::printf("closed: %s\n", reason.c_str());
-        std::printf("%-10s %6zu %8d %11zu %8.2f %12.0f %9.2f s %9.2f %8zu\n", filtered ? "100 tenants" : "unfiltered", cs.size(),
-                    events, frames, secs, frames / secs, cpu, frames ? cpu * 1e6 / frames : 0.0, closed);
-        std::fflush(stdout);
-        cs.clear();
-        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        stop(gw);
       }
-    stop(gw);
     return 0;
   }
   for (int b = 1; b < argc; ++b) {

@@ -108,6 +108,8 @@ awaitable<void> serve(server_core& core, Stream& s, unsigned version, stream_sta
   std::vector<subscription::item> batch;
   std::string out;
   std::uint64_t seen = core.notifications;
+  bool trimmed = true, idle = false;   // (no buffers yet)
+  std::chrono::steady_clock::time_point idle_since{};
   while (!core.stopping && !sub.ended()) {
     if (core.behind_live(sub, seen)) co_await asio::post(core.executor, asio::use_awaitable);   // live clients first
     if (core.stopping || sub.ended()) break;
@@ -119,14 +121,29 @@ awaitable<void> serve(server_core& core, Stream& s, unsigned version, stream_sta
       continue;
     }
     if (batch.empty()) {
-      // Idle: it keeps no buffers while it waits (the next burst makes them again, once).
-      std::vector<subscription::item>().swap(batch);
-      std::string().swap(out);
-      c.wake.expires_after(core.opts.keepalive);
-      auto [ec] = co_await c.wake.async_wait(use_tuple);
-      if (!ec && !core.stopping) out = Framing::keepalive;   // idle keep-alive
-      if (out.empty()) continue;
+      // Idle. Woken again soon (a steady stream), it keeps its buffers; idle for
+      // keep_buffers_for, it gives them back while it waits (the next burst makes them again,
+      // once). After --keepalive idle, a keep-alive line.
+      const auto now = std::chrono::steady_clock::now();
+      if (!idle) idle_since = now;
+      idle = true;
+      if (!trimmed && now >= idle_since + keep_buffers_for) {
+        std::vector<subscription::item>().swap(batch);
+        std::string().swap(out);
+        trimmed = true;
+      }
+      if (now < idle_since + core.opts.keepalive) {
+        c.wake.expires_at(trimmed ? idle_since + core.opts.keepalive
+                                  : std::min(idle_since + keep_buffers_for, idle_since + core.opts.keepalive));
+        co_await c.wake.async_wait(use_tuple);
+        continue;
+      }
+      out = Framing::keepalive;   // idle keep-alive
+      idle_since = now;
+    } else {
+      idle = false;
     }
+    trimmed = false;
     // Small events are copied into one chunk; a large one goes from where it is: from memory
     // as a chunk of its own, from its spill file in pieces.
     std::size_t sent = 0;

@@ -86,21 +86,46 @@ void row_router::route() {
       auto it = by_table_.find(e->schema + '\0' + e->table);
       if (it == by_table_.end()) continue;
       seen_.clear();
-      auto give = [&](target* t) {
-        if (std::find(seen_.begin(), seen_.end(), t) != seen_.end()) return;
-        seen_.push_back(t);
-        t->routed(seq);
-        ++queued_;
+      // How each target was found (bits: 1 by the new row, 2 by the old one, 4 undecided);
+      // given once per event, after every index of the table was looked at.
+      constexpr unsigned by_new = 1, by_old = 2, undecided = 4;
+      auto mark = [&](target* t, unsigned how) {
+        for (auto& [x, bits] : seen_)
+          if (x == t) {
+            bits |= how;
+            return;
+          }
+        seen_.emplace_back(t, how);
+      };
+      auto give = [&](target* t) { mark(t, undecided); };
+      auto hand_out = [&](const transform::change* c) {
+        for (auto& [t, bits] : seen_) {
+          auto how = found::unknown;
+          if (c && !(bits & undecided)) {
+            if (c->kind == transform::op::insert) how = (bits & by_new) ? found::both : found::unknown;
+            else if (c->kind == transform::op::delete_) how = (bits & by_old) ? found::both : found::unknown;
+            else if (c->kind == transform::op::update) {
+              // No old row: the key (so the indexed column, a key column here) did not change.
+              if (c->before.empty()) how = (bits & by_new) ? found::both : found::unknown;
+              else if ((bits & by_new) && (bits & by_old)) how = found::both;
+              else how = (bits & by_new) ? found::moved_in : found::moved_out;
+            }
+          }
+          t->routed(seq, how);
+          ++queued_;
+        }
       };
       if (e->kind == transform::op::truncate) {
         for (auto& ix : it->second)
           for (auto& [t, v] : ix->subs) give(t);
+        hand_out(nullptr);
         continue;
       }
       const transform::change* c = encodings_.decode(*e, error);
       if (!c || !c->relation) {   // unreadable: every subscriber of the table decides (and says so)
         for (auto& ix : it->second)
           for (auto& [t, v] : ix->subs) give(t);
+        hand_out(nullptr);
         continue;
       }
       auto& list = it->second;
@@ -136,7 +161,8 @@ void row_router::route() {
           }
           ix.keyed = true;
         }
-        for (pg::tuple_view row : {c->after, c->before}) {
+        for (unsigned which : {by_new, by_old}) {
+          const pg::tuple_view row = which == by_new ? c->after : c->before;
           if (pos >= row.size()) continue;
           const auto& v = row[pos];
           if (v.kind == pg::column_kind::null) continue;
@@ -147,10 +173,11 @@ void row_router::route() {
           bool supported = true;
           auto key = predicate::equality_key(col->type_oid, protocol::as_string_view(v.value), supported);
           if (!key) continue;
-          if (auto found = ix.by_key.find(*key); found != ix.by_key.end())
-            for (auto* t : found->second) give(t);
+          if (auto hit = ix.by_key.find(*key); hit != ix.by_key.end())
+            for (auto* t : hit->second) mark(t, which);
         }
       }
+      hand_out(c);
       if (!kick.empty()) {   // (from this event on, which they may have been given: their queue goes too)
         std::sort(kick.begin(), kick.end());
         kick.erase(std::unique(kick.begin(), kick.end()), kick.end());

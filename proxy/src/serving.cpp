@@ -151,6 +151,9 @@ server_core::server_core(boost::asio::any_io_executor ex, server_options o, gate
                     [this] { return router.events_routed(); });
   metrics.add_value("walgate_router_deliveries_total", "counter", "Events the row router queued for a client.",
                     [this] { return router.deliveries_routed(); });
+  metrics.add_value("walgate_router_decided_total", "counter",
+                    "Events a client took as the row router found them, without deciding them again (row_router::found).",
+                    [this] { return router.decided(); });
   snapshots.register_metrics(metrics);
   if (opts.auth) {
     metrics.add_value("walgate_auth_tokens_accepted_total", "counter", "Bearer tokens verified.",

@@ -14,6 +14,7 @@
 // A transport only frames what the client's subscription (subscription.hpp) gives it, and
 // handles its own keep-alives and close semantics.
 #pragma once
+#include <chrono>
 
 #include "admission.hpp"
 #include "walgate/proxy/auth.hpp"
@@ -219,6 +220,10 @@ std::string end_line(std::string_view reason, std::string_view resume_id);
 /// encoding (in memory) or read from its spill file a piece at a time.
 constexpr std::size_t large_payload = 64u << 10;
 constexpr std::size_t piece_bytes = 256u << 10;
+/// A client with nothing to send keeps its batch and write buffers this long (a client of a
+/// steady stream is woken again within it, and makes none again), then gives them back while it
+/// waits (an idle client holds none).
+constexpr std::chrono::milliseconds keep_buffers_for{200};
 
 namespace http = boost::beast::http;
 

@@ -134,6 +134,29 @@ std::optional<std::vector<row_router::interest>> interests_of(const stream_reque
   return out;
 }
 
+/// The router's finding is the whole decision for r (row_router::found): each table it routes
+/// is granted by exactly one entry, whose rows are `column = value` or `column in (…)` alone
+/// (no `and`), with every column shown, and r adds no where=. (Otherwise the grant decides each
+/// event the router finds, as ever.)
+bool router_decides(const stream_request& r, const std::vector<row_router::interest>& interests) {
+  const grants* g = r.granted.get();
+  if (!g || r.where) return false;
+  for (const auto& in : interests) {
+    int entries = 0;
+    for (std::size_t i = 0; i < g->tables.size(); ++i) {
+      const auto& pattern = g->tables[i].first;
+      if (pattern.schema != in.schema || !(pattern.any || pattern.table == in.table)) continue;
+      if (++entries > 1 || pattern.any || !g->rows[i] || g->columns[i]) return false;
+      const auto& n = *g->rows[i];
+      if (n.k != predicate::node::kind::compare) return false;
+      auto eq = predicate::equality_of(n);
+      if (!eq || eq->column != in.column) return false;
+    }
+    if (entries != 1) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 void resume_in_transaction(const log_reader& log, const stream_request& r, std::uint64_t& seq,
@@ -162,6 +185,7 @@ subscription::subscription(const log_reader& log, encoding_cache& encodings, str
       router_(router) {
   // (empty_transactions=true follows every transaction: it reads every event, never routed)
   if (router_ && !request_.empty_transactions) interests_ = interests_of(request_);
+  exact_ = interests_ && router_decides(request_, *interests_);
   if (snapshot_) phase_ = phase::rows;
   // Where it resumes, should it end before an event: the id it started after.
   if (request_.from) resume_id_ = request_.from->to_string();
@@ -283,9 +307,9 @@ void subscription::read_some(std::vector<item>& out) {
   }
 }
 
-void subscription::routed(std::uint64_t seq) {
+void subscription::routed(std::uint64_t seq, row_router::found how) {
   if (overflow_) return;
-  queue_.push_back(seq);
+  queue_.push_back(seq << 2 | static_cast<std::uint64_t>(how));
   if (queue_.size() > 65536) overflow_ = true;   // (it reads every event from its first queued on)
 }
 
@@ -293,7 +317,7 @@ void subscription::unroutable(std::uint64_t from_seq, bool for_good) {
   routed_ = false;
   if (for_good) interests_.reset();   // (its column cannot be indexed: it stays reading every event)
   overflow_ = false;
-  cursor_ = queue_.empty() ? from_seq : std::min(queue_.front(), from_seq);
+  cursor_ = queue_.empty() ? from_seq : std::min(queue_.front() >> 2, from_seq);
   queue_.clear();
 }
 
@@ -302,7 +326,7 @@ void subscription::read_routed(std::vector<item>& out) {
     router_->remove(this);
     routed_ = false;
     overflow_ = false;
-    cursor_ = queue_.front();
+    cursor_ = queue_.front() >> 2;
     queue_.clear();
     read_some(out);
     return;
@@ -314,22 +338,25 @@ void subscription::read_routed(std::vector<item>& out) {
   std::size_t looked = 0;
   while (!queue_.empty() && !ended() && out.size() < limits_.batch_events && bytes < limits_.batch_bytes &&
          looked++ < 8 * limits_.batch_events) {
-    const std::uint64_t seq = queue_.front();
+    const std::uint64_t entry = queue_.front(), seq = entry >> 2;
     if (seq < log_.first_seq()) {
       close(end::not_retained, "the resume position is no longer retained; take a new snapshot");
       return;
     }
-    bool fetching = false;
-    auto one = log_.read(seq, 1, limits_.batch_bytes, &read_error, &fetching, prepare);
-    if (one.empty() && fetching) {   // read in the background: notified when in memory
-      waiting_ = true;
-      break;
+    event_ptr e = log_.in_memory(seq);   // (the router queued it from memory: mostly there still)
+    if (!e) {
+      bool fetching = false;
+      auto one = log_.read(seq, 1, limits_.batch_bytes, &read_error, &fetching, prepare);
+      if (one.empty() && fetching) {   // read in the background: notified when in memory
+        waiting_ = true;
+        break;
+      }
+      if (one.empty()) {
+        if (out.empty()) close(end::damaged, read_error.empty() ? "event #" + std::to_string(seq) + " cannot be read" : read_error);
+        break;
+      }
+      e = std::move(one.front());
     }
-    if (one.empty()) {
-      if (out.empty()) close(end::damaged, read_error.empty() ? "event #" + std::to_string(seq) + " cannot be read" : read_error);
-      break;
-    }
-    const auto& e = one.front();
     if (e->seq != seq) {   // (visible seqs have no gaps: never)
       if (out.empty()) close(end::damaged, "event #" + std::to_string(seq) + " is not in the event log");
       break;
@@ -343,8 +370,12 @@ void subscription::read_routed(std::vector<item>& out) {
     queue_.pop_front();
     cursor_ = seq + 1;
     offset_ = e->end_offset;
-    if (!take(e, out, bytes, false)) {
-      queue_.push_front(seq);
+    // Where the router's finding is the whole decision (exact_), the event is not decided again.
+    found_ = exact_ ? static_cast<row_router::found>(entry & 3) : row_router::found::unknown;
+    const bool taken = take(e, out, bytes, false);
+    found_ = row_router::found::unknown;
+    if (!taken) {
+      queue_.push_front(entry);
       break;
     }
   }
@@ -354,7 +385,7 @@ void subscription::read_routed(std::vector<item>& out) {
     // (the router looks at whole transactions: nothing more of this one is for it)
     if (txn_ && !ended()) end_transaction(out, bytes);
   } else {
-    cursor_ = queue_.front();
+    cursor_ = queue_.front() >> 2;
   }
 }
 
@@ -479,7 +510,13 @@ bool subscription::take(const event_ptr& e, std::vector<item>& out, std::size_t&
   // Row grants: the event's values decide; an update that moves a row in or out of them is
   // sent as an insert or a delete, so that the client's rows stay exactly what it may see.
   auto verdict = row_verdict::pass;
-  if (request_.granted || request_.where) {
+  if (found_ != row_router::found::unknown) {
+    verdict = found_ == row_router::found::moved_in    ? row_verdict::as_insert
+              : found_ == row_router::found::moved_out ? row_verdict::as_delete
+                                                       : row_verdict::pass;
+    mask_ = nullptr;   // (exact_: no column lists)
+    router_->count_decided();
+  } else if (request_.granted || request_.where) {
     std::string why;
     verdict = rows_verdict(*e, why);
     if (verdict == row_verdict::failed || verdict == row_verdict::damaged) {

@@ -80,6 +80,7 @@ awaitable<void> serve_websocket(server_core& core, Stream&& s, http::request<htt
     });
   };
   std::uint64_t seen = core.notifications;
+  bool trimmed = true;   // (no buffers yet)
   while (!core.stopping && !sub.ended()) {
     if (core.behind_live(sub, seen)) co_await asio::post(core.executor, asio::use_awaitable);   // live clients first
     if (core.stopping || sub.ended()) break;
@@ -90,13 +91,22 @@ awaitable<void> serve_websocket(server_core& core, Stream&& s, http::request<htt
       continue;
     }
     if (batch.empty()) {
-      // Idle: it keeps no buffers while it waits (the next burst makes them again, once).
-      std::vector<subscription::item>().swap(batch);
-      ws.next_layer().trim();
+      // Idle. Woken again soon (a steady stream), it keeps its buffers; idle for
+      // keep_buffers_for, it gives them back while it waits (the next burst makes them again, once).
+      if (!trimmed) {
+        c.wake.expires_after(std::min<std::chrono::milliseconds>(keep_buffers_for, opts.keepalive));
+        if (auto [ec] = co_await c.wake.async_wait(use_tuple); !ec) {
+          std::vector<subscription::item>().swap(batch);
+          ws.next_layer().trim();
+          trimmed = true;
+        }
+        continue;
+      }
       c.wake.expires_after(opts.keepalive);
       co_await c.wake.async_wait(use_tuple);
       continue;
     }
+    trimmed = false;
     rearm();
     ws.next_layer().cork();
     std::size_t bytes = 0;

@@ -1062,3 +1062,86 @@ rows = "tenant = {claims.tenant}"
   CHECK(end[0].find("row grant on public.rr_k: column tenant is not in the replica identity") != std::string::npos);
   CHECK(test::wait_until([&] { return metric("walgate_routed_clients") == tenants + 1; }));
 }
+
+TEST_CASE("--policy rows by equality alone: the router's finding decides (a row moved in is an insert, moved out a delete), and each client's rows stay exact") {
+  auto& pg = test::cluster();
+  pg.sql("CREATE TABLE rx(id int PRIMARY KEY, tenant int, v text); ALTER TABLE rx REPLICA IDENTITY FULL;"
+         "CREATE PUBLICATION rx_pub FOR TABLE rx");
+  auto key = test::hmac_key("HS256", std::string(32, 'x'));
+  auth_setup setup(key.jwk());
+  const auto policy_file = setup.dir.path / "policy.toml";
+  write_file(policy_file, R"(
+[[grant]]
+tables = ["public.rx"]
+rows = "tenant = {claims.tenant}"
+)");
+  auth_options o = setup.auth->options();
+  o.policy_file = policy_file;
+  setup.so.auth = setup.auth = std::make_shared<authenticator>(o);
+  std::string error;
+  REQUIRE_MESSAGE(setup.auth->reload(error), error);
+  running_gateway g("rx_slot", "rx_pub", setup.so);
+  auto bearer = [](const std::string& t) { return std::vector<std::pair<std::string, std::string>>{{"Authorization", "Bearer " + t}}; };
+  constexpr int tenants = 10;
+  std::vector<std::unique_ptr<stream_client>> clients;   // two a tenant
+  for (int t = 0; t < 2 * tenants; ++t)
+    clients.push_back(std::make_unique<stream_client>(g.port(), "/v1/stream?tables=public.rx",
+                                                      bearer(test::token(key, "\"tenant\":" + std::to_string(t % tenants)))));
+  for (auto& c : clients) REQUIRE(c->status() == 200);
+  auto metric = [&](const std::string& name) {
+    const auto m = get_path(g.port(), "/metrics").second;
+    auto at = m.find("\n" + name + " ");
+    REQUIRE(at != std::string::npos);
+    return std::atoll(m.c_str() + at + name.size() + 2);
+  };
+  pg.sql("INSERT INTO rx VALUES (0, 999, 'nobody''s')");
+  REQUIRE_MESSAGE(test::wait_until([&] { return metric("walgate_routed_clients") == 2 * tenants; }),
+                  metric("walgate_routed_clients"));
+  const auto decided0 = metric("walgate_router_decided_total");
+  pg.sql("INSERT INTO rx SELECT g, g % 12, 'gone-' || g FROM generate_series(1, 40) g");
+  pg.sql("TRUNCATE rx");   // (to every client: each one's rows are none)
+  pg.sql("INSERT INTO rx SELECT g, g % 12, 'row-' || g FROM generate_series(1, 300) g");
+  pg.sql("UPDATE rx SET v = v || '-changed' WHERE id % 7 = 0");                   // stays
+  pg.sql("UPDATE rx SET tenant = 4 WHERE tenant = 3 AND id < 150");               // moved from 3 to 4
+  pg.sql("UPDATE rx SET tenant = 5 WHERE tenant = 11");                           // moved in, from no client's tenant
+  pg.sql("UPDATE rx SET tenant = 10 WHERE tenant = 6 AND id < 100");              // moved out, to no client's
+  pg.sql("UPDATE rx SET tenant = NULL WHERE tenant = 7 AND id < 120");            // out, to null
+  pg.sql("UPDATE rx SET tenant = 8 WHERE tenant IS NULL AND id < 60");            // in, from null
+  pg.sql("UPDATE rx SET id = id + 10000, tenant = 2 WHERE tenant = 1 AND id < 200");   // the key and the tenant
+  pg.sql("UPDATE rx SET id = id + 20000 WHERE tenant = 9 AND id < 200");          // the key alone
+  pg.sql("DELETE FROM rx WHERE id % 11 = 0");
+  pg.sql("INSERT INTO rx SELECT 1000 + g, g, 'last-' || g FROM generate_series(0, 11) g");
+  std::size_t deletes = 0;
+  auto replay = [&](stream_client& c, int t) {
+    std::map<std::string, std::string> rows;
+    for (int n = 0; n < 2000; ++n) {
+      auto l = c.events(1);
+      REQUIRE(l.size() == 1);
+      auto v = json::parse(l[0]).as_object();
+      const std::string op(v.at("op").as_string());
+      if (op == "truncate") {
+        rows.clear();
+        continue;
+      }
+      if (op == "delete" || op == "update") {
+        REQUIRE(rows.erase(json::serialize(v.at("before").at("id"))) == 1);   // (only rows it holds leave)
+        deletes += op == "delete";
+      }
+      if (op != "delete") {
+        CHECK(v.at("after").at("tenant") == t);   // never a row of another tenant
+        rows[json::serialize(v.at("after").at("id"))] = json::serialize(v.at("after"));
+      }
+      if (l[0].find("\"last-" + std::to_string(t) + "\"") != std::string::npos) break;
+    }
+    std::map<std::string, std::string> want;
+    for (auto& r : pg.sql("SELECT id::text, row_to_json(t)::text FROM rx t WHERE tenant = " + std::to_string(t)))
+      want[*r[0]] = json::serialize(json::parse(*r[1]));
+    CHECK_MESSAGE(rows == want, "tenant " << t);
+  };
+  for (int c = 0; c < 2 * tenants; ++c) replay(*clients[c], c % tenants);
+  CHECK(deletes > 0);
+  // Taken as the router found them: every client's changes but the truncate.
+  const auto decided = metric("walgate_router_decided_total") - decided0;
+  MESSAGE("router decided " << decided << " events for their clients");
+  CHECK(decided > 2 * 300 * tenants / 12);
+}

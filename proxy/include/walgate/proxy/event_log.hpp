@@ -152,6 +152,7 @@ class event_log final : public log_reader {
                               std::string* error = nullptr, bool* fetching = nullptr,
                               std::uint32_t prepare = 0) const override;
   void set_prepare(prepare_fn f) override { prepare_ = std::move(f); }
+  event_ptr in_memory(std::uint64_t seq) const override { return seq < visible_seq_ ? tail_.at(seq) : nullptr; }
   /// Runs work on a thread of its own, then done on the log's executor. Set: a reader that can
   /// wait (read() with fetching) reads the file in the background (above), so the event loop
   /// never does. Unset (tests, tools): read() reads the file at once.

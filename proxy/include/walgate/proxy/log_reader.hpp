@@ -112,6 +112,9 @@ class log_reader {
   virtual std::vector<event_ptr> read(std::uint64_t seq, std::size_t max_events, std::size_t max_bytes,
                                       std::string* error = nullptr, bool* fetching = nullptr,
                                       std::uint32_t prepare = 0) const = 0;
+  /// The visible event seq when it is in the memory tail (no allocation, no I/O); null
+  /// otherwise — read() it then.
+  virtual event_ptr in_memory(std::uint64_t seq) const { (void)seq; return nullptr; }
   /// What a background read runs on each event it read, with the bits asked for (see
   /// want_encoding): the encodings' maker (encoding_cache::preparer). Copied by each read, so
   /// it owns what it uses. Empty: nothing is made in the background.

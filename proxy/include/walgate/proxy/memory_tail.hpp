@@ -36,6 +36,11 @@ class memory_tail {
   /// From memory, up to max events from seq on: the tail, or events out of it that a reader
   /// still holds (and the tail after them). Empty when seq is in neither.
   std::vector<event_ptr> read(std::uint64_t seq, std::size_t max) const;
+  /// The event seq when it is in the tail (not one out of it that a reader holds); null if not.
+  event_ptr at(std::uint64_t seq) const {
+    if (tail_.empty() || seq < tail_.front()->seq || seq - tail_.front()->seq >= tail_.size()) return nullptr;
+    return tail_[static_cast<std::size_t>(seq - tail_.front()->seq)];
+  }
   /// Remembers e weakly: read() finds it while someone holds it.
   void share(const event_ptr& e) const;
 

@@ -33,9 +33,15 @@ class row_router {
   /// A registered subscription: given the seqs of its candidate events, in order (each once),
   /// or told to read every event again from seq on (its index cannot be kept; for_good: its
   /// column cannot be indexed, it is not to come back).
+  /// What the router found of an event for a target, from the indexed column's values: the new
+  /// row holds one of its values (and the old one, for an update with an old row), only the new
+  /// row (a row moved in), only the old one (moved out); unknown when it could not tell (a
+  /// truncate, an unchanged TOASTed value, a column outside the replica identity, a record it
+  /// could not read): the subscription decides from the event, as it always may.
+  enum class found : std::uint8_t { unknown = 0, both = 1, moved_in = 2, moved_out = 3 };
   class target {
    public:
-    virtual void routed(std::uint64_t seq) = 0;
+    virtual void routed(std::uint64_t seq, found how) = 0;
     virtual void unroutable(std::uint64_t from_seq, bool for_good) = 0;
 
    protected:
@@ -53,6 +59,9 @@ class row_router {
   std::size_t targets() const { return targets_; }
   std::uint64_t events_routed() const { return events_; }
   std::uint64_t deliveries_routed() const { return queued_; }
+  /// A subscription took an event as found, without deciding it again.
+  void count_decided() { ++decided_; }
+  std::uint64_t decided() const { return decided_; }
 
  private:
   struct index {
@@ -70,8 +79,8 @@ class row_router {
   bool started_ = false;
   std::map<std::string, std::vector<std::unique_ptr<index>>> by_table_;   // schema \0 table
   std::size_t targets_ = 0;
-  std::uint64_t events_ = 0, queued_ = 0;
-  std::vector<target*> seen_;   // (targets given the current event)
+  std::uint64_t events_ = 0, queued_ = 0, decided_ = 0;
+  std::vector<std::pair<target*, unsigned>> seen_;   // (targets given the current event: how found)
 };
 
 }  // namespace walgate::proxy

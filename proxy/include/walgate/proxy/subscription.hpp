@@ -120,7 +120,7 @@ class subscription : private row_router::target {
   /// One event for the batch: false when the batch ends before it (it is not consumed).
   bool take(const event_ptr& e, std::vector<item>& out, std::size_t& bytes, bool window);
   void snapshot_batch(std::vector<item>& out);
-  void routed(std::uint64_t seq) override;
+  void routed(std::uint64_t seq, row_router::found how) override;
   void unroutable(std::uint64_t from_seq, bool for_good) override;
   enum class phase { rows, changes, live };
 
@@ -150,7 +150,10 @@ class subscription : private row_router::target {
   std::optional<std::vector<row_router::interest>> interests_;
   bool routed_ = false;
   bool overflow_ = false;   // more queued than it reads: it reads every event again
-  std::deque<std::uint64_t> queue_;
+  std::deque<std::uint64_t> queue_;   // seq << 2 | row_router::found
+  /// The router's finding decides its rows (router_decides): queued events are not decided again.
+  bool exact_ = false;
+  row_router::found found_ = row_router::found::unknown;   // the event take() is given: how found
   /// Row grants (--policy rows): each granted table's predicates bound to its definition.
   struct row_state;
   std::unique_ptr<row_state> row_state_;

@@ -392,6 +392,11 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
   }
   stream_sink sink(gw, initial.get());
   proxy::replication_client client(io.get_executor(), rs, sink);
+  gw.set_backlog_probe([&client] { return client.backlog(); });
+  struct unprobe {   // (gone before the client)
+    proxy::gateway& g;
+    ~unprobe() { g.set_backlog_probe(nullptr); }
+  } unprobe_backlog{gw};
   client.set_retry_handler([&gw](const proxy::failure& f, std::chrono::milliseconds d) {
     const bool refused = f.message.rfind("stream consumer failed", 0) == 0;   // the gateway refused what came
     log_line((!refused || gw.stream_fault().empty() ? f.message : gw.stream_fault()) + " (reconnecting in " +

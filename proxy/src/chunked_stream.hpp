@@ -121,9 +121,9 @@ awaitable<void> serve(server_core& core, Stream& s, unsigned version, stream_sta
       continue;
     }
     if (batch.empty()) {
-      // Idle. Woken again soon (a steady stream), it keeps its buffers; idle for
-      // keep_buffers_for, it gives them back while it waits (the next burst makes them again,
-      // once). After --keepalive idle, a keep-alive line.
+      // Idle: it keeps its buffers for keep_buffers_for (a client of a steady stream has a batch
+      // again by then), then gives them back while it waits (the next burst makes them again,
+      // once). After --keepalive idle (or since the last keep-alive), a keep-alive line.
       const auto now = std::chrono::steady_clock::now();
       if (!idle) idle_since = now;
       idle = true;
@@ -138,12 +138,11 @@ awaitable<void> serve(server_core& core, Stream& s, unsigned version, stream_sta
         co_await c.wake.async_wait(use_tuple);
         continue;
       }
-      out = Framing::keepalive;   // idle keep-alive
+      out = Framing::keepalive;   // idle keep-alive (its few bytes kept: it stays idle)
       idle_since = now;
     } else {
-      idle = false;
+      idle = trimmed = false;
     }
-    trimmed = false;
     // Small events are copied into one chunk; a large one goes from where it is: from memory
     // as a chunk of its own, from its spill file in pieces.
     std::size_t sent = 0;

@@ -19,6 +19,7 @@ gateway::gateway(asio::any_io_executor ex, event_log& log, protocol::assembler_o
       log_(log),
       assembler_opts_(std::move(assembler_opts)),
       sync_(ex, log, sync_interval),
+      wake_timer_(ex),
       poke_timer_(ex) {
   sync_.on_failure([this] { log_failed(); }, [this] { return log_failed_now(); });
   // Records of megabytes that readers far behind reach are read on a thread of their own.
@@ -48,10 +49,28 @@ void gateway::wake_clients() {
   // Clients see a transaction at its commit: woken then, once for everything committed in one
   // read of the stream.
   if (wake_posted_) return;
+  // Behind the stream (more of it waiting than one read takes): at most one wake per
+  // behind_wake_interval, the timer's (each client then gets more events per wake).
+  const auto now = std::chrono::steady_clock::now();
+  if (backlog_ && now < last_wake_ + behind_wake_interval && backlog_() >= behind_bytes) {
+    ++metrics_.wakes_deferred;
+    if (!wake_timer_armed_) {
+      wake_timer_armed_ = true;
+      wake_timer_.expires_at(last_wake_ + behind_wake_interval);
+      wake_timer_.async_wait([this, alive = alive_](boost::system::error_code ec) {
+        if (!*alive) return;
+        wake_timer_armed_ = false;
+        if (!ec) wake_clients();
+      });
+    }
+    return;
+  }
+  if (wake_timer_armed_) wake_timer_.cancel();   // (woken now)
   wake_posted_ = true;
   asio::post(executor_, [this, alive = alive_] {
     if (!*alive) return;
     wake_posted_ = false;
+    last_wake_ = std::chrono::steady_clock::now();
     log_.announce();
   });
 }
@@ -59,6 +78,9 @@ void gateway::wake_clients() {
 void gateway::register_metrics(metrics_registry& r) {
   r.add_value("walgate_events_in_total", "counter", "Events logged from PostgreSQL.", [this] { return metrics_.events_in; });
   r.add_value("walgate_transactions_in_total", "counter", "Transactions logged.", [this] { return metrics_.transactions_in; });
+  r.add_value("walgate_wakes_deferred_total", "counter",
+              "Commits after which clients were woken by the next 20 ms tick, not at once: walgate was behind the stream.",
+              [this] { return metrics_.wakes_deferred; });
   r.add_value("walgate_lag_bytes", "gauge", "Server WAL end minus the durable position.", [this] {
     return metrics_.server_wal_end.valid() && metrics_.server_wal_end > durable_lsn()
                ? static_cast<std::int64_t>(metrics_.server_wal_end.value - durable_lsn().value)

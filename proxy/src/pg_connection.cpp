@@ -750,6 +750,14 @@ void pg_connection::close() {
   impl_->close_socket();
 }
 bool pg_connection::is_open() const { return impl_->open(); }
+std::size_t pg_connection::backlog() const {
+  std::size_t n = impl_->end - impl_->begin;
+  boost::system::error_code ec;
+  if (auto* s = std::get_if<tcp::socket>(&impl_->transport)) n += s->available(ec);
+  else if (auto* u = std::get_if<unix_socket>(&impl_->transport)) n += u->available(ec);
+  else if (auto* t = std::get_if<std::unique_ptr<tls_stream>>(&impl_->transport); t && *t) n += (*t)->next_layer().available(ec);
+  return n;
+}
 const connection_info& pg_connection::info() const { return impl_->info; }
 void pg_connection::set_io_timeout(std::chrono::milliseconds t) { impl_->io_timeout = t; }
 void pg_connection::set_notice_handler(std::function<void(const protocol::server_notice&)> h) {

@@ -165,6 +165,7 @@ struct replication_client::impl : std::enable_shared_from_this<replication_clien
   int reconnect_count = 0;
   bool stopping = false;
   bool is_streaming = false;
+  std::shared_ptr<pg_connection> streaming_conn;   // while read_loop reads it
   clock_type::time_point last_received{}, last_status{};
   std::function<void(const failure&, std::chrono::milliseconds)> on_retry;
   std::string capture_path;
@@ -267,7 +268,9 @@ struct replication_client::impl : std::enable_shared_from_this<replication_clien
     silent = false;
     auto done = std::make_shared<bool>(false);
     asio::co_spawn(executor, ticker(c, done), asio::detached);
+    streaming_conn = c;
     auto result = co_await read_loop(*c);
+    streaming_conn.reset();
     *done = true;
     is_streaming = false;
     c->close();
@@ -393,6 +396,9 @@ replication_positions replication_client::positions() const {
 }
 int replication_client::reconnects() const { return impl_->reconnect_count; }
 bool replication_client::streaming() const { return impl_->is_streaming; }
+std::size_t replication_client::backlog() const {
+  return impl_->streaming_conn && impl_->streaming_conn->is_open() ? impl_->streaming_conn->backlog() : 0;
+}
 void replication_client::set_retry_handler(std::function<void(const failure&, std::chrono::milliseconds)> h) {
   impl_->on_retry = std::move(h);
 }

@@ -80,7 +80,8 @@ awaitable<void> serve_websocket(server_core& core, Stream&& s, http::request<htt
     });
   };
   std::uint64_t seen = core.notifications;
-  bool trimmed = true;   // (no buffers yet)
+  bool trimmed = true, idle = false;   // (no buffers yet)
+  std::chrono::steady_clock::time_point idle_since{};
   while (!core.stopping && !sub.ended()) {
     if (core.behind_live(sub, seen)) co_await asio::post(core.executor, asio::use_awaitable);   // live clients first
     if (core.stopping || sub.ended()) break;
@@ -91,22 +92,22 @@ awaitable<void> serve_websocket(server_core& core, Stream&& s, http::request<htt
       continue;
     }
     if (batch.empty()) {
-      // Idle. Woken again soon (a steady stream), it keeps its buffers; idle for
-      // keep_buffers_for, it gives them back while it waits (the next burst makes them again, once).
-      if (!trimmed) {
-        c.wake.expires_after(std::min<std::chrono::milliseconds>(keep_buffers_for, opts.keepalive));
-        if (auto [ec] = co_await c.wake.async_wait(use_tuple); !ec) {
-          std::vector<subscription::item>().swap(batch);
-          ws.next_layer().trim();
-          trimmed = true;
-        }
-        continue;
+      // Idle: it keeps its buffers for keep_buffers_for (a client of a steady stream has a batch
+      // again by then), then gives them back while it waits (the next burst makes them again, once).
+      const auto now = std::chrono::steady_clock::now();
+      if (!idle) idle_since = now;
+      idle = true;
+      if (!trimmed && now >= idle_since + keep_buffers_for) {
+        std::vector<subscription::item>().swap(batch);
+        ws.next_layer().trim();
+        trimmed = true;
       }
-      c.wake.expires_after(opts.keepalive);
+      if (trimmed) c.wake.expires_after(opts.keepalive);
+      else c.wake.expires_at(idle_since + keep_buffers_for);
       co_await c.wake.async_wait(use_tuple);
       continue;
     }
-    trimmed = false;
+    idle = trimmed = false;
     rearm();
     ws.next_layer().cork();
     std::size_t bytes = 0;

@@ -1066,7 +1066,9 @@ rows = "tenant = {claims.tenant}"
 TEST_CASE("--policy rows by equality alone: the router's finding decides (a row moved in is an insert, moved out a delete), and each client's rows stay exact") {
   auto& pg = test::cluster();
   pg.sql("CREATE TABLE rx(id int PRIMARY KEY, tenant int, v text); ALTER TABLE rx REPLICA IDENTITY FULL;"
-         "CREATE PUBLICATION rx_pub FOR TABLE rx");
+         // (the tenant in the key, REPLICA IDENTITY DEFAULT: an update that keeps the key sends no old row)
+         "CREATE TABLE ry(tenant int, id int, v text, PRIMARY KEY (tenant, id));"
+         "CREATE PUBLICATION rx_pub FOR TABLE rx, ry");
   auto key = test::hmac_key("HS256", std::string(32, 'x'));
   auth_setup setup(key.jwk());
   const auto policy_file = setup.dir.path / "policy.toml";
@@ -1074,6 +1076,10 @@ TEST_CASE("--policy rows by equality alone: the router's finding decides (a row 
 [[grant]]
 tables = ["public.rx"]
 rows = "tenant = {claims.tenant}"
+
+[[grant]]
+tables = ["public.ry"]
+rows = "tenant in {claims.tenants}"
 )");
   auth_options o = setup.auth->options();
   o.policy_file = policy_file;
@@ -1087,7 +1093,13 @@ rows = "tenant = {claims.tenant}"
   for (int t = 0; t < 2 * tenants; ++t)
     clients.push_back(std::make_unique<stream_client>(g.port(), "/v1/stream?tables=public.rx",
                                                       bearer(test::token(key, "\"tenant\":" + std::to_string(t % tenants)))));
+  std::vector<std::unique_ptr<stream_client>> keyed;   // ry: tenants {t, t + 1}
+  for (int t = 0; t < 4; ++t)
+    keyed.push_back(std::make_unique<stream_client>(
+        g.port(), "/v1/stream?tables=public.ry",
+        bearer(test::token(key, "\"tenants\":[" + std::to_string(t) + "," + std::to_string(t + 1) + "]"))));
   for (auto& c : clients) REQUIRE(c->status() == 200);
+  for (auto& c : keyed) REQUIRE(c->status() == 200);
   auto metric = [&](const std::string& name) {
     const auto m = get_path(g.port(), "/metrics").second;
     auto at = m.find("\n" + name + " ");
@@ -1095,7 +1107,8 @@ rows = "tenant = {claims.tenant}"
     return std::atoll(m.c_str() + at + name.size() + 2);
   };
   pg.sql("INSERT INTO rx VALUES (0, 999, 'nobody''s')");
-  REQUIRE_MESSAGE(test::wait_until([&] { return metric("walgate_routed_clients") == 2 * tenants; }),
+  pg.sql("INSERT INTO ry VALUES (999, 0, 'nobody''s')");
+  REQUIRE_MESSAGE(test::wait_until([&] { return metric("walgate_routed_clients") == 2 * tenants + 4; }),
                   metric("walgate_routed_clients"));
   const auto decided0 = metric("walgate_router_decided_total");
   pg.sql("INSERT INTO rx SELECT g, g % 12, 'gone-' || g FROM generate_series(1, 40) g");
@@ -1144,4 +1157,37 @@ rows = "tenant = {claims.tenant}"
   const auto decided = metric("walgate_router_decided_total") - decided0;
   MESSAGE("router decided " << decided << " events for their clients");
   CHECK(decided > 2 * 300 * tenants / 12);
+  // REPLICA IDENTITY DEFAULT with the tenant in the key: an update that keeps the key has no old
+  // row (the same tenant: as it is); one that changes the tenant has the old key (moved).
+  pg.sql("INSERT INTO ry SELECT g % 6, g, 'row-' || g FROM generate_series(1, 120) g");
+  pg.sql("UPDATE ry SET v = v || '-changed' WHERE id % 5 = 0");      // no old row
+  pg.sql("UPDATE ry SET tenant = 2 WHERE tenant = 0 AND id < 60");   // out of {0, 1}, into {1, 2} and {2, 3}
+  pg.sql("UPDATE ry SET tenant = 5 WHERE tenant = 3 AND id < 60");   // out of {2, 3} and {3, 4}, into none
+  pg.sql("DELETE FROM ry WHERE id % 7 = 0");
+  pg.sql("INSERT INTO ry SELECT g, 1000 + g, 'last' FROM generate_series(0, 4) g");
+  for (int t = 0; t < 4; ++t) {
+    std::map<std::string, std::string> rows;
+    int lasts = 0;
+    for (int n = 0; n < 1000 && lasts < 2; ++n) {
+      auto l = keyed[t]->events(1);
+      REQUIRE(l.size() == 1);
+      auto v = json::parse(l[0]).as_object();
+      const std::string op(v.at("op").as_string());
+      auto id_of = [](const json::value& row) { return json::serialize(row.at("tenant")) + "/" + json::serialize(row.at("id")); };
+      if (op == "delete" || (op == "update" && v.contains("before") && !v.at("before").is_null()))
+        REQUIRE(rows.erase(id_of(v.at("before"))) == 1);
+      if (op != "delete") {
+        const auto tenant = v.at("after").at("tenant").as_int64();
+        CHECK((tenant == t || tenant == t + 1));
+        rows[id_of(v.at("after"))] = json::serialize(v.at("after"));
+        if (v.at("after").at("v") == "last") ++lasts;
+      }
+    }
+    std::map<std::string, std::string> want;
+    for (auto& r : pg.sql("SELECT tenant || '/' || id, row_to_json(t)::text FROM ry t WHERE tenant IN (" + std::to_string(t) + ", " +
+                          std::to_string(t + 1) + ")"))
+      want[*r[0]] = json::serialize(json::parse(*r[1]));
+    CHECK_MESSAGE(rows == want, "tenants " << t << ", " << t + 1);
+  }
+  CHECK(metric("walgate_router_decided_total") - decided0 - decided > 100);
 }

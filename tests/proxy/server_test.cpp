@@ -25,6 +25,7 @@
 
 #include <csignal>
 #include <fstream>
+#include <future>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -155,6 +156,52 @@ TEST_CASE("tables= in SQL's quoted form: names with spaces, quotes, dots, commas
   auto [code, body] = get_path(g.port(), "/v1/stream?tables=My%20Schema.Order%20Items");
   CHECK(code == 400);
   CHECK(body.find("names may be quoted") != std::string::npos);
+}
+
+TEST_CASE("behind the stream, clients are woken by a 20 ms tick, not at each commit; every event still arrives") {
+  setup_tables("bhd");
+  running_gateway g("bhd_slot", "bhd_pub");
+  auto& pg = test::cluster();
+  auto metric = [&](const std::string& name) {
+    const auto m = get_path(g.port(), "/metrics").second;
+    auto at = m.find("\n" + name + " ");
+    REQUIRE(at != std::string::npos);
+    return std::atoll(m.c_str() + at + name.size() + 2);
+  };
+  auto probe = [&](std::size_t backlog) {   // (set on the loop, which reads it)
+    std::promise<void> done;
+    asio::post(g.io, [&] {
+      g.gw->set_backlog_probe([backlog] { return backlog; });
+      done.set_value();
+    });
+    done.get_future().wait();
+  };
+  stream_client c(g.port(), "/v1/stream?tables=public.bhd_items");
+  REQUIRE(c.status() == 200);
+  // As if a megabyte of the stream were waiting to be read at every commit.
+  probe(std::size_t(1) << 20);
+  const auto deferred0 = metric("walgate_wakes_deferred_total");
+  std::string sql;
+  // 20 transactions of 2,000 rows (about 600 KB each: each commit in a read of its own, a few
+  // milliseconds after the one before), sent back to back.
+  for (int t = 0; t < 20; ++t)
+    sql += "BEGIN; INSERT INTO bhd_items SELECT g, repeat('x', 200), 1 FROM generate_series(" + std::to_string(t * 2000 + 1) +
+           ", " + std::to_string(t * 2000 + 2000) + ") g; COMMIT;";
+  pg.sql(sql);
+  auto events = c.events(40000);
+  REQUIRE(events.size() == 40000);
+  CHECK(events.back().find("\"id\":40000") != std::string::npos);
+  const auto deferred = metric("walgate_wakes_deferred_total") - deferred0;
+  MESSAGE(deferred << " of 20 commits' wake-ups deferred");
+  CHECK(deferred > 0);
+  // Not behind: a wake-up at each commit again.
+  probe(0);
+  const auto deferred1 = metric("walgate_wakes_deferred_total");
+  pg.sql("BEGIN; INSERT INTO bhd_items VALUES (40001, 'x', 1); COMMIT; BEGIN; INSERT INTO bhd_items VALUES (40002, 'x', 1); COMMIT");
+  events = c.events(2);
+  REQUIRE(events.size() == 2);
+  CHECK(events.back().find("\"id\":40002") != std::string::npos);
+  CHECK(metric("walgate_wakes_deferred_total") == deferred1);
 }
 
 TEST_CASE("a filtered client resuming behind thousands of events it does not take gets its event without waiting") {

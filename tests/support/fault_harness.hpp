@@ -6,6 +6,7 @@
 
 #include "walgate/transform/change.hpp"
 
+#include "http_reading.hpp"
 #include "test_cluster.hpp"
 
 #include <boost/asio/ip/tcp.hpp>
@@ -349,12 +350,17 @@ struct resuming_client {
         continue;
       }
       std::size_t consumed = 0;
+      // (what the buffer holds is parsed first; what is left needs more bytes: each read waits
+      // for the socket, so a stop is never held by a blocking read)
+      bool first = true;
       while (!stop) {
-        if (buf.size() == 0) {
+        test::parse_buffered(parser, buf);
+        if (!first) {
           pollfd p{s.native_handle(), POLLIN, 0};
           if (::poll(&p, 1, 100) <= 0) continue;
+          http::read_some(s, buf, parser, ec);
         }
-        http::read_some(s, buf, parser, ec);
+        first = false;
         auto& body = parser.get().body();
         std::size_t nl;
         {

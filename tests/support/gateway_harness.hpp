@@ -6,6 +6,7 @@
 #include "walgate/proxy/gateway.hpp"
 #include "walgate/proxy/server.hpp"
 
+#include "http_reading.hpp"
 #include "test_cluster.hpp"
 
 #include <boost/asio/connect.hpp>
@@ -71,6 +72,7 @@ struct running_gateway {
     rs.status_interval = std::chrono::milliseconds(200);
     client = std::make_unique<replication_client>(io.get_executor(), rs, *gw);
     gw->set_reply_request([this] { client->request_reply(); });
+    gw->set_backlog_probe([this] { return client->backlog(); });   // (as the walgate executable)
     so.port = 0;
     if (so.snapshot.conninfo.empty()) {   // per-client snapshots from the same database
       so.snapshot.conninfo = conninfo.empty() ? test::cluster().conninfo() : conninfo;
@@ -145,6 +147,7 @@ struct stream_client {
     parser.body_limit(boost::none);
     boost::system::error_code ec;
     http::read_header(sock, buf, parser, ec);
+    test::parse_buffered(parser, buf);
   }
   unsigned status() { return parser.get().result_int(); }
   std::string header(const char* name) { return std::string(parser.get()[name]); }
@@ -166,11 +169,14 @@ struct stream_client {
       }
       if (out.size() >= count || ended) return out;
       boost::system::error_code ec;
-      if (buf.size() == 0 && !wait_readable(sock, 10000)) {
+      // (bytes left after a read need more to parse: each read but a first one of what came
+      // with the header waits for the socket)
+      if (!wait_readable(sock, 10000)) {
         ended = true;   // nothing for 10 s
         return out;
       }
       http::read_some(sock, buf, parser, ec);
+      test::parse_buffered(parser, buf);
       if (ec || parser.is_done()) ended = true;
     }
   }

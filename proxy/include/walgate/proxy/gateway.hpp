@@ -35,6 +35,7 @@ struct gateway_metrics {
   std::int64_t last_commit_time_us = 0;   ///< PostgreSQL-epoch µs of the last logged transaction
   std::int64_t slot_retained_wal = -1;    ///< bytes, from pg_replication_slots (-1: unknown)
   std::uint64_t decode_failures = 0;      ///< pgoutput messages that could not be decoded
+  std::uint64_t wakes_deferred = 0;       ///< commits whose wake-up waited: walgate behind the stream
 };
 
 class gateway final : public replication_sink, public protocol::transaction_handler {
@@ -93,6 +94,13 @@ class gateway final : public replication_sink, public protocol::transaction_hand
   /// that did not work. The gateway then refuses the stream (nothing after the last durable
   /// position is acknowledged) and the process should stop: a restart resumes from there.
   void on_failure(std::function<void()> f) { on_failure_ = std::move(f); }
+  /// How many bytes of the replication stream are waiting to be read (replication_client::backlog).
+  /// With more than behind_bytes waiting at a commit, walgate is behind the stream: clients are
+  /// woken at most every behind_wake_interval then (each gets more events per wake, and the
+  /// stream is read sooner); otherwise at each commit, as when unset.
+  void set_backlog_probe(std::function<std::size_t()> f) { backlog_ = std::move(f); }
+  static constexpr std::size_t behind_bytes = 256u << 10;
+  static constexpr std::chrono::milliseconds behind_wake_interval{20};
 
  private:
   void wake_clients();
@@ -117,6 +125,10 @@ class gateway final : public replication_sink, public protocol::transaction_hand
   gateway_metrics metrics_;
   std::function<void(const logged_event&, const transform::change&)> logged_;
   bool wake_posted_ = false;
+  std::function<std::size_t()> backlog_;
+  std::chrono::steady_clock::time_point last_wake_{};
+  boost::asio::steady_timer wake_timer_;
+  bool wake_timer_armed_ = false;
   std::string failure_;
   std::string stream_fault_;
   protocol::lsn stream_fault_lsn_;

@@ -73,6 +73,8 @@ class pg_connection {
   /// Closes the socket; pending operations complete with an error.
   void close();
   bool is_open() const;
+  /// Bytes received and not yet read as messages: in its buffer, and waiting in the socket.
+  std::size_t backlog() const;
 
   const connection_info& info() const;
   /// Timeout for each handshake and query step (default 30 s, or connect_timeout).

@@ -114,6 +114,8 @@ class replication_client {
   replication_positions positions() const;
   int reconnects() const;
   bool streaming() const;
+  /// Bytes of the stream received and not yet read (pg_connection::backlog); 0 when not streaming.
+  std::size_t backlog() const;
   /// Called with each failure that leads to a reconnect (for logging); default: none.
   void set_retry_handler(std::function<void(const failure&, std::chrono::milliseconds delay)> h);
   /// Fuzz-seed capture: every byte read from the server is appended to this file.

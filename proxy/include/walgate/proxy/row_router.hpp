@@ -6,7 +6,9 @@
 // its table's indexed column read (new and old row), and its position queued for exactly the
 // subscriptions holding that value (a truncate: every subscription of its table). The
 // subscription then reads only its queued events, deciding each as before (the index finds a
-// superset; the grant still decides). Values are compared by predicate::equality_key; a column
+// superset; the grant still decides) — or, when the router's finding is the whole decision
+// (subscription.cpp's router_decides: one grant per routed table, its rows an equality alone, no
+// column list), taking each as found (found: as it is, moved in, moved out). Values are compared by predicate::equality_key; a column
 // of a type without one (floats, instants…) sends its subscriptions back to reading every event.
 // Single-threaded (the event loop). No Asio.
 #pragma once

@@ -49,7 +49,7 @@ void gateway::wake_clients() {
   // Clients see a transaction at its commit: woken then, once for everything committed in one
   // read of the stream.
   if (wake_posted_) return;
-  // Behind the stream (more of it waiting than one read takes): at most one wake per
+  // Behind the stream (at least one read's worth of it waiting): at most one wake per
   // behind_wake_interval, the timer's (each client then gets more events per wake).
   const auto now = std::chrono::steady_clock::now();
   if (backlog_ && now < last_wake_ + behind_wake_interval && backlog_() >= behind_bytes) {
@@ -79,7 +79,7 @@ void gateway::register_metrics(metrics_registry& r) {
   r.add_value("walgate_events_in_total", "counter", "Events logged from PostgreSQL.", [this] { return metrics_.events_in; });
   r.add_value("walgate_transactions_in_total", "counter", "Transactions logged.", [this] { return metrics_.transactions_in; });
   r.add_value("walgate_wakes_deferred_total", "counter",
-              "Commits after which clients were woken by the next 20 ms tick, not at once: walgate was behind the stream.",
+              "Commits (and logical messages) after which clients were woken 20 ms after their last wake-up, not at once: walgate was behind the stream.",
               [this] { return metrics_.wakes_deferred; });
   r.add_value("walgate_lag_bytes", "gauge", "Server WAL end minus the durable position.", [this] {
     return metrics_.server_wal_end.valid() && metrics_.server_wal_end > durable_lsn()

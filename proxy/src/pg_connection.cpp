@@ -751,6 +751,7 @@ void pg_connection::close() {
 }
 bool pg_connection::is_open() const { return impl_->open(); }
 std::size_t pg_connection::backlog() const {
+  // (over TLS, what OpenSSL holds decrypted or not yet decrypted is not counted: tens of KiB)
   std::size_t n = impl_->end - impl_->begin;
   boost::system::error_code ec;
   if (auto* s = std::get_if<tcp::socket>(&impl_->transport)) n += s->available(ec);

@@ -78,7 +78,7 @@ std::vector<std::string> first_lines(std::uint16_t port, const std::string& targ
   http::write(s, req, ec);
   if (ec) return out;
   beast::flat_buffer b;
-  b.reserve(1 << 20);   // (reads of up to 1 MiB, not of the 512 bytes a small buffer gives)
+  b.reserve(1 << 20);   // (reads of up to 64 KiB, Beast's cap, not of the 512 bytes a small buffer gives)
   http::response_parser<http::string_body> p;
   p.body_limit(boost::none);
   http::read_header(s, b, p, ec);
@@ -101,7 +101,7 @@ std::vector<std::string> first_lines(std::uint16_t port, const std::string& targ
       consumed = nl + 1;
     }
     const auto now = std::chrono::steady_clock::now();
-    if (failed || out.size() >= n || now >= until || now - last_data >= idle) break;
+    if (failed || p.is_done() || out.size() >= n || now >= until || now - last_data >= idle) break;
     pollfd pf{s.native_handle(), POLLIN, 0};
     if (::poll(&pf, 1, 100) <= 0) continue;
     last_data = std::chrono::steady_clock::now();

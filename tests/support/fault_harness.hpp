@@ -350,17 +350,10 @@ struct resuming_client {
         continue;
       }
       std::size_t consumed = 0;
-      // (what the buffer holds is parsed first; what is left needs more bytes: each read waits
-      // for the socket, so a stop is never held by a blocking read)
-      bool first = true;
+      // Each round: what the buffer holds is parsed and its lines applied; what is left needs
+      // more bytes, so the read waits for the socket (a stop is never held by a blocking read).
       while (!stop) {
         test::parse_buffered(parser, buf);
-        if (!first) {
-          pollfd p{s.native_handle(), POLLIN, 0};
-          if (::poll(&p, 1, 100) <= 0) continue;
-          http::read_some(s, buf, parser, ec);
-        }
-        first = false;
         auto& body = parser.get().body();
         std::size_t nl;
         {
@@ -380,6 +373,9 @@ struct resuming_client {
           consumed = 0;
         }
         if (ec || parser.is_done()) break;
+        pollfd p{s.native_handle(), POLLIN, 0};
+        if (::poll(&p, 1, 100) <= 0) continue;
+        http::read_some(s, buf, parser, ec);
       }
       std::lock_guard<std::mutex> g(m);
       if (!stop) ++disconnects;

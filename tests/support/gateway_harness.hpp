@@ -148,6 +148,7 @@ struct stream_client {
     boost::system::error_code ec;
     http::read_header(sock, buf, parser, ec);
     test::parse_buffered(parser, buf);
+    ended = static_cast<bool>(ec) || parser.is_done();   // (a whole answer: nothing more to read)
   }
   unsigned status() { return parser.get().result_int(); }
   std::string header(const char* name) { return std::string(parser.get()[name]); }

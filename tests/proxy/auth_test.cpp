@@ -43,6 +43,16 @@ struct auth_setup {
     REQUIRE_MESSAGE(auth->reload(error), error);
     so.auth = auth;
   }
+  /// Grants from this policy (TOML), in a file of its own, read now.
+  void use_policy(const std::string& toml) {
+    const auto file = dir.path / "policy.toml";
+    write_file(file, toml);
+    auth_options o = auth->options();
+    o.policy_file = file;
+    so.auth = auth = std::make_shared<authenticator>(o);
+    std::string error;
+    REQUIRE_MESSAGE(auth->reload(error), error);
+  }
 };
 
 const char* upgrade_headers = "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
@@ -331,8 +341,7 @@ TEST_CASE("--policy: each client gets only the tables and ops its claims grant, 
          "CREATE PUBLICATION gr_pub FOR TABLE gr_orders, gr_secret, gr_prod");
   auto key = test::hmac_key("HS256", std::string(32, 'g'));
   auth_setup setup(key.jwk());
-  const auto policy_file = setup.dir.path / "policy.toml";
-  write_file(policy_file, R"(
+  setup.use_policy(R"(
 [[grant]]
 when = { role = "sales" }
 tables = ["public.gr_orders"]
@@ -346,11 +355,6 @@ when = { role = "ops" }
 tables = ["public.gr_secret"]
 ops = ["insert", "update", "delete", "message"]
 )");
-  auth_options o = setup.auth->options();
-  o.policy_file = policy_file;
-  setup.so.auth = setup.auth = std::make_shared<authenticator>(o);
-  std::string error;
-  REQUIRE_MESSAGE(setup.auth->reload(error), error);
   running_gateway g("gr_slot", "gr_pub", setup.so);
   const std::string sales = test::token(key, R"("role":"sales")"), ops = test::token(key, R"("role":"ops")"),
                     nobody = test::token(key);
@@ -475,7 +479,8 @@ ops = ["insert", "update", "delete", "message"]
 
   // The policy changes (gr_orders no longer granted to sales): a connected stream keeps the
   // grants it was admitted with; a new request gets the new ones.
-  write_file(policy_file, "[[grant]]\nwhen = { role = \"sales\" }\ntables = [\"public.gr_prod\"]\n");
+  write_file(setup.dir.path / "policy.toml", "[[grant]]\nwhen = { role = \"sales\" }\ntables = [\"public.gr_prod\"]\n");
+  std::string error;
   std::atomic<bool> ok = false, done = false;
   asio::post(g.io, [&] {
     ok = setup.auth->reload(error);
@@ -522,8 +527,7 @@ TEST_CASE("--policy rows: each tenant's client holds exactly its rows; updates t
          "CREATE PUBLICATION rt_pub FOR TABLE rt_items, rt_keyed, rt_loose, rt_toast");
   auto key = test::hmac_key("HS256", std::string(32, 'r'));
   auth_setup setup(key.jwk());
-  const auto policy_file = setup.dir.path / "policy.toml";
-  write_file(policy_file, R"(
+  setup.use_policy(R"(
 [[grant]]
 tables = ["public.rt_items", "public.rt_keyed"]
 rows = "tenant = {claims.tenant}"
@@ -537,11 +541,6 @@ rows = "tenant = {claims.tenant}"
 tables = ["public.rt_toast"]
 rows = "note >= 'z'"
 )");
-  auth_options o = setup.auth->options();
-  o.policy_file = policy_file;
-  setup.so.auth = setup.auth = std::make_shared<authenticator>(o);
-  std::string error;
-  REQUIRE_MESSAGE(setup.auth->reload(error), error);
   running_gateway g("rt_slot", "rt_pub", setup.so);
   const std::string a = test::token(key, R"("tenant":"a")"), b = test::token(key, R"("tenant":"b")"),
                     loose = test::token(key, R"("tenant":"a","loose":true)");
@@ -869,8 +868,7 @@ TEST_CASE("--policy columns: columns outside a grant are in no field of any form
          "CREATE PUBLICATION col_pub FOR TABLE col_emp, col_full");
   auto key = test::hmac_key("HS256", std::string(32, 'c'));
   auth_setup setup(key.jwk());
-  const auto policy_file = setup.dir.path / "policy.toml";
-  write_file(policy_file, R"(
+  setup.use_policy(R"(
 [[grant]]
 tables = ["public.col_emp", "public.col_full"]
 columns = ["id", "name"]
@@ -879,11 +877,6 @@ columns = ["id", "name"]
 when = { role = "hr" }
 tables = ["public.col_emp"]
 )");
-  auth_options o = setup.auth->options();
-  o.policy_file = policy_file;
-  setup.so.auth = setup.auth = std::make_shared<authenticator>(o);
-  std::string error;
-  REQUIRE_MESSAGE(setup.auth->reload(error), error);
   running_gateway g("col_slot", "col_pub", setup.so);
   const std::string staff = test::token(key), hr = test::token(key, R"("role":"hr")");
   auto bearer = [](const std::string& t) { return std::vector<std::pair<std::string, std::string>>{{"Authorization", "Bearer " + t}}; };
@@ -966,8 +959,7 @@ TEST_CASE("--policy rows by equality: each event goes only to the clients holdin
          "CREATE PUBLICATION rr_pub FOR TABLE rr, rr_f, rr_k");
   auto key = test::hmac_key("HS256", std::string(32, 'q'));
   auth_setup setup(key.jwk());
-  const auto policy_file = setup.dir.path / "policy.toml";
-  write_file(policy_file, R"(
+  setup.use_policy(R"(
 [[grant]]
 tables = ["public.rr"]
 rows = "tenant = {claims.tenant} and v is not null"
@@ -982,11 +974,6 @@ when = { keyed = true }
 tables = ["public.rr_k"]
 rows = "tenant = {claims.tenant}"
 )");
-  auth_options o = setup.auth->options();
-  o.policy_file = policy_file;
-  setup.so.auth = setup.auth = std::make_shared<authenticator>(o);
-  std::string error;
-  REQUIRE_MESSAGE(setup.auth->reload(error), error);
   running_gateway g("rr_slot", "rr_pub", setup.so);
   auto bearer = [](const std::string& t) { return std::vector<std::pair<std::string, std::string>>{{"Authorization", "Bearer " + t}}; };
   constexpr int tenants = 20;
@@ -1071,8 +1058,7 @@ TEST_CASE("--policy rows by equality alone: the router's finding decides (a row 
          "CREATE PUBLICATION rx_pub FOR TABLE rx, ry");
   auto key = test::hmac_key("HS256", std::string(32, 'x'));
   auth_setup setup(key.jwk());
-  const auto policy_file = setup.dir.path / "policy.toml";
-  write_file(policy_file, R"(
+  setup.use_policy(R"(
 [[grant]]
 tables = ["public.rx"]
 rows = "tenant = {claims.tenant}"
@@ -1081,11 +1067,6 @@ rows = "tenant = {claims.tenant}"
 tables = ["public.ry"]
 rows = "tenant in {claims.tenants}"
 )");
-  auth_options o = setup.auth->options();
-  o.policy_file = policy_file;
-  setup.so.auth = setup.auth = std::make_shared<authenticator>(o);
-  std::string error;
-  REQUIRE_MESSAGE(setup.auth->reload(error), error);
   running_gateway g("rx_slot", "rx_pub", setup.so);
   auto bearer = [](const std::string& t) { return std::vector<std::pair<std::string, std::string>>{{"Authorization", "Bearer " + t}}; };
   constexpr int tenants = 10;

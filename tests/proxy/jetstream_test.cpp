@@ -551,6 +551,8 @@ TEST_CASE("walgate edge: two edges serve the stream on every transport; an edge 
   const long long published = metric(sc.port, "walgate_nats_stream_last_seq");
   for (auto* e : {&e1, &e2})
     REQUIRE(test::wait_until([&] { return metric(e->port, "walgate_edge_stream_seq") >= published; }, std::chrono::seconds(60)));
+  // (the last message copied is the stream's last: none after it, as JetStream counted then)
+  for (auto* e : {&e1, &e2}) CHECK(metric(e->port, "walgate_edge_pending_messages") == 0);
   for (const char* f : {"native", "debezium&transactions=true&keys=true", "pgoutput2json", "pgoutput2json&compact=true",
                         "waltail&keys=true", "wal2json", "native&group=transaction"}) {
     const std::string target = std::string("/v1/stream?from=0/0:0&format=") + f;

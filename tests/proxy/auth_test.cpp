@@ -989,12 +989,7 @@ rows = "tenant = {claims.tenant}"
   for (auto& c : clients) REQUIRE(c->status() == 200);
   REQUIRE(as_text.status() == 200);
   REQUIRE(scored.status() == 200);
-  auto metric = [&](const std::string& name) {
-    const auto m = get_path(g.port(), "/metrics").second;
-    auto at = m.find("\n" + name + " ");
-    REQUIRE(at != std::string::npos);
-    return std::atoll(m.c_str() + at + name.size() + 2);
-  };
+  auto metric = [&](const std::string& name) { return metric_of(g.port(), name); };
   // Caught up (nothing to read), each registers with the router at its first look at the log.
   pg.sql("INSERT INTO rr VALUES (0, 999, 'nobody''s')");
   REQUIRE_MESSAGE(test::wait_until([&] { return metric("walgate_routed_clients") == tenants + 3; }),
@@ -1081,12 +1076,7 @@ rows = "tenant in {claims.tenants}"
         bearer(test::token(key, "\"tenants\":[" + std::to_string(t) + "," + std::to_string(t + 1) + "]"))));
   for (auto& c : clients) REQUIRE(c->status() == 200);
   for (auto& c : keyed) REQUIRE(c->status() == 200);
-  auto metric = [&](const std::string& name) {
-    const auto m = get_path(g.port(), "/metrics").second;
-    auto at = m.find("\n" + name + " ");
-    REQUIRE(at != std::string::npos);
-    return std::atoll(m.c_str() + at + name.size() + 2);
-  };
+  auto metric = [&](const std::string& name) { return metric_of(g.port(), name); };
   pg.sql("INSERT INTO rx VALUES (0, 999, 'nobody''s')");
   pg.sql("INSERT INTO ry VALUES (999, 0, 'nobody''s')");
   REQUIRE_MESSAGE(test::wait_until([&] { return metric("walgate_routed_clients") == 2 * tenants + 4; }),

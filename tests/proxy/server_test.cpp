@@ -162,12 +162,7 @@ TEST_CASE("behind the stream, clients are woken at most every 20 ms, not at each
   setup_tables("bhd");
   running_gateway g("bhd_slot", "bhd_pub");
   auto& pg = test::cluster();
-  auto metric = [&](const std::string& name) {
-    const auto m = get_path(g.port(), "/metrics").second;
-    auto at = m.find("\n" + name + " ");
-    REQUIRE(at != std::string::npos);
-    return std::atoll(m.c_str() + at + name.size() + 2);
-  };
+  auto metric = [&](const std::string& name) { return metric_of(g.port(), name); };
   auto probe = [&](std::size_t backlog) {   // (set on the loop, which reads it)
     std::promise<void> done;
     asio::post(g.io, [&] {

@@ -265,6 +265,14 @@ inline std::pair<unsigned, std::string> get_path(std::uint16_t port, const std::
   return get(port, "GET " + target + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
 }
 
+/// The value of an unlabelled metric in walgate's /metrics (required to be there).
+inline long long metric_of(std::uint16_t port, const std::string& name) {
+  const auto m = get_path(port, "/metrics").second;
+  auto at = m.find("\n" + name + " ");
+  REQUIRE_MESSAGE(at != std::string::npos, name << " not in /metrics");
+  return std::atoll(m.c_str() + at + name.size() + 2);
+}
+
 inline std::string id_of(const std::string& native_json) { return std::string(json::parse(native_json).at("id").as_string()); }
 
 

@@ -1,26 +1,25 @@
-// A stream layer under Beast's WebSocket stream that collects what Beast writes — data frames,
-// pings, pongs, the close frame — and sends it in one write: a batch of events for a client is
-// one system call, not one per event. Internal to websocket.cpp (Beast stays out of shared headers).
+// A WebSocket connection's stream: it collects what walgate writes — data frames, pings, pongs,
+// the close frame — and sends it in one write: a batch of events for a client is one system
+// call, not one per event. Internal to websocket.cpp (Beast stays out of shared headers).
 //
 //   cork()          writes from now on are only buffered (each completes at once)
 //   async_drain()   uncork, and wait until everything buffered is sent or the write failed
 //
-// While uncorked (between batches), a write — a pong Beast sends from its read, a keep-alive
-// ping, the close frame — starts sending at once. One write to the next layer is in flight at a
+// While uncorked (between batches), a write — a pong the reader sends, a keep-alive ping, the
+// close frame — starts sending at once. One write to the next layer is in flight at a
 // time; what arrives meanwhile waits in the buffer and goes with the next one. Memory: the server
 // corks one bounded batch at a time and drains it before the next, so the buffer holds at most
 // one batch plus control frames. A large event is not copied here: its bytes are referenced where
 // they are (the shared encoding, or the one piece read from its spill file), and a very large one
-// goes as a message in fragments, drained one at a time, with Beast's pings between them.
+// goes as a message in fragments, drained one at a time, with control frames between them.
 #pragma once
 
-#include <boost/asio/append.hpp>
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
-#include <boost/beast/websocket/teardown.hpp>
+#include <boost/beast/core/stream_traits.hpp>
 
 #include "walgate/proxy/server.hpp"
 
@@ -52,24 +51,20 @@ class corked_stream {
     return next_.async_read_some(b, std::forward<Token>(token));
   }
 
-  template <class ConstBuffers, class Token>
-  auto async_write_some(const ConstBuffers& b, Token&& token) {
-    return boost::asio::async_initiate<Token, void(boost::system::error_code, std::size_t)>(
-        [this](auto handler, const ConstBuffers& buffers) {
-          boost::system::error_code ec = failed_;
-          std::size_t n = 0;
-          if (!ec) {
-            for (auto it = boost::asio::buffer_sequence_begin(buffers); it != boost::asio::buffer_sequence_end(buffers); ++it) {
-              boost::asio::const_buffer b = *it;
-              append_owned({static_cast<const char*>(b.data()), b.size()});
-              n += b.size();
-            }
-            if (!corked_) start_send();
-          }
-          auto ex = boost::asio::get_associated_executor(handler, next_.get_executor());
-          boost::asio::post(ex, boost::asio::append(std::move(handler), ec, n));
-        },
-        token, b);
+  /// Bytes that are whole frames (or the handshake's answer), copied.
+  void append_bytes(std::string_view bytes) {
+    if (failed_ || shutdown_) return;
+    append_owned(bytes);
+    if (!corked_) start_send();
+  }
+
+  /// Once everything appended so far is sent, the socket's sending side is shut down (after a
+  /// close frame: the client reads it, then the end of the stream); nothing is appended after.
+  void shutdown_after_sent() {
+    shutdown_ = true;
+    corked_ = false;
+    start_send();
+    shutdown_if_sent();
   }
 
   void cork() { corked_ = true; }
@@ -81,10 +76,10 @@ class corked_stream {
 
   /// Appends an unmasked WebSocket text frame (FIN set) holding payload — compressed: a
   /// permessage-deflate message (RSV1), made once for every client (deflate.hpp) — made here so
-  /// a batch costs no composed operation per event. Only between Beast's own frames: Beast
-  /// writes each control frame whole, so frames never interleave mid-frame.
+  /// a batch costs no composed operation per event. Every frame is appended whole, so frames
+  /// never interleave mid-frame.
   void append_text_frame(std::string_view payload, bool compressed = false) {
-    if (failed_) return;
+    if (failed_ || shutdown_) return;
     char head[10];
     std::size_t h = websocket_text_frame_header(head, payload.size(), true, true, compressed);
     append_owned({head, h});
@@ -99,7 +94,7 @@ class corked_stream {
   /// event): head and tail copied, body sent from where it is when keep holds it (else copied).
   void append_text_frame(std::string_view head, std::shared_ptr<const void> keep, std::string_view body,
                          std::string_view tail, bool compressed = false) {
-    if (failed_) return;
+    if (failed_ || shutdown_) return;
     char frame_head[10];
     std::size_t h = websocket_text_frame_header(frame_head, head.size() + body.size() + tail.size(), true, true, compressed);
     append_owned({frame_head, h});
@@ -110,11 +105,11 @@ class corked_stream {
     if (!corked_) start_send();
   }
   /// One fragment of a text message sent in pieces (RFC 6455 5.4), its bytes sent from where
-  /// they are: first opens the message, last ends it. Beast's frames (pings, pongs, a close)
+  /// they are: first opens the message, last ends it. Control frames (pings, pongs, a close)
   /// go between fragments, so a message that takes minutes to send does not starve them.
   void append_text_fragment(std::shared_ptr<const void> keep, std::string_view bytes, bool first, bool last,
                             bool compressed = false) {
-    if (failed_) return;
+    if (failed_ || shutdown_) return;
     char head[10];
     std::size_t h = websocket_text_frame_header(head, bytes.size(), first, last, compressed);
     append_owned({head, h});
@@ -184,7 +179,15 @@ class corked_stream {
       if (ec) failed_ = ec;
       if (!ec && !corked_ && !pending_.empty()) start_send();
       if (failed_ || (sending_.empty() && pending_.empty())) drained_.cancel();
+      shutdown_if_sent();
     });
+  }
+
+  void shutdown_if_sent() {
+    if (!shutdown_ || shut_ || !sending_.empty() || !pending_.empty()) return;
+    shut_ = true;
+    boost::system::error_code ec;
+    boost::beast::get_lowest_layer(next_).socket().shutdown(boost::asio::socket_base::shutdown_send, ec);
   }
 
   Next next_;
@@ -194,20 +197,9 @@ class corked_stream {
   std::vector<boost::asio::const_buffer> buffers_;
   boost::system::error_code failed_;
   bool corked_ = false;
+  bool shutdown_ = false;   // shutdown_after_sent() was called
+  bool shut_ = false;       // and it is done
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
-
-// Closing the WebSocket tears down the layer below.
-template <class Next>
-void teardown(boost::beast::role_type role, corked_stream<Next>& s, boost::system::error_code& ec) {
-  using boost::beast::websocket::teardown;
-  teardown(role, s.next_layer(), ec);
-}
-
-template <class Next, class Handler>
-void async_teardown(boost::beast::role_type role, corked_stream<Next>& s, Handler&& handler) {
-  using boost::beast::websocket::async_teardown;
-  async_teardown(role, s.next_layer(), std::forward<Handler>(handler));
-}
 
 }  // namespace walgate::proxy

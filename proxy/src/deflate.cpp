@@ -73,6 +73,101 @@ std::optional<pmd_answer> parse_pmd_answer(std::string_view header) {
   return std::nullopt;
 }
 
+std::optional<pmd_agreement> negotiate_pmd(std::string_view header) {
+  // extension *( "," extension ), each name *( ";" param [ "=" value ] )
+  while (!header.empty()) {
+    auto comma = header.find(',');
+    std::string_view ext = header.substr(0, comma);
+    header = comma == std::string_view::npos ? std::string_view() : header.substr(comma + 1);
+    auto semi = ext.find(';');
+    if (!iequals(trim(ext.substr(0, semi)), "permessage-deflate")) continue;
+    std::string_view params = semi == std::string_view::npos ? std::string_view() : ext.substr(semi + 1);
+    bool valid = true, server_nct = false, client_nct = false, client_bits = false;
+    int server_bits = 0;
+    auto window = [](std::string_view v) {
+      if (v.size() >= 2 && v.front() == '"' && v.back() == '"') v = v.substr(1, v.size() - 2);
+      int bits = 0;
+      for (char ch : v) bits = ch >= '0' && ch <= '9' && bits < 100 ? bits * 10 + (ch - '0') : 100;
+      return v.empty() || bits < 8 || bits > 15 ? 0 : bits;
+    };
+    while (valid && !params.empty()) {
+      auto next = params.find(';');
+      std::string_view p = params.substr(0, next);
+      params = next == std::string_view::npos ? std::string_view() : params.substr(next + 1);
+      auto eq = p.find('=');
+      std::string_view key = trim(p.substr(0, eq));
+      const bool has_value = eq != std::string_view::npos;
+      std::string_view value = has_value ? trim(p.substr(eq + 1)) : std::string_view();
+      if (iequals(key, "server_no_context_takeover") && !has_value && !server_nct) {
+        server_nct = true;
+      } else if (iequals(key, "client_no_context_takeover") && !has_value && !client_nct) {
+        client_nct = true;
+      } else if (iequals(key, "server_max_window_bits") && has_value && !server_bits) {
+        server_bits = window(value);
+        valid = server_bits != 0;
+      } else if (iequals(key, "client_max_window_bits") && !client_bits) {
+        client_bits = true;
+        valid = !has_value || window(value) != 0;
+      } else {
+        valid = false;   // unknown, repeated, or a value where none belongs
+      }
+    }
+    if (!valid || server_bits == 8) continue;   // declined: the next offer, if any
+    pmd_agreement a;
+    a.answer = "permessage-deflate; server_no_context_takeover";
+    if (server_bits) {
+      a.server_bits = server_bits;
+      a.answer += "; server_max_window_bits=" + std::to_string(server_bits);
+    }
+    if (client_nct) a.answer += "; client_no_context_takeover";
+    a.client_no_context_takeover = client_nct;
+    return a;
+  }
+  return std::nullopt;
+}
+
+struct inflater::impl {
+  z_stream z{};
+  bool ok = false;
+  impl() { ok = inflateInit2(&z, -15) == Z_OK; }
+  ~impl() {
+    if (ok) inflateEnd(&z);
+  }
+};
+
+inflater::inflater() : z_(std::make_unique<impl>()) {}
+inflater::~inflater() = default;
+
+void inflater::reset() {
+  if (z_->ok) inflateReset(&z_->z);
+}
+
+bool inflater::feed(std::string_view in, bool last, const std::function<bool(std::string_view)>& out) {
+  if (!z_->ok) return false;
+  auto run = [&](std::string_view bytes) {
+    auto& z = z_->z;
+    z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data()));
+    z.avail_in = static_cast<uInt>(bytes.size());
+    thread_local std::array<char, 4096> chunk;
+    for (;;) {
+      z.next_out = reinterpret_cast<Bytef*>(chunk.data());
+      z.avail_out = static_cast<uInt>(chunk.size());
+      const int rc = inflate(&z, Z_SYNC_FLUSH);
+      if (rc != Z_OK && rc != Z_STREAM_END && rc != Z_BUF_ERROR) return false;
+      const std::size_t n = chunk.size() - z.avail_out;
+      if (n && !out(std::string_view(chunk.data(), n))) return false;
+      if (rc == Z_STREAM_END) {   // a final block: what follows starts afresh (the 00 00 ff ff: an empty stored block)
+        if (inflateReset(&z) != Z_OK) return false;
+        if (z.avail_in == 0) return true;
+        continue;
+      }
+      if (z.avail_out != 0) return z.avail_in == 0;   // all read and all given out (else: stuck)
+    }
+  };
+  if (!in.empty() && !run(in)) return false;
+  return !last || run(std::string_view("\x00\x00\xff\xff", 4));
+}
+
 bool deflate_message(std::string_view message, int window_bits, std::string& out) {
   if (window_bits < 9 || window_bits > 15 || message.empty()) return false;
   thread_local std::array<std::unique_ptr<deflater>, 16> contexts;

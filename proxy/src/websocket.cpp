@@ -2,8 +2,9 @@
 // one write (corked_stream.hpp). With permessage-deflate, walgate answers
 // server_no_context_takeover and sends each event's compressed form, made once and shared by
 // every client of that window (payload::deflated); small and large messages go uncompressed.
-// Beast negotiates, reads (and inflates) the client's messages, and keeps an idle connection
-// alive with its pings; the end is a close frame whose reason says why and where to resume.
+// The connection is walgate's own (websocket_session.hpp): it reads and checks the client's
+// frames, answers pings, keeps an idle connection alive with its own; the end is a close frame
+// whose reason says why and where to resume.
 #include "websocket_session.hpp"
 
 #include <boost/asio/co_spawn.hpp>
@@ -34,7 +35,7 @@ struct ws_session : session<Stream> {
 template <class Stream>
 awaitable<void> serve_websocket(server_core& core, Stream&& s, http::request<http::empty_body> req, stream_start start) {
   auto session = std::make_shared<ws_session<Stream>>(std::move(s));
-  auto& ws = session->ws;
+  auto& out = session->out;
   const auto& opts = core.opts;
   if (!co_await handshake(core, *session, req)) co_return;
   req = http::request<http::empty_body>{};   // (its fields are not kept for the connection's life)
@@ -54,18 +55,15 @@ awaitable<void> serve_websocket(server_core& core, Stream&& s, http::request<htt
   // connection holds no read buffer of its own).
   asio::co_spawn(
       core.executor,
-      [session]() -> awaitable<void> {
-        std::array<char, 64> chunk;
-        while (true) {
-          auto [ec, n] = co_await session->ws.async_read_some(asio::buffer(chunk), use_tuple);
-          if (ec) break;
-        }
-        session->reading = false;
-        if (session->c) {   // (the writer still runs)
-          session->c->sub.close(subscription::end::client_gone, "the client closed the connection");
-          session->c->wake.cancel();
-        }
-      },
+      read_frames<64>(
+          session, opts.ws_message_limit, false,
+          [](bool, std::string&&) -> awaitable<bool> { co_return true; },
+          [s = session.get()](const char* why) {
+            if (s->c) {   // (the writer still runs)
+              s->c->sub.close(subscription::end::client_gone, why);
+              s->c->wake.cancel();
+            }
+          }),
       asio::detached);
 
   std::vector<subscription::item> batch;
@@ -99,24 +97,29 @@ awaitable<void> serve_websocket(server_core& core, Stream&& s, http::request<htt
       idle = true;
       if (!trimmed && now >= idle_since + keep_buffers_for) {
         std::vector<subscription::item>().swap(batch);
-        ws.next_layer().trim();
+        out.trim();
         trimmed = true;
       }
-      if (trimmed) c.wake.expires_after(opts.keepalive);
-      else c.wake.expires_at(idle_since + keep_buffers_for);
+      auto check_at = now + opts.keepalive;
+      if (!session->keep_alive(opts.keepalive, now, check_at)) {
+        sub.close(subscription::end::client_gone, "no answer to a ping");
+        failed = true;
+        break;
+      }
+      c.wake.expires_at(std::min(trimmed ? now + opts.keepalive : idle_since + keep_buffers_for, check_at));
       co_await c.wake.async_wait(use_tuple);
       continue;
     }
     idle = trimmed = false;
     rearm();
-    ws.next_layer().cork();
+    out.cork();
     std::size_t bytes = 0;
     for (const auto& item : batch)
       if (!co_await append_message(core, *session, item.bytes, {}, {}, bytes, rearm)) {
         failed = true;
         break;
       }
-    auto [dec] = co_await ws.next_layer().async_drain(use_tuple);
+    auto [dec] = co_await out.async_drain(use_tuple);
     c.watchdog.cancel();
     if (failed || dec) {
       failed = true;
@@ -126,11 +129,13 @@ awaitable<void> serve_websocket(server_core& core, Stream&& s, http::request<htt
   }
   c.finished();
   if (core.stopping) sub.close(subscription::end::shutdown, "server shutting down");
-  // Still open: say why it ends, and where to resume.
-  if (!failed && session->reading)
-    co_await send_close(*session, sub.why(), sub.reason(), sub.resume_id());
-  // The reader ends (if it has not) when the socket closes; it holds the session till then.
-  if (session->reading) c.force_close();
+  // Still open: say why it ends, and where to resume; then the client's answer, and the socket
+  // closed (the reader ends then, if it has not; it holds the session till then).
+  // (A message refused because the connection is closing is no failure: its close frame goes out.)
+  if (session->reading && (!failed || session->closing))
+    co_await send_close(*session, c.wake, sub.why(), sub.reason(), sub.resume_id());
+  else
+    c.force_close();
 }
 
 template awaitable<void> serve_websocket<beast::tcp_stream>(server_core&, beast::tcp_stream&&,

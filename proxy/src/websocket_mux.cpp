@@ -280,7 +280,7 @@ template <class Stream>
 awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request<http::empty_body> req,
                                     std::shared_ptr<const identity> who, std::string peer) {
   auto m = std::make_shared<mux_session<Stream>>(std::move(s), core);
-  auto& ws = m->ws;
+  auto& out = m->out;
   const auto& opts = core.opts;
   if (!co_await handshake(core, *m, req)) co_return;
   req = http::request<http::empty_body>{};   // (its fields are not kept for the connection's life)
@@ -312,32 +312,25 @@ awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request
     }
   } released{*m, expiry};
 
-  // The reader: the client's messages into the inbox, for the writer (Beast answers pings,
-  // and enforces the message limit, 1009, and UTF-8, 1007).
+  // The reader: the client's messages into the inbox, for the writer (it answers pings, and
+  // enforces the message limit, 1009, and UTF-8, 1007). A piece at a time into the message: an
+  // idle connection holds no read buffer.
   asio::co_spawn(
       core.executor,
-      [m]() -> awaitable<void> {
-        // Read a piece at a time into the message: an idle connection holds no read buffer.
-        std::array<char, 256> chunk;
-        std::string message;
-        while (true) {
-          auto [ec, n] = co_await m->ws.async_read_some(asio::buffer(chunk), use_tuple);
-          if (ec || m->writer_done) break;
-          message.append(chunk.data(), n);
-          if (!m->ws.is_message_done()) continue;
-          m->inbox_bytes += message.size();
-          m->inbox.push_back({m->ws.got_text(), std::move(message)});
-          message = std::string();
-          m->wake.cancel();
-          while ((m->inbox.size() >= max_inbox || m->inbox_bytes >= max_inbox_bytes) && !m->writer_done) {
-            m->room.expires_after(std::chrono::seconds(1));
-            co_await m->room.async_wait(use_tuple);
-          }
-          if (m->writer_done) break;
-        }
-        m->reading = false;
-        m->wake.cancel();
-      },
+      read_frames<256>(
+          m, opts.ws_message_limit, true,
+          [ms = m.get()](bool text, std::string&& message) -> awaitable<bool> {
+            if (ms->writer_done) co_return false;
+            ms->inbox_bytes += message.size();
+            ms->inbox.push_back({text, std::move(message)});
+            ms->wake.cancel();
+            while ((ms->inbox.size() >= max_inbox || ms->inbox_bytes >= max_inbox_bytes) && !ms->writer_done) {
+              ms->room.expires_after(std::chrono::seconds(1));
+              co_await ms->room.async_wait(use_tuple);
+            }
+            co_return !ms->writer_done;
+          },
+          [ms = m.get()](const char*) { ms->wake.cancel(); }),
       asio::detached);
 
   bool failed = false, appended = false, expired_close = false;
@@ -358,12 +351,12 @@ awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request
     });
   };
   auto send = [&m, &appended](const std::string& text) {
-    if (!m->ws.is_open()) return;   // Beast has begun closing: no data frame after its close frame
-    m->ws.next_layer().append_text_frame(text);   // small, uncompressed (RSV1 clear)
+    if (!m->is_open()) return;   // closing: no data frame after a close frame
+    m->out.append_text_frame(text);   // small, uncompressed (RSV1 clear)
     appended = true;
   };
   std::uint64_t seen = core.notifications;
-  while (!core.stopping && m->reading && !failed) {
+  while (!core.stopping && m->reading && m->is_open() && !failed) {
     // A connection with a subscription catching up lets the live clients a notification woke go
     // first (once per notification), as a /v1/ws client catching up does.
     bool catching_up = false;
@@ -371,10 +364,9 @@ awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request
     if (catching_up && seen != core.notifications) {
       seen = core.notifications;
       co_await asio::post(core.executor, asio::use_awaitable);
-      if (core.stopping || !m->reading || failed) break;
+      if (core.stopping || !m->reading || !m->is_open() || failed) break;
     }
     seen = core.notifications;
-    auto& out = ws.next_layer();
     out.cork();
     rearm();
     appended = false;
@@ -469,8 +461,8 @@ awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request
     }
     if (failed) break;
     if (!appended) {
-      // Nothing of walgate's to send: uncorked while it waits, so that Beast's pings, pongs and
-      // close answers go out as they come.
+      // Nothing of walgate's to send: uncorked while it waits, so that pings, pongs and close
+      // answers go out as they come.
       out.uncork();
       m->watchdog.cancel();
       if (more) {   // passed over events their filters do not take, or one ended: go on after the others
@@ -479,7 +471,13 @@ awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request
         std::vector<subscription::item>().swap(batch);   // idle: no buffers kept while it waits
         std::vector<sent>().swap(round);
         out.trim();
-        m->wake.expires_after(opts.keepalive);
+        const auto now = std::chrono::steady_clock::now();
+        auto check_at = now + opts.keepalive;
+        if (!m->keep_alive(opts.keepalive, now, check_at)) {   // a ping unanswered: the client is gone
+          failed = true;
+          break;
+        }
+        m->wake.expires_at(std::min(now + opts.keepalive, check_at));
         co_await m->wake.async_wait(use_tuple);
       }
       continue;
@@ -494,9 +492,8 @@ awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request
   }
   for (auto& s : m->subs)
     if (s->c) s->c->finished();
-  if (core.stopping && !failed && m->reading) {
+  if (core.stopping && !failed && m->is_open()) {
     // Each subscription is told where to resume, then the connection closes (1001).
-    auto& out = ws.next_layer();
     out.cork();
     rearm();
     for (auto& s : m->subs) {
@@ -505,10 +502,15 @@ awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request
     }
     auto [dec] = co_await out.async_drain(use_tuple);
     m->watchdog.cancel();
-    if (!dec) co_await send_close(*m, subscription::end::shutdown, {}, {});
+    if (!dec) co_await send_close(*m, m->wake, subscription::end::shutdown, {}, {});
+    else failed = true;
+  } else if (expired_close && !core.stopping) {
+    co_await send_close(*m, m->wake, subscription::end::expired, "the token expired", {});
+  } else if (m->reading && (!failed || m->closing)) {
+    // The client closed (its close frame answered) or broke the protocol (walgate's close frame
+    // sent): its answer, or the end of its stream, then the socket closed.
+    co_await finish_close(*m, m->wake, pws::close_going_away, {});
   }
-  if (expired_close && m->reading && !core.stopping)
-    co_await send_close(*m, subscription::end::expired, "the token expired", {});
   // The reader ends (if it has not) when the socket closes; it holds the session till then.
   if (m->reading) m->close_socket();
 }

@@ -1,13 +1,15 @@
 // What the two WebSocket endpoints share (internal to websocket.cpp and websocket_mux.cpp; Beast
-// stays out of shared headers): the handshake with walgate's permessage-deflate answer, one
-// event's message put into the connection's corked buffer (compressed from the shared form, or
-// sent from the shared encoding, or in fragments from a spill file), the write watchdog, and the
-// closing frame.
+// stays out of shared headers): the connection (walgate's own WebSocket, RFC 6455: the
+// handshake with walgate's permessage-deflate answer, the reader of the client's frames, the
+// keep-alive pings and the closing handshake), one event's message put into the connection's
+// corked buffer (compressed from the shared form, or sent from the shared encoding, or in
+// fragments from a spill file), the write watchdog, and the closing frame.
 #pragma once
 
 #include "corked_stream.hpp"
 #include "serving.hpp"
 
+#include "walgate/protocol/websocket.hpp"
 #include "walgate/proxy/deflate.hpp"
 
 #include <boost/asio/as_tuple.hpp>
@@ -15,9 +17,8 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
-#include <boost/beast/websocket.hpp>
-#include <boost/beast/websocket/ssl.hpp>
 
+#include <array>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -26,60 +27,245 @@ namespace walgate::proxy::ws {
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
-namespace websocket = beast::websocket;
+namespace pws = protocol::websocket;
 using asio::awaitable;
 
 inline constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
 
-/// A WebSocket connection: the stream (Beast reads, walgate writes its own frames through the
-/// corked layer), shared by the writer and the reader coroutine so whichever ends last frees it.
+/// How long a closing handshake may take: after walgate's close frame, the client's answer (or
+/// the end of its stream) is awaited this long, then the socket is closed.
+inline constexpr std::chrono::seconds close_timeout{5};
+/// How long the handshake's answer may take to go out.
+inline constexpr std::chrono::seconds handshake_timeout{10};
+
+/// A WebSocket connection: the stream (walgate writes its frames through the corked layer, and
+/// reads the client's with protocol::websocket::frame_reader), shared by the writer and the
+/// reader coroutine so whichever ends last frees it. Nothing of it is per message: the read
+/// buffer is the reader's few bytes, the inflater is made when a compressed client message
+/// first arrives.
 template <class Stream>
 struct session {
-  explicit session(Stream&& s) : ws(std::move(s)) {}   // (the one move of the connection's stream)
-  websocket::stream<corked_stream<Stream>> ws;
-  bool reading = true;
+  explicit session(Stream&& s) : out(std::move(s)) {}   // (the one move of the connection's stream)
+  corked_stream<Stream> out;
+  bool reading = true;      // the reader runs (and holds the session)
+  bool open = true;         // no close frame sent: frames may go out
+  bool closing = false;     // the connection is ending: its close frame was sent or received
   std::string extensions;   // the Sec-WebSocket-Extensions walgate answered
   int deflate_bits = 0;     // the window walgate compresses with (0: none negotiated)
+  bool client_resets = false;   // client_no_context_takeover agreed
+  pws::frame_reader frames;
+  std::unique_ptr<inflater> inflate;   // made at the client's first compressed message
+  std::chrono::steady_clock::time_point heard = std::chrono::steady_clock::now();   // last bytes from the client
+  std::chrono::steady_clock::time_point pinged{};   // the last keep-alive ping
+
+  bool is_open() const { return open && !closing; }
 
   void close_socket() {
     boost::system::error_code ec;
-    beast::get_lowest_layer(ws).socket().close(ec);
+    beast::get_lowest_layer(out.next_layer()).socket().close(ec);
+  }
+
+  /// A control frame, sent at once unless a batch is being collected (then with it).
+  void send_control(std::uint8_t opcode, std::string_view payload) {
+    if (open) out.append_bytes(pws::control_frame(opcode, payload));
+  }
+
+  /// The close frame (once), then the end of walgate's side of the stream once it is sent.
+  void send_close_frame(std::uint16_t code, std::string_view reason) {
+    if (!open) return;
+    open = false;
+    closing = true;
+    out.append_bytes(code == pws::close_no_status ? pws::control_frame(pws::op_close, {}) : pws::close_frame(code, reason));
+    out.shutdown_after_sent();
+  }
+
+  /// The keep-alive, looked at while the writer waits: a ping when nothing was heard from the
+  /// client for keepalive; false when a ping went unanswered (nothing heard) for keepalive.
+  /// check_at: when to look again.
+  bool keep_alive(std::chrono::milliseconds keepalive, std::chrono::steady_clock::time_point now,
+                  std::chrono::steady_clock::time_point& check_at) {
+    if (pinged > heard) {
+      if (now >= pinged + keepalive) return false;
+      check_at = pinged + keepalive;
+      return true;
+    }
+    if (now >= heard + keepalive && is_open()) {
+      send_control(pws::op_ping, {});
+      pinged = now;
+      check_at = now + keepalive;
+      return true;
+    }
+    check_at = heard + keepalive;
+    return true;
   }
 };
 
-/// The options (timeouts, pings, the client message limit, walgate's permessage-deflate answer)
-/// and the handshake; false when it failed. Sets deflate_bits.
+/// The handshake's answer (RFC 6455 4.2.2; the request is an upgrade, checked before): 101 with
+/// walgate's permessage-deflate answer and subprotocol, or 426 for a version other than 13, or
+/// 400 for a bad key; false when it failed or refused. Sets deflate_bits.
 template <class Stream>
 awaitable<bool> handshake(server_core& core, session<Stream>& s, const http::request<http::empty_body>& req) {
-  auto& ws = s.ws;
-  const auto& opts = core.opts;
-  beast::get_lowest_layer(ws).expires_never();
-  websocket::stream_base::timeout t{};
-  t.handshake_timeout = std::chrono::seconds(10);
-  t.idle_timeout = opts.keepalive * 2;   // a ping goes out at half of it; no pong: closed
-  t.keep_alive_pings = true;
-  ws.set_option(t);
-  websocket::permessage_deflate pmd;
-  // Used when the client offers it — except a server window of 8 bits, which zlib does not
-  // have and an answer may not exceed (RFC 7692 7.1.2.1): declined, the messages go plain.
-  auto offer = parse_pmd_answer(std::string_view(req[http::field::sec_websocket_extensions]));
-  pmd.server_enable = !(offer && offer->server_max_window_bits < 9);
-  pmd.server_no_context_takeover = true;   // each message on its own: one compressed form for all
-  ws.set_option(pmd);
-  ws.read_message_max(opts.ws_message_limit);
-  // A browser that sends its token as a subprotocol (bearer.<token>) offers walgate with it, and
-  // walgate is the one the answer names.
-  const bool walgate_protocol =
-      offers_subprotocol(std::string_view(req[http::field::sec_websocket_protocol]), "walgate");
-  ws.set_option(websocket::stream_base::decorator([ext = &s.extensions, walgate_protocol](websocket::response_type& res) {
-    res.set(http::field::server, "walgate");
-    if (walgate_protocol) res.set(http::field::sec_websocket_protocol, "walgate");
-    *ext = std::string(res[http::field::sec_websocket_extensions]);   // (Beast's answer is made by now)
-  }));
-  auto [aec] = co_await ws.async_accept(req, use_tuple);
-  if (aec) co_return false;
-  if (auto a = parse_pmd_answer(s.extensions); a && a->server_no_context_takeover) s.deflate_bits = a->server_max_window_bits;
-  co_return true;
+  (void)core;
+  beast::get_lowest_layer(s.out.next_layer()).expires_never();
+  std::string res;
+  bool accepted = false;
+  const std::string_view key = req[http::field::sec_websocket_key];
+  if (req[http::field::sec_websocket_version] != "13") {
+    res = "HTTP/1.1 426 Upgrade Required\r\nServer: walgate\r\nSec-WebSocket-Version: 13\r\n"
+          "Content-Length: 0\r\nConnection: close\r\n\r\n";
+  } else if (!pws::valid_key(key)) {
+    const std::string_view body = "bad Sec-WebSocket-Key (RFC 6455)";
+    res = "HTTP/1.1 400 Bad Request\r\nServer: walgate\r\nContent-Type: text/plain\r\nContent-Length: " +
+          std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + std::string(body);
+  } else {
+    accepted = true;
+    res = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " +
+          pws::accept_key(key) + "\r\nServer: walgate\r\n";
+    // A browser that sends its token as a subprotocol (bearer.<token>) offers walgate with it,
+    // and walgate is the one the answer names.
+    if (offers_subprotocol(std::string_view(req[http::field::sec_websocket_protocol]), "walgate"))
+      res += "Sec-WebSocket-Protocol: walgate\r\n";
+    if (auto pmd = negotiate_pmd(std::string_view(req[http::field::sec_websocket_extensions]))) {
+      res += "Sec-WebSocket-Extensions: " + pmd->answer + "\r\n";
+      s.extensions = pmd->answer;
+      s.deflate_bits = pmd->server_bits;
+      s.client_resets = pmd->client_no_context_takeover;
+      s.frames = pws::frame_reader(true);
+    }
+    res += "\r\n";
+  }
+  asio::steady_timer limit(s.out.get_executor());
+  limit.expires_after(handshake_timeout);
+  limit.async_wait([&s](boost::system::error_code ec) {
+    if (!ec) s.close_socket();
+  });
+  s.out.append_bytes(res);
+  auto [ec] = co_await s.out.async_drain(use_tuple);
+  limit.cancel();
+  if (!accepted && !ec) s.out.shutdown_after_sent();
+  co_return accepted && !ec;
+}
+
+/// The reader: the client's frames until the connection ends. It answers pings, a close (then
+/// ends walgate's side), fails the connection with 1002 (the protocol), 1007 (a text message
+/// that is not UTF-8, or a compressed one that does not inflate) or 1009 (a message over limit
+/// bytes, inflated) — and hands each whole message to on_message when keep (the multiplexed
+/// endpoint: co_await on_message(text, std::move(message)), which returns false to stop), else
+/// checks it and drops it, a piece at a time (an idle connection holds only chunk bytes). Reading
+/// goes on after a close frame until the client ends its stream (its close answer), or the
+/// socket is closed. on_end(why) is called when the connection begins to close from the
+/// client's side (its close frame, a protocol failure) and again when the reader ends (the
+/// first reason is the one that counts).
+template <std::size_t Chunk, class Session, class OnMessage, class OnEnd>
+awaitable<void> read_frames(std::shared_ptr<Session> sp, std::size_t limit, bool keep, OnMessage on_message,
+                            OnEnd on_end) {
+  auto& s = *sp;
+  std::array<char, Chunk> chunk;
+  std::string message;
+  std::size_t size = 0;
+  bool text = false, compressed = false;
+  pws::utf8_checker utf8;
+  auto end = [&](const char* why) { on_end(why); };
+  // Bytes of the message (inflated): counted, checked, kept when keep; false and the close code
+  // when they break a rule.
+  std::uint16_t failure = 0;
+  auto take = [&](std::string_view bytes) {
+    size += bytes.size();
+    if (size > limit) {
+      failure = pws::close_too_big;
+      return false;
+    }
+    if (text && !utf8.feed(bytes)) {
+      failure = pws::close_bad_payload;
+      return false;
+    }
+    if (keep) message.append(bytes);
+    return true;
+  };
+  while (true) {
+    auto [ec, n] = co_await s.out.async_read_some(asio::buffer(chunk), use_tuple);
+    if (ec) break;
+    s.heard = std::chrono::steady_clock::now();
+    std::span<char> in(chunk.data(), n);
+    bool stop = false;
+    while (!stop) {
+      pws::piece p = s.frames.next(in);
+      if (p.what == pws::piece::kind::more) break;
+      if (s.closing && p.what != pws::piece::kind::control) {   // after a close: the client's answer is awaited
+        if (p.what == pws::piece::kind::failed) stop = true;
+        continue;
+      }
+      if (p.what == pws::piece::kind::failed) {
+        s.send_close_frame(p.code, p.reason);
+        end(p.reason);
+        stop = true;
+      } else if (p.what == pws::piece::kind::control) {
+        if (p.opcode == pws::op_ping) {
+          s.send_control(pws::op_pong, p.bytes);
+        } else if (p.opcode == pws::op_close) {
+          auto c = pws::parse_close(p.bytes);
+          if (!c) s.send_close_frame(pws::close_protocol_error, "a malformed close frame");
+          else s.send_close_frame(c->code, {});   // the answer: its code echoed
+          s.closing = true;
+          end("the client closed the connection");
+          stop = true;
+        }
+      } else {   // data
+        if (p.begins) {
+          text = p.opcode == pws::op_text;
+          compressed = p.compressed;
+          size = 0;
+          utf8.reset();
+          message.clear();
+        }
+        bool ok;
+        if (compressed) {
+          if (!s.inflate) s.inflate = std::make_unique<inflater>();
+          ok = s.inflate->feed(p.bytes, p.ends, take);
+          if (!ok && !failure) failure = pws::close_bad_payload;
+          if (p.ends && s.client_resets) s.inflate.reset();   // nothing kept between its messages
+        } else {
+          ok = take(p.bytes);
+        }
+        if (ok && p.ends && text && !utf8.complete()) {
+          ok = false;
+          failure = pws::close_bad_payload;
+        }
+        if (!ok) {
+          const char* why = failure == pws::close_too_big ? "a message over the limit"
+                            : compressed                  ? "a message that does not inflate to UTF-8"
+                                                          : "a text message that is not UTF-8";
+          s.send_close_frame(failure, why);
+          end(why);
+          stop = true;
+        } else if (p.ends) {
+          if (keep && !co_await on_message(text, std::move(message))) {
+            s.closing = true;
+            end("");
+            stop = true;
+          }
+          message = std::string();
+        }
+      }
+    }
+  }
+  end("the client closed the connection");
+  s.reading = false;
+  s.close_socket();
+}
+
+/// Walgate's end of a connection: the close frame (when none was sent) and then the client's
+/// answer, awaited on timer (which the reader's end cancels) at most close_timeout; the socket
+/// is closed after.
+template <class Session>
+awaitable<void> finish_close(Session& s, asio::steady_timer& timer, std::uint16_t code, std::string_view reason) {
+  s.send_close_frame(code, reason);
+  const auto until = std::chrono::steady_clock::now() + close_timeout;
+  while (s.reading && std::chrono::steady_clock::now() < until) {
+    timer.expires_at(until);
+    co_await timer.async_wait(use_tuple);
+  }
+  s.close_socket();
 }
 
 /// Puts one event's message into the corked buffer — head and tail around its bytes when given
@@ -90,8 +276,8 @@ awaitable<bool> handshake(server_core& core, session<Stream>& s, const http::req
 template <class Stream, class Rearm>
 awaitable<bool> append_message(server_core& core, session<Stream>& s, const payload_ptr& p, std::string_view head,
                                std::string_view tail, std::size_t& bytes, Rearm&& rearm) {
-  auto& out = s.ws.next_layer();
-  if (!s.ws.is_open()) co_return false;   // Beast has begun closing (a protocol error from the client)
+  auto& out = s.out;
+  if (!s.is_open()) co_return false;   // the connection is closing (a close frame sent or received)
   const bool wrapped = !head.empty() || !tail.empty();
   const std::string* z = s.deflate_bits ? p->deflated(s.deflate_bits) : nullptr;
   if (z) {
@@ -134,7 +320,7 @@ awaitable<bool> append_message(server_core& core, session<Stream>& s, const payl
   }
   auto piece = std::make_shared<std::string>();
   for (std::size_t off = 0; off < p->size(); off += piece_bytes) {
-    if (!s.ws.is_open()) co_return false;   // Beast closed meanwhile: no data frame after its close
+    if (!s.is_open()) co_return false;   // closing meanwhile: no data frame after a close
     std::size_t n = std::min(piece_bytes, p->size() - off);
     std::string_view view;
     if (p->spilled()) {
@@ -177,24 +363,26 @@ void arm_watchdog(asio::steady_timer& timer, std::chrono::milliseconds timeout, 
 /// WebSocket close codes of walgate's own (RFC 6455 7.4.2: 4000-4999 are the application's).
 inline constexpr std::uint16_t close_token_expired = 4001;
 
-/// The closing frame: 1001 for a shutdown, 4001 when the client's token expired, 1008 when its
-/// grants cannot be applied to a table (--policy rows), else 1013;
-/// with the reason (cut to fit) and where to resume when there is a position.
-template <class Stream>
-awaitable<void> send_close(session<Stream>& s, subscription::end why_end, std::string_view reason, std::string_view resume_id) {
-  websocket::close_reason why;
+/// The closing handshake: 1001 for a shutdown, 4001 when the client's token expired, 1008 when
+/// its grants cannot be applied to a table (--policy rows), else 1013; with the reason (cut to
+/// fit) and where to resume when there is a position. timer: as finish_close.
+template <class Session>
+awaitable<void> send_close(Session& s, asio::steady_timer& timer, subscription::end why_end, std::string_view reason,
+                           std::string_view resume_id) {
+  std::uint16_t code;
+  std::string why;
   if (why_end == subscription::end::shutdown) {
-    why.code = websocket::close_code::going_away;
-    why.reason = "server shutting down";
+    code = pws::close_going_away;
+    why = "server shutting down";
   } else {
-    why.code = why_end == subscription::end::expired ? close_token_expired
-               : why_end == subscription::end::grant  ? std::uint16_t(websocket::close_code::policy_error)
-                                                      : std::uint16_t(websocket::close_code::try_again_later);
-    why.reason = std::string(reason.substr(0, 85));   // ASCII: cut anywhere
+    code = why_end == subscription::end::expired ? close_token_expired
+           : why_end == subscription::end::grant ? pws::close_policy
+                                                 : pws::close_try_again_later;
+    why = std::string(reason.substr(0, 85));   // ASCII: cut anywhere
   }
-  if (!resume_id.empty()) why.reason += "; resume from " + std::string(resume_id);
-  if (why.reason.size() > 123) why.reason.resize(123);
-  co_await s.ws.async_close(why, use_tuple);
+  if (!resume_id.empty()) why += "; resume from " + std::string(resume_id);
+  if (why.size() > 123) why.resize(123);
+  co_await finish_close(s, timer, code, why);
 }
 
 }  // namespace walgate::proxy::ws

@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -22,6 +24,42 @@ struct pmd_answer {
   bool server_no_context_takeover = false;
 };
 std::optional<pmd_answer> parse_pmd_answer(std::string_view sec_websocket_extensions);
+
+/// walgate's answer to a client's Sec-WebSocket-Extensions (RFC 7692 5, 7.1): the first
+/// permessage-deflate offer whose parameters are all known, valid and not repeated is accepted,
+/// unless it limits the server's window to 8 bits (zlib has none; the offer is declined and the
+/// next one looked at). The answer always has server_no_context_takeover (each message
+/// compressed on its own: one compressed form serves every client of that window), the
+/// server_max_window_bits the offer asked for, and client_no_context_takeover when the offer
+/// had it; never client_max_window_bits (walgate inflates with a 15-bit window, which reads any
+/// smaller one). Nullopt: no offer accepted, the connection is not compressed.
+struct pmd_agreement {
+  std::string answer;                       // the Sec-WebSocket-Extensions value
+  int server_bits = 15;                     // the window walgate compresses with
+  bool client_no_context_takeover = false;  // the client compresses each message on its own
+};
+std::optional<pmd_agreement> negotiate_pmd(std::string_view offers);
+
+/// The receiving side of a connection's compressed client messages (RFC 7692 7.2.2), made when
+/// the first one arrives: one message a piece at a time, the 00 00 ff ff appended at its end;
+/// the context kept from message to message unless reset.
+class inflater {
+ public:
+  inflater();
+  ~inflater();
+  inflater(const inflater&) = delete;
+  inflater& operator=(const inflater&) = delete;
+  /// Inflates a piece of a message (last: its end), handing the output on in pieces of at most
+  /// 4 KiB to out, which returns false to stop. False when the data does not inflate, or out
+  /// stopped.
+  bool feed(std::string_view in, bool last, const std::function<bool(std::string_view)>& out);
+  /// A fresh context (client_no_context_takeover: for each message).
+  void reset();
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> z_;
+};
 
 /// Messages smaller than this go uncompressed (RSV1 clear) on a compressing connection: they
 /// barely shrink (docs/benchmarks.md, "WebSocket compression"), and a client inflates for nothing.

@@ -26,6 +26,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace walgate::proxy {
@@ -35,6 +36,9 @@ class corked_stream {
  public:
   using executor_type = typename Next::executor_type;
   using next_layer_type = Next;
+  /// Whether there is a layer (TLS) between this and the TCP stream.
+  static constexpr bool tls =
+      !std::is_same_v<Next, std::remove_cvref_t<decltype(boost::beast::get_lowest_layer(std::declval<Next&>()))>>;
 
   template <class... Args>
   explicit corked_stream(Args&&... args)
@@ -186,8 +190,12 @@ class corked_stream {
   void shutdown_if_sent() {
     if (!shutdown_ || shut_ || !sending_.empty() || !pending_.empty()) return;
     shut_ = true;
-    boost::system::error_code ec;
-    boost::beast::get_lowest_layer(next_).socket().shutdown(boost::asio::socket_base::shutdown_send, ec);
+    // Over TLS the end is TLS's own (close_notify, after the client's: the closing handshake's
+    // last step, websocket_session.hpp); below it, the TCP stream's sending side.
+    if constexpr (!tls) {
+      boost::system::error_code ec;
+      boost::beast::get_lowest_layer(next_).socket().shutdown(boost::asio::socket_base::shutdown_send, ec);
+    }
   }
 
   Next next_;

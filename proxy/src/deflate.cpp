@@ -42,37 +42,6 @@ struct deflater {
 
 }  // namespace
 
-std::optional<pmd_answer> parse_pmd_answer(std::string_view header) {
-  // extension *( "," extension ), each name *( ";" param [ "=" value ] )
-  while (!header.empty()) {
-    auto comma = header.find(',');
-    std::string_view ext = header.substr(0, comma);
-    header = comma == std::string_view::npos ? std::string_view() : header.substr(comma + 1);
-    auto semi = ext.find(';');
-    if (!iequals(trim(ext.substr(0, semi)), "permessage-deflate")) continue;
-    pmd_answer a;
-    std::string_view params = semi == std::string_view::npos ? std::string_view() : ext.substr(semi + 1);
-    while (!params.empty()) {
-      auto next = params.find(';');
-      std::string_view p = params.substr(0, next);
-      params = next == std::string_view::npos ? std::string_view() : params.substr(next + 1);
-      auto eq = p.find('=');
-      std::string_view key = trim(p.substr(0, eq));
-      std::string_view value = eq == std::string_view::npos ? std::string_view() : trim(p.substr(eq + 1));
-      if (value.size() >= 2 && value.front() == '"' && value.back() == '"') value = value.substr(1, value.size() - 2);
-      if (iequals(key, "server_no_context_takeover")) a.server_no_context_takeover = true;
-      if (iequals(key, "server_max_window_bits")) {
-        int bits = 0;
-        for (char ch : value) bits = ch >= '0' && ch <= '9' && bits < 100 ? bits * 10 + (ch - '0') : 100;
-        if (value.empty() || bits < 8 || bits > 15) return std::nullopt;
-        a.server_max_window_bits = bits;
-      }
-    }
-    return a;
-  }
-  return std::nullopt;
-}
-
 std::optional<pmd_agreement> negotiate_pmd(std::string_view header) {
   // extension *( "," extension ), each name *( ";" param [ "=" value ] )
   while (!header.empty()) {

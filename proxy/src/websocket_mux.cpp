@@ -512,7 +512,7 @@ awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request
     co_await finish_close(*m, m->wake, pws::close_going_away, {});
   }
   // The reader ends (if it has not) when the socket closes; it holds the session till then.
-  if (m->reading) m->close_socket();
+  m->close_socket();
 }
 
 template awaitable<void> serve_websocket_mux<beast::tcp_stream>(server_core&, beast::tcp_stream&&,

@@ -53,6 +53,7 @@ struct session {
   std::string extensions;   // the Sec-WebSocket-Extensions walgate answered
   int deflate_bits = 0;     // the window walgate compresses with (0: none negotiated)
   bool client_resets = false;   // client_no_context_takeover agreed
+  bool clean_end = false;       // the client's stream ended cleanly (over TLS: with its close_notify)
   pws::frame_reader frames;
   std::unique_ptr<inflater> inflate;   // made at the client's first compressed message
   std::chrono::steady_clock::time_point heard = std::chrono::steady_clock::now();   // last bytes from the client
@@ -142,6 +143,7 @@ awaitable<bool> handshake(server_core& core, session<Stream>& s, const http::req
   s.out.append_bytes(res);
   auto [ec] = co_await s.out.async_drain(use_tuple);
   limit.cancel();
+  s.heard = std::chrono::steady_clock::now();   // (the keep-alive counts from here)
   if (!accepted && !ec) s.out.shutdown_after_sent();
   co_return accepted && !ec;
 }
@@ -184,7 +186,10 @@ awaitable<void> read_frames(std::shared_ptr<Session> sp, std::size_t limit, bool
   };
   while (true) {
     auto [ec, n] = co_await s.out.async_read_some(asio::buffer(chunk), use_tuple);
-    if (ec) break;
+    if (ec) {
+      s.clean_end = ec == asio::error::eof;
+      break;
+    }
     s.heard = std::chrono::steady_clock::now();
     std::span<char> in(chunk.data(), n);
     bool stop = false;
@@ -249,9 +254,8 @@ awaitable<void> read_frames(std::shared_ptr<Session> sp, std::size_t limit, bool
       }
     }
   }
-  end("the client closed the connection");
   s.reading = false;
-  s.close_socket();
+  end("the client closed the connection");   // (the writer closes the socket)
 }
 
 /// Walgate's end of a connection: the close frame (when none was sent) and then the client's
@@ -264,6 +268,18 @@ awaitable<void> finish_close(Session& s, asio::steady_timer& timer, std::uint16_
   while (s.reading && std::chrono::steady_clock::now() < until) {
     timer.expires_at(until);
     co_await timer.async_wait(use_tuple);
+  }
+  // Over TLS, a client that ended with its close_notify gets walgate's (then the socket closes).
+  if constexpr (std::remove_reference_t<decltype(s.out)>::tls) {
+    if (!s.reading && s.clean_end) {
+      asio::steady_timer limit(s.out.get_executor());
+      limit.expires_after(close_timeout);
+      limit.async_wait([&s](boost::system::error_code ec) {
+        if (!ec) s.close_socket();
+      });
+      co_await s.out.next_layer().async_shutdown(use_tuple);
+      limit.cancel();
+    }
   }
   s.close_socket();
 }

@@ -11,6 +11,7 @@
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
+#include <zlib.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/resource.h>
@@ -138,23 +139,93 @@ std::string inflated(const std::string& z, int bits = 15) {
 
 }  // namespace
 
-TEST_CASE("permessage-deflate answers: parsed as walgate answers them") {
-  auto a = parse_pmd_answer("permessage-deflate; server_no_context_takeover; server_max_window_bits=10");
+TEST_CASE("permessage-deflate offers: walgate's answer, the first acceptable offer, declined ones") {
+  auto a = negotiate_pmd("permessage-deflate; client_max_window_bits");   // Chromium's and Firefox's
   REQUIRE(a);
-  CHECK(a->server_no_context_takeover);
-  CHECK(a->server_max_window_bits == 10);
-  a = parse_pmd_answer("x-webkit-deflate-frame, PerMessage-Deflate;client_max_window_bits=12");
+  CHECK(a->answer == "permessage-deflate; server_no_context_takeover");
+  CHECK(a->server_bits == 15);
+  CHECK_FALSE(a->client_no_context_takeover);
+  a = negotiate_pmd("x-webkit-deflate-frame, PerMessage-Deflate ; server_max_window_bits=\"10\"; client_no_context_takeover");
   REQUIRE(a);
-  CHECK_FALSE(a->server_no_context_takeover);
-  CHECK(a->server_max_window_bits == 15);
-  a = parse_pmd_answer("permessage-deflate; server_max_window_bits=\"9\"");
+  CHECK(a->answer == "permessage-deflate; server_no_context_takeover; server_max_window_bits=10; client_no_context_takeover");
+  CHECK(a->server_bits == 10);
+  CHECK(a->client_no_context_takeover);
+  a = negotiate_pmd("permessage-deflate; server_no_context_takeover; client_max_window_bits=9; server_max_window_bits=15");
   REQUIRE(a);
-  CHECK(a->server_max_window_bits == 9);
-  CHECK_FALSE(parse_pmd_answer(""));
-  CHECK_FALSE(parse_pmd_answer("x-webkit-deflate-frame"));
-  CHECK_FALSE(parse_pmd_answer("permessage-deflate; server_max_window_bits=16"));
-  CHECK_FALSE(parse_pmd_answer("permessage-deflate; server_max_window_bits="));
-  CHECK_FALSE(parse_pmd_answer("permessage-deflate; server_max_window_bits=1x"));
+  CHECK(a->answer == "permessage-deflate; server_no_context_takeover; server_max_window_bits=15");
+  // Declined offers (the next one is looked at): an 8-bit server window, unknown or repeated
+  // parameters, values out of range or where none belongs.
+  a = negotiate_pmd("permessage-deflate; server_max_window_bits=8, permessage-deflate; server_max_window_bits=9");
+  REQUIRE(a);
+  CHECK(a->server_bits == 9);
+  for (const char* declined : {"", "x-webkit-deflate-frame", "permessage-deflate; server_max_window_bits=8",
+                               "permessage-deflate; server_max_window_bits=16", "permessage-deflate; server_max_window_bits=",
+                               "permessage-deflate; server_max_window_bits", "permessage-deflate; server_max_window_bits=1x",
+                               "permessage-deflate; client_max_window_bits=7", "permessage-deflate; mystery",
+                               "permessage-deflate; server_no_context_takeover; server_no_context_takeover",
+                               "permessage-deflate; server_no_context_takeover=1"}) {
+    INFO(declined);
+    CHECK_FALSE(negotiate_pmd(declined));
+  }
+}
+
+TEST_CASE("inflater: a message in pieces split anywhere, the context kept or reset, output in pieces, bad data refused") {
+  std::string first(3000, 'a'), second = first + "b";
+  for (int i = 0; i < 3000; ++i) first[static_cast<std::size_t>(i)] = static_cast<char>('a' + i * 7 % 26);
+  std::string z;
+  REQUIRE(deflate_message(first, 15, z));
+  for (std::size_t cut = 0; cut <= z.size(); cut += 7) {
+    inflater f;
+    std::string out;
+    std::size_t pieces = 0;
+    auto take = [&](std::string_view b) {
+      CHECK(b.size() <= 4096);
+      ++pieces;
+      out.append(b);
+      return true;
+    };
+    REQUIRE(f.feed(z.substr(0, cut), false, take));
+    REQUIRE(f.feed(z.substr(cut), true, take));
+    CHECK(out == first);
+    // The next message with the context kept: made by one deflate stream, flushed after each.
+    f.reset();
+    out.clear();
+    REQUIRE(f.feed(z, true, take));
+    CHECK(out == first);
+  }
+  // A stream that keeps its context: the second message refers back to the first.
+  {
+    z_stream d{};
+    REQUIRE(deflateInit2(&d, 6, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+    auto compress = [&](const std::string& m) {
+      std::string out(m.size() + 64, '\0');
+      d.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(m.data()));
+      d.avail_in = static_cast<uInt>(m.size());
+      d.next_out = reinterpret_cast<Bytef*>(out.data());
+      d.avail_out = static_cast<uInt>(out.size());
+      REQUIRE(deflate(&d, Z_SYNC_FLUSH) == Z_OK);
+      out.resize(out.size() - d.avail_out - 4);   // without the 00 00 ff ff
+      return out;
+    };
+    const std::string z1 = compress(first), z2 = compress(second);
+    deflateEnd(&d);
+    CHECK(z2.size() < 40);   // (a back-reference into the first message)
+    inflater f;
+    std::string out;
+    auto take = [&](std::string_view b) {
+      out.append(b);
+      return true;
+    };
+    REQUIRE(f.feed(z1, true, take));
+    out.clear();
+    REQUIRE(f.feed(z2, true, take));
+    CHECK(out == second);
+  }
+  inflater f;
+  auto none = [](std::string_view) { return true; };
+  CHECK_FALSE(f.feed("\xff\xff\xff\xff", true, none));
+  inflater g;
+  CHECK_FALSE(g.feed(z, true, [](std::string_view) { return false; }));   // stopped by its taker
 }
 
 TEST_CASE("deflate_message: RFC 7692's bytes, every window, a fresh context each time, only when smaller") {

@@ -15,16 +15,6 @@
 
 namespace walgate::proxy {
 
-/// The first permessage-deflate in a Sec-WebSocket-Extensions header — walgate's answer (the
-/// server's window, 9..15, the server compresses with no larger one), or a client's offer (8
-/// is declined: RFC 7692 7.1.2.1 allows no larger answer, and zlib has no 8-bit window).
-/// Nullopt when the header holds no permessage-deflate, or a window outside 8..15.
-struct pmd_answer {
-  int server_max_window_bits = 15;
-  bool server_no_context_takeover = false;
-};
-std::optional<pmd_answer> parse_pmd_answer(std::string_view sec_websocket_extensions);
-
 /// walgate's answer to a client's Sec-WebSocket-Extensions (RFC 7692 5, 7.1): the first
 /// permessage-deflate offer whose parameters are all known, valid and not repeated is accepted,
 /// unless it limits the server's window to 8 bits (zlib has none; the offer is declined and the

@@ -1,0 +1,298 @@
+// walgate's own WebSocket (RFC 6455) on the wire, from a raw socket: the handshake's answer and
+// refusals, pings answered, fragments with control frames between them, the closing handshake
+// both ways, protocol errors closed with their code, the keep-alive ping and a client that never
+// answers it, and permessage-deflate client messages inflated on /v1/mux.
+#include "walgate/protocol/websocket.hpp"
+#include "walgate/proxy/deflate.hpp"
+
+#include "gateway_harness.hpp"
+#include "test_cluster.hpp"
+
+#include <doctest/doctest.h>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <zlib.h>
+#include <unistd.h>
+
+#include <optional>
+#include <string>
+
+using namespace walgate;
+using namespace walgate::test::harness;
+namespace pws = walgate::protocol::websocket;
+using namespace std::string_literals;
+
+namespace {
+
+/// A client's frame, masked.
+std::string masked(std::uint8_t op, std::string_view payload, bool fin = true, bool rsv1 = false, bool mask = true) {
+  char head[10];
+  std::string f(head, pws::frame_header(head, op, payload.size(), fin, rsv1));
+  if (!mask) return f + std::string(payload);
+  f[1] = static_cast<char>(f[1] | 0x80);
+  const char key[4] = {0x5a, 0x13, 0x7f, 0x01};
+  f.append(key, 4);
+  for (std::size_t i = 0; i < payload.size(); ++i) f.push_back(static_cast<char>(payload[i] ^ key[i % 4]));
+  return f;
+}
+
+/// A message as a client compresses it (RFC 7692 7.2.1): raw DEFLATE, a fresh context, flushed,
+/// without the final 00 00 ff ff — whether or not it came out smaller.
+std::string compressed(std::string_view message) {
+  z_stream d{};
+  REQUIRE(deflateInit2(&d, 6, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+  std::string out(message.size() + 64, '\0');
+  d.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(message.data()));
+  d.avail_in = static_cast<uInt>(message.size());
+  d.next_out = reinterpret_cast<Bytef*>(out.data());
+  d.avail_out = static_cast<uInt>(out.size());
+  REQUIRE(deflate(&d, Z_SYNC_FLUSH) == Z_OK);
+  const std::size_t n = out.size() - d.avail_out;
+  REQUIRE(n >= 4);
+  out.resize(n - 4);
+  deflateEnd(&d);
+  return out;
+}
+
+struct frame {
+  std::uint8_t op = 0;
+  bool fin = false, rsv1 = false;
+  std::string payload;
+};
+
+/// A raw WebSocket client: the request as given, then frames.
+struct wire {
+  int fd = -1;
+  std::string buf, head;
+  unsigned status = 0;
+  wire(std::uint16_t port, const std::string& target, const std::string& extra_headers = "",
+       const std::string& version = "13", const std::string& key = "dGhlIHNhbXBsZSBub25jZQ==") {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    timeval tv{10, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    send("GET " + target + " HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+         "Sec-WebSocket-Key: " + key + "\r\nSec-WebSocket-Version: " + version + "\r\n" + extra_headers + "\r\n");
+    while (buf.find("\r\n\r\n") == std::string::npos) REQUIRE(fill());
+    const auto end = buf.find("\r\n\r\n");
+    head = buf.substr(0, end + 2);
+    buf.erase(0, end + 4);
+    status = static_cast<unsigned>(std::atoi(head.c_str() + 9));
+  }
+  ~wire() {
+    if (fd >= 0) ::close(fd);
+  }
+  void send(const std::string& bytes) {
+    REQUIRE(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()));
+  }
+  bool fill() {
+    char chunk[16384];
+    ssize_t n = ::recv(fd, chunk, sizeof chunk, 0);
+    if (n <= 0) return false;
+    buf.append(chunk, static_cast<std::size_t>(n));
+    return true;
+  }
+  /// The next server frame; nullopt at the end of the stream (or 10 s without one).
+  std::optional<frame> next() {
+    for (;;) {
+      if (buf.size() >= 2) {
+        const auto b0 = static_cast<unsigned char>(buf[0]), b1 = static_cast<unsigned char>(buf[1]);
+        REQUIRE((b1 & 0x80) == 0);   // a server never masks
+        std::uint64_t len = b1 & 0x7f;
+        std::size_t h = 2;
+        if (len == 126 && buf.size() >= 4) {
+          len = (static_cast<unsigned char>(buf[2]) << 8) | static_cast<unsigned char>(buf[3]);
+          h = 4;
+        } else if (len == 127 && buf.size() >= 10) {
+          len = 0;
+          for (int i = 0; i < 8; ++i) len = (len << 8) | static_cast<unsigned char>(buf[2 + i]);
+          h = 10;
+        }
+        if ((b1 & 0x7f) < 126 || h > 2) {
+          if (buf.size() >= h + len) {
+            frame f{static_cast<std::uint8_t>(b0 & 0x0f), bool(b0 & 0x80), bool(b0 & 0x40), buf.substr(h, len)};
+            buf.erase(0, h + len);
+            return f;
+          }
+        }
+      }
+      if (!fill()) return std::nullopt;
+    }
+  }
+  /// The next frame that is not a ping.
+  std::optional<frame> next_not_ping() {
+    for (;;) {
+      auto f = next();
+      if (!f || f->op != pws::op_ping) return f;
+    }
+  }
+  /// The close frame's code and reason, and then the end of the stream (walgate's side shut
+  /// down once the close frame is out).
+  std::pair<std::uint16_t, std::string> closed() {
+    auto f = next_not_ping();
+    REQUIRE(f);
+    while (f->op != pws::op_close) {
+      f = next_not_ping();
+      REQUIRE(f);
+    }
+    REQUIRE(f->payload.size() >= 2);
+    const std::uint16_t code = static_cast<std::uint16_t>((static_cast<unsigned char>(f->payload[0]) << 8) |
+                                                          static_cast<unsigned char>(f->payload[1]));
+    CHECK_FALSE(fill());   // then nothing: the end of the stream
+    return {code, f->payload.substr(2)};
+  }
+};
+
+std::string header_value(const std::string& head, const std::string& name) {
+  std::string lower = head;
+  for (auto& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  auto at = lower.find("\r\n" + name + ":");
+  if (at == std::string::npos) return {};
+  auto from = at + name.size() + 3, to = head.find("\r\n", from);
+  std::string v = head.substr(from, to - from);
+  while (!v.empty() && v.front() == ' ') v.erase(0, 1);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("walgate's WebSocket: the handshake's answer, and a version or key it refuses") {
+  test::cluster().sql("CREATE TABLE wsw_h(id int PRIMARY KEY); CREATE PUBLICATION wsw_h_pub FOR TABLE wsw_h");
+  running_gateway g("wsw_h_slot", "wsw_h_pub");
+  wire ok(g.port(), "/v1/ws", "Sec-WebSocket-Protocol: walgate\r\n");
+  CHECK(ok.status == 101);
+  CHECK(header_value(ok.head, "sec-websocket-accept") == "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");   // RFC 6455's example
+  CHECK(header_value(ok.head, "upgrade") == "websocket");
+  CHECK(header_value(ok.head, "server") == "walgate");
+  CHECK(header_value(ok.head, "sec-websocket-protocol") == "walgate");
+  CHECK(header_value(ok.head, "sec-websocket-extensions").empty());
+  wire old(g.port(), "/v1/ws", "", "8");
+  CHECK(old.status == 426);
+  CHECK(header_value(old.head, "sec-websocket-version") == "13");
+  wire bad(g.port(), "/v1/ws", "", "13", "c2hvcnQ=");
+  CHECK(bad.status == 400);
+  CHECK(bad.buf.find("Sec-WebSocket-Key") != std::string::npos);
+  wire mux(g.port(), "/v1/mux", "", "13", "not base64!");
+  CHECK(mux.status == 400);
+}
+
+TEST_CASE("walgate's WebSocket: pings answered, fragments with control frames between them, the client's close echoed") {
+  test::cluster().sql("CREATE TABLE wsw_p(id int PRIMARY KEY); CREATE PUBLICATION wsw_p_pub FOR TABLE wsw_p");
+  running_gateway g("wsw_p_slot", "wsw_p_pub");
+  wire w(g.port(), "/v1/ws");
+  REQUIRE(w.status == 101);
+  w.send(masked(pws::op_ping, "are you there"));
+  auto pong = w.next_not_ping();
+  REQUIRE(pong);
+  CHECK(pong->op == pws::op_pong);
+  CHECK(pong->payload == "are you there");
+  // A fragmented message (dropped: /v1/ws expects nothing), a ping between its fragments, sent a
+  // byte at a time.
+  const std::string pieces = masked(pws::op_text, "hel", false) + masked(pws::op_ping, "mid") +
+                             masked(pws::op_continuation, "", false) + masked(pws::op_continuation, "lo", true);
+  for (char c : pieces) w.send(std::string(1, c));
+  pong = w.next_not_ping();
+  REQUIRE(pong);
+  CHECK(pong->op == pws::op_pong);
+  CHECK(pong->payload == "mid");
+  // Still served.
+  test::cluster().sql("INSERT INTO wsw_p VALUES (7)");
+  auto event = w.next_not_ping();
+  REQUIRE(event);
+  CHECK(event->op == pws::op_text);
+  CHECK(event->payload.find("\"id\":7") != std::string::npos);
+  // The client closes: its code echoed, then walgate's side ends; the client leaves the server.
+  w.send(masked(pws::op_close, "\x0f\xa0" "done"s));   // 4000
+  auto [code, reason] = w.closed();
+  CHECK(code == 4000);
+  CHECK(reason.empty());
+  CHECK(test::wait_until([&] { return g.srv->clients() == 0; }));
+}
+
+TEST_CASE("walgate's WebSocket: protocol errors close with 1002 and the reason, 1007 for a bad close reason") {
+  test::cluster().sql("CREATE TABLE wsw_e(id int PRIMARY KEY); CREATE PUBLICATION wsw_e_pub FOR TABLE wsw_e");
+  running_gateway g("wsw_e_slot", "wsw_e_pub");
+  struct {
+    std::string bytes;
+    std::uint16_t code;
+    const char* reason;
+  } cases[] = {
+      {masked(pws::op_text, "x", true, false, false), 1002, "an unmasked frame (a client must mask its frames)"},
+      {masked(pws::op_text, "x", true, true), 1002, "RSV1 without permessage-deflate"},
+      {masked(pws::op_continuation, "x"), 1002, "a continuation frame outside a message"},
+      {masked(pws::op_ping, std::string(126, 'p')), 1002, "a control frame over 125 bytes"},
+      {masked(3, "x"), 1002, "an unknown opcode"},
+      {masked(pws::op_close, "\x03\xed"s), 1002, "a malformed close frame"},   // 1005 may not be sent
+      {masked(pws::op_close, "\x03\xe8\xff"s), 1002, "a malformed close frame"},
+  };
+  for (const char* target : {"/v1/ws", "/v1/mux"})
+    for (const auto& c : cases) {
+      INFO(target << ": " << c.reason);
+      wire w(g.port(), target);
+      REQUIRE(w.status == 101);
+      w.send(c.bytes);
+      auto [code, reason] = w.closed();
+      CHECK(code == c.code);
+      CHECK(reason == c.reason);
+    }
+  CHECK(test::wait_until([&] { return g.srv->clients() == 0; }));
+}
+
+TEST_CASE("walgate's WebSocket: an idle client is pinged; one that never answers is closed") {
+  test::cluster().sql("CREATE TABLE wsw_k(id int PRIMARY KEY); CREATE PUBLICATION wsw_k_pub FOR TABLE wsw_k");
+  server_options so;
+  so.keepalive = std::chrono::milliseconds(300);
+  running_gateway g("wsw_k_slot", "wsw_k_pub", so);
+  for (const char* target : {"/v1/ws", "/v1/mux"}) {
+    INFO(target);
+    wire w(g.port(), target);
+    REQUIRE(w.status == 101);
+    const auto start = std::chrono::steady_clock::now();
+    auto ping = w.next();
+    REQUIRE(ping);
+    CHECK(ping->op == pws::op_ping);
+    // Never answered: after a keep-alive more, the socket is closed (no close frame: the client
+    // is taken for gone).
+    while (auto f = w.next()) CHECK(f->op == pws::op_ping);
+    const auto took = std::chrono::steady_clock::now() - start;
+    CHECK(took >= std::chrono::milliseconds(500));   // (a ping at 300 ms, unanswered 300 ms more)
+    CHECK(took < std::chrono::seconds(5));
+  }
+  CHECK(test::wait_until([&] { return g.srv->clients() == 0; }));
+}
+
+TEST_CASE("walgate's WebSocket: /v1/mux inflates a client's compressed messages, fragmented, with and without context takeover") {
+  test::cluster().sql("CREATE TABLE wsw_z(id int PRIMARY KEY); CREATE PUBLICATION wsw_z_pub FOR TABLE wsw_z");
+  running_gateway g("wsw_z_slot", "wsw_z_pub");
+  for (const char* offer : {"permessage-deflate; client_max_window_bits", "permessage-deflate; client_no_context_takeover"}) {
+    INFO(offer);
+    wire w(g.port(), "/v1/mux", "Sec-WebSocket-Extensions: "s + offer + "\r\n");
+    REQUIRE(w.status == 101);
+    const std::string answer = header_value(w.head, "sec-websocket-extensions");
+    CHECK(answer.find("server_no_context_takeover") != std::string::npos);
+    CHECK((answer.find("client_no_context_takeover") != std::string::npos) == (std::string(offer).find("client_no") != std::string::npos));
+    // Two subscribe messages, each compressed on its own (a fresh context each: valid either
+    // way), the first in three fragments.
+    std::string z = compressed(R"({"type":"subscribe","id":"a","tables":"public.wsw_z"})");
+    w.send(masked(pws::op_text, z.substr(0, 5), false, true) + masked(pws::op_continuation, z.substr(5, 7), false) +
+           masked(pws::op_continuation, z.substr(12), true));
+    auto f = w.next_not_ping();
+    REQUIRE(f);
+    CHECK(f->payload == R"({"sub":"a","type":"subscribed"})");
+    z = compressed(R"({"type":"unsubscribe","id":"a"})");
+    w.send(masked(pws::op_text, z, true, true));
+    f = w.next_not_ping();
+    REQUIRE(f);
+    CHECK(f->payload.find(R"("type":"end","reason":"unsubscribed")") != std::string::npos);
+    // Compressed bytes that do not inflate: 1007.
+    w.send(masked(pws::op_text, "\xff\xff\xff\xff"s, true, true));
+    auto [code, reason] = w.closed();
+    CHECK(code == 1007);
+  }
+}

@@ -31,6 +31,15 @@
 
 namespace walgate::proxy {
 
+/// The TCP socket under a stream: the stream itself (a bare socket), or the socket of its lowest
+/// layer (Beast's tcp_stream, under TLS or not).
+template <class Stream>
+auto& tcp_socket_of(Stream& s) {
+  auto& low = boost::beast::get_lowest_layer(s);
+  if constexpr (requires { low.socket(); }) return low.socket();
+  else return low;
+}
+
 template <class Next>
 class corked_stream {
  public:
@@ -194,7 +203,7 @@ class corked_stream {
     // last step, websocket_session.hpp); below it, the TCP stream's sending side.
     if constexpr (!tls) {
       boost::system::error_code ec;
-      boost::beast::get_lowest_layer(next_).socket().shutdown(boost::asio::socket_base::shutdown_send, ec);
+      tcp_socket_of(next_).shutdown(boost::asio::socket_base::shutdown_send, ec);
     }
   }
 

@@ -482,7 +482,8 @@ awaitable<void> serve_connection(server_core& core, asio::ip::tcp::socket socket
       return Stream(std::move(socket));
     }
   };
-  Stream s = make();
+  std::optional<Stream> held(make());
+  Stream& s = *held;
   if constexpr (tls) {
     beast::get_lowest_layer(s).expires_after(core.opts.header_timeout);
     auto [ec] = co_await s.async_handshake(asio::ssl::stream_base::server, use_tuple);
@@ -490,6 +491,17 @@ awaitable<void> serve_connection(server_core& core, asio::ip::tcp::socket socket
   }
   auto h = co_await serve_http(core, s);
   if (!h) co_return;
+  // A WebSocket takes the connection: over TLS its stream, else the bare socket — the Beast
+  // stream (its body and timers) is freed here, not kept idle for the connection's life.
+  auto handed = [&] {
+    if constexpr (tls) {
+      return std::move(s);
+    } else {
+      auto socket = s.release_socket();
+      held.reset();
+      return socket;
+    }
+  };
   switch (h->what) {
     case stream_handoff::to::ndjson:
       co_await serve_ndjson(core, s, h->version, std::move(h->start), h->cors);
@@ -498,10 +510,10 @@ awaitable<void> serve_connection(server_core& core, asio::ip::tcp::socket socket
       co_await serve_sse(core, s, h->version, std::move(h->start), h->cors);
       break;
     case stream_handoff::to::websocket:
-      co_await serve_websocket(core, std::move(s), std::move(h->req), std::move(h->start));
+      co_await serve_websocket(core, handed(), std::move(h->req), std::move(h->start));
       break;
     case stream_handoff::to::mux:
-      co_await serve_websocket_mux(core, std::move(s), std::move(h->req), std::move(h->start.who), std::move(h->peer));
+      co_await serve_websocket_mux(core, handed(), std::move(h->req), std::move(h->start.who), std::move(h->peer));
       break;
   }
 }

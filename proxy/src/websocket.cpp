@@ -138,8 +138,8 @@ awaitable<void> serve_websocket(server_core& core, Stream&& s, http::request<htt
     c.force_close();
 }
 
-template awaitable<void> serve_websocket<beast::tcp_stream>(server_core&, beast::tcp_stream&&,
-                                                            http::request<http::empty_body>, stream_start);
+template awaitable<void> serve_websocket<asio::ip::tcp::socket>(server_core&, asio::ip::tcp::socket&&,
+                                                                http::request<http::empty_body>, stream_start);
 template awaitable<void> serve_websocket<beast::ssl_stream<beast::tcp_stream>>(server_core&,
                                                                                beast::ssl_stream<beast::tcp_stream>&&,
                                                                                http::request<http::empty_body>,

@@ -515,7 +515,7 @@ awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request
   m->close_socket();
 }
 
-template awaitable<void> serve_websocket_mux<beast::tcp_stream>(server_core&, beast::tcp_stream&&,
+template awaitable<void> serve_websocket_mux<asio::ip::tcp::socket>(server_core&, asio::ip::tcp::socket&&,
                                                                 http::request<http::empty_body>,
     std::shared_ptr<const identity>, std::string);
 template awaitable<void> serve_websocket_mux<beast::ssl_stream<beast::tcp_stream>>(server_core&,

@@ -63,7 +63,7 @@ struct session {
 
   void close_socket() {
     boost::system::error_code ec;
-    beast::get_lowest_layer(out.next_layer()).socket().close(ec);
+    tcp_socket_of(out.next_layer()).close(ec);
   }
 
   /// A control frame, sent at once unless a batch is being collected (then with it).
@@ -107,7 +107,8 @@ struct session {
 template <class Stream>
 awaitable<bool> handshake(server_core& core, session<Stream>& s, const http::request<http::empty_body>& req) {
   (void)core;
-  beast::get_lowest_layer(s.out.next_layer()).expires_never();
+  if constexpr (requires { beast::get_lowest_layer(s.out.next_layer()).expires_never(); })
+    beast::get_lowest_layer(s.out.next_layer()).expires_never();   // (a TLS connection's Beast stream)
   std::string res;
   bool accepted = false;
   const std::string_view key = req[http::field::sec_websocket_key];

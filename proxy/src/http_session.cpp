@@ -9,6 +9,8 @@
 #include "walgate/transform/json.hpp"
 
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/core.hpp>
@@ -470,13 +472,13 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
 
 template <class Stream>
 awaitable<void> serve_connection(server_core& core, asio::ip::tcp::socket socket, std::shared_ptr<void> keep) {
-  counted open(core.connections);
+  // Counted, the server kept, and the TLS context it began with (a reload replaces core.tls),
+  // while the connection lives.
+  connection_hold hold{counted(core.connections), std::move(keep), {}};
   constexpr bool tls = !std::is_same_v<Stream, beast::tcp_stream>;
-  // The TLS context it began with, kept while it lives (a reload replaces core.tls).
-  std::conditional_t<tls, std::shared_ptr<void>, char> tls_context{};
   auto make = [&] {
     if constexpr (tls) {
-      tls_context = core.tls;
+      hold.tls_context = core.tls;
       return Stream(beast::tcp_stream(std::move(socket)), *core.tls);
     } else {
       return Stream(std::move(socket));
@@ -492,8 +494,11 @@ awaitable<void> serve_connection(server_core& core, asio::ip::tcp::socket socket
   auto h = co_await serve_http(core, s);
   if (!h) co_return;
   // A WebSocket takes the connection: over TLS its stream, else the bare socket — the Beast
-  // stream (its body and timers) is freed here, not kept idle for the connection's life.
+  // stream (its body and timers) is freed here, not kept idle for the connection's life — and
+  // its places under the limits.
   auto handed = [&] {
+    if (h->admitted) hold.admitted.emplace(std::move(*h->admitted));
+    if (h->slot) hold.slot.emplace(std::move(*h->slot));
     if constexpr (tls) {
       return std::move(s);
     } else {
@@ -509,12 +514,24 @@ awaitable<void> serve_connection(server_core& core, asio::ip::tcp::socket socket
     case stream_handoff::to::sse:
       co_await serve_sse(core, s, h->version, std::move(h->start), h->cors);
       break;
-    case stream_handoff::to::websocket:
-      co_await serve_websocket(core, handed(), std::move(h->req), std::move(h->start));
+    // A WebSocket is served by a coroutine of its own, which takes the connection over: this
+    // one (its frame, the request's state) ends here.
+    // (handed() first: it moves the limits' places into hold.)
+    case stream_handoff::to::websocket: {
+      auto taken = handed();
+      asio::co_spawn(core.executor,
+                     serve_websocket(core, std::move(taken), std::move(h->req), std::move(h->start), std::move(hold)),
+                     asio::detached);
       break;
-    case stream_handoff::to::mux:
-      co_await serve_websocket_mux(core, handed(), std::move(h->req), std::move(h->start.who), std::move(h->peer));
+    }
+    case stream_handoff::to::mux: {
+      auto taken = handed();
+      asio::co_spawn(core.executor,
+                     serve_websocket_mux(core, std::move(taken), std::move(h->req), std::move(h->start.who),
+                                         std::move(h->peer), std::move(hold)),
+                     asio::detached);
       break;
+    }
   }
 }
 

@@ -257,14 +257,28 @@ boost::asio::awaitable<void> serve_ndjson(server_core& core, Stream& s, unsigned
 template <class Stream>
 boost::asio::awaitable<void> serve_sse(server_core& core, Stream& s, unsigned version, stream_start start,
                                        std::string_view cors);
+/// What a connection holds while it is served: its place in core.connections, the server's
+/// state (kept alive), over TLS the context it began with, and its stream's places under the
+/// limits. A WebSocket's coroutine takes it
+/// over, so that the connection's own coroutine (and its frame: the request's state) ends at
+/// the hand-off.
+struct connection_hold {
+  counted open;
+  std::shared_ptr<void> keep;
+  std::shared_ptr<void> tls_context;
+  std::optional<counted> admitted;       ///< the stream's place under --max-clients (stream_handoff's)
+  std::optional<admission::slot> slot;   ///< and under the per-subject and per-address limits
+};
+
 template <class Stream>
-boost::asio::awaitable<void> serve_websocket(server_core& core, Stream&& s, http::request<http::empty_body> req,
-                                             stream_start start);
+boost::asio::awaitable<void> serve_websocket(server_core& core, Stream s, http::request<http::empty_body> req,
+                                             stream_start start, connection_hold hold);
 
 /// GET /v1/mux: many subscriptions over one WebSocket (websocket_mux.cpp).
 template <class Stream>
-boost::asio::awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request<http::empty_body> req,
-                                                 std::shared_ptr<const identity> who, std::string peer);
+boost::asio::awaitable<void> serve_websocket_mux(server_core& core, Stream s, http::request<http::empty_body> req,
+                                                 std::shared_ptr<const identity> who, std::string peer,
+                                                 connection_hold hold);
 
 /// An allowed cross-origin request's response may be read by its page.
 template <class Response>

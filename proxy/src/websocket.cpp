@@ -33,7 +33,8 @@ struct ws_session : session<Stream> {
 }  // namespace
 
 template <class Stream>
-awaitable<void> serve_websocket(server_core& core, Stream&& s, http::request<http::empty_body> req, stream_start start) {
+awaitable<void> serve_websocket(server_core& core, Stream s, http::request<http::empty_body> req, stream_start start,
+                                connection_hold hold) {
   auto session = std::make_shared<ws_session<Stream>>(std::move(s));
   auto& out = session->out;
   const auto& opts = core.opts;
@@ -138,11 +139,12 @@ awaitable<void> serve_websocket(server_core& core, Stream&& s, http::request<htt
     c.force_close();
 }
 
-template awaitable<void> serve_websocket<asio::ip::tcp::socket>(server_core&, asio::ip::tcp::socket&&,
-                                                                http::request<http::empty_body>, stream_start);
+template awaitable<void> serve_websocket<asio::ip::tcp::socket>(server_core&, asio::ip::tcp::socket,
+                                                                http::request<http::empty_body>, stream_start,
+                                                                connection_hold);
 template awaitable<void> serve_websocket<beast::ssl_stream<beast::tcp_stream>>(server_core&,
-                                                                               beast::ssl_stream<beast::tcp_stream>&&,
+                                                                               beast::ssl_stream<beast::tcp_stream>,
                                                                                http::request<http::empty_body>,
-                                                                               stream_start);
+                                                                               stream_start, connection_hold);
 
 }  // namespace walgate::proxy

@@ -277,8 +277,8 @@ void on_client_message(mux_session<Stream>& m, std::string_view text, Send&& sen
 }  // namespace
 
 template <class Stream>
-awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request<http::empty_body> req,
-                                    std::shared_ptr<const identity> who, std::string peer) {
+awaitable<void> serve_websocket_mux(server_core& core, Stream s, http::request<http::empty_body> req,
+                                    std::shared_ptr<const identity> who, std::string peer, connection_hold hold) {
   auto m = std::make_shared<mux_session<Stream>>(std::move(s), core);
   auto& out = m->out;
   const auto& opts = core.opts;
@@ -515,12 +515,12 @@ awaitable<void> serve_websocket_mux(server_core& core, Stream&& s, http::request
   m->close_socket();
 }
 
-template awaitable<void> serve_websocket_mux<asio::ip::tcp::socket>(server_core&, asio::ip::tcp::socket&&,
-                                                                http::request<http::empty_body>,
-    std::shared_ptr<const identity>, std::string);
-template awaitable<void> serve_websocket_mux<beast::ssl_stream<beast::tcp_stream>>(server_core&,
-                                                                                   beast::ssl_stream<beast::tcp_stream>&&,
-                                                                                   http::request<http::empty_body>,
-    std::shared_ptr<const identity>, std::string);
+template awaitable<void> serve_websocket_mux<asio::ip::tcp::socket>(server_core&, asio::ip::tcp::socket,
+                                                                    http::request<http::empty_body>,
+                                                                    std::shared_ptr<const identity>, std::string,
+                                                                    connection_hold);
+template awaitable<void> serve_websocket_mux<beast::ssl_stream<beast::tcp_stream>>(
+    server_core&, beast::ssl_stream<beast::tcp_stream>, http::request<http::empty_body>, std::shared_ptr<const identity>,
+    std::string, connection_hold);
 
 }  // namespace walgate::proxy

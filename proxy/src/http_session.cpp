@@ -470,6 +470,16 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
   co_return std::nullopt;
 }
 
+/// An NDJSON or SSE stream, served by a coroutine that owns its connection (the stream, and what
+/// the connection holds), so that the connection's own coroutine ends at the hand-off.
+template <class Stream>
+awaitable<void> serve_chunked_owned(server_core& core, Stream s, unsigned version, stream_start start, std::string cors,
+                                    connection_hold hold, bool sse) {
+  (void)hold;   // (held to the end)
+  if (sse) co_await serve_sse(core, s, version, std::move(start), cors);
+  else co_await serve_ndjson(core, s, version, std::move(start), cors);
+}
+
 template <class Stream>
 awaitable<void> serve_connection(server_core& core, asio::ip::tcp::socket socket, std::shared_ptr<void> keep) {
   // Counted, the server kept, and the TLS context it began with (a reload replaces core.tls),
@@ -493,9 +503,10 @@ awaitable<void> serve_connection(server_core& core, asio::ip::tcp::socket socket
   }
   auto h = co_await serve_http(core, s);
   if (!h) co_return;
-  // A WebSocket takes the connection: over TLS its stream, else the bare socket — the Beast
-  // stream (its body and timers) is freed here, not kept idle for the connection's life — and
-  // its places under the limits.
+  // Every stream is served by a coroutine of its own, which takes the connection over (this
+  // one, its frame and the request's state, ends here). A WebSocket takes, over TLS, its
+  // stream, else the bare socket — the Beast stream (its body and timers) is freed here, not
+  // kept idle for the connection's life — and its places under the limits.
   auto handed = [&] {
     if (h->admitted) hold.admitted.emplace(std::move(*h->admitted));
     if (h->slot) hold.slot.emplace(std::move(*h->slot));
@@ -509,13 +520,14 @@ awaitable<void> serve_connection(server_core& core, asio::ip::tcp::socket socket
   };
   switch (h->what) {
     case stream_handoff::to::ndjson:
-      co_await serve_ndjson(core, s, h->version, std::move(h->start), h->cors);
-      break;
     case stream_handoff::to::sse:
-      co_await serve_sse(core, s, h->version, std::move(h->start), h->cors);
+      if (h->admitted) hold.admitted.emplace(std::move(*h->admitted));
+      if (h->slot) hold.slot.emplace(std::move(*h->slot));
+      asio::co_spawn(core.executor,
+                     serve_chunked_owned(core, std::move(s), h->version, std::move(h->start), std::move(h->cors),
+                                         std::move(hold), h->what == stream_handoff::to::sse),
+                     asio::detached);
       break;
-    // A WebSocket is served by a coroutine of its own, which takes the connection over: this
-    // one (its frame, the request's state) ends here.
     // (handed() first: it moves the limits' places into hold.)
     case stream_handoff::to::websocket: {
       auto taken = handed();

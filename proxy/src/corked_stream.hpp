@@ -154,6 +154,8 @@ class corked_stream {
     std::vector<boost::asio::const_buffer>().swap(buffers_);
   }
 
+  bool failed() const { return bool(failed_); }
+
   std::size_t buffered() const {
     std::size_t n = 0;
     for (const auto& p : pending_) n += p.size();

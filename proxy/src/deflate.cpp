@@ -57,7 +57,7 @@ std::optional<pmd_agreement> negotiate_pmd(std::string_view header) {
       if (v.size() >= 2 && v.front() == '"' && v.back() == '"') v = v.substr(1, v.size() - 2);
       int bits = 0;
       for (char ch : v) bits = ch >= '0' && ch <= '9' && bits < 100 ? bits * 10 + (ch - '0') : 100;
-      return v.empty() || bits < 8 || bits > 15 ? 0 : bits;
+      return v.empty() || v.front() == '0' || bits < 8 || bits > 15 ? 0 : bits;   // (1*DIGIT without a leading 0)
     };
     while (valid && !params.empty()) {
       auto next = params.find(';');

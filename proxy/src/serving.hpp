@@ -259,9 +259,9 @@ boost::asio::awaitable<void> serve_sse(server_core& core, Stream& s, unsigned ve
                                        std::string_view cors);
 /// What a connection holds while it is served: its place in core.connections, the server's
 /// state (kept alive), over TLS the context it began with, and its stream's places under the
-/// limits. A WebSocket's coroutine takes it
-/// over, so that the connection's own coroutine (and its frame: the request's state) ends at
-/// the hand-off.
+/// limits. The coroutine of the stream it turns into (WebSocket, multiplexed, NDJSON or SSE)
+/// takes it over, so that the connection's own coroutine (and its frame: the request's state)
+/// ends at the hand-off.
 struct connection_hold {
   counted open;
   std::shared_ptr<void> keep;

@@ -132,8 +132,9 @@ awaitable<void> serve_websocket(server_core& core, Stream s, http::request<http:
   if (core.stopping) sub.close(subscription::end::shutdown, "server shutting down");
   // Still open: say why it ends, and where to resume; then the client's answer, and the socket
   // closed (the reader ends then, if it has not; it holds the session till then).
-  // (A message refused because the connection is closing is no failure: its close frame goes out.)
-  if (session->reading && (!failed || session->closing))
+  // (A message refused because the connection is closing is no failure: its close frame goes out.
+  // When the client closed, its answer, already queued, goes out before the socket closes.)
+  if (!failed || session->closing)
     co_await send_close(*session, c.wake, sub.why(), sub.reason(), sub.resume_id());
   else
     c.force_close();

@@ -324,11 +324,12 @@ awaitable<void> serve_websocket_mux(server_core& core, Stream s, http::request<h
             ms->inbox_bytes += message.size();
             ms->inbox.push_back({text, std::move(message)});
             ms->wake.cancel();
-            while ((ms->inbox.size() >= max_inbox || ms->inbox_bytes >= max_inbox_bytes) && !ms->writer_done) {
+            while ((ms->inbox.size() >= max_inbox || ms->inbox_bytes >= max_inbox_bytes) && !ms->writer_done &&
+                   ms->is_open()) {
               ms->room.expires_after(std::chrono::seconds(1));
               co_await ms->room.async_wait(use_tuple);
             }
-            co_return !ms->writer_done;
+            co_return !ms->writer_done && ms->is_open();
           },
           [ms = m.get()](const char*) { ms->wake.cancel(); }),
       asio::detached);
@@ -502,13 +503,17 @@ awaitable<void> serve_websocket_mux(server_core& core, Stream s, http::request<h
     }
     auto [dec] = co_await out.async_drain(use_tuple);
     m->watchdog.cancel();
+    m->room.cancel();   // (a reader waiting for room in the inbox stops waiting: the connection closes)
     if (!dec) co_await send_close(*m, m->wake, subscription::end::shutdown, {}, {});
     else failed = true;
   } else if (expired_close && !core.stopping) {
+    m->room.cancel();
     co_await send_close(*m, m->wake, subscription::end::expired, "the token expired", {});
-  } else if (m->reading && (!failed || m->closing)) {
+  } else if (!failed || m->closing) {
     // The client closed (its close frame answered) or broke the protocol (walgate's close frame
-    // sent): its answer, or the end of its stream, then the socket closed.
+    // sent), or its stream ended: its answer, or the end of its stream; what is queued goes out,
+    // then the socket closes.
+    m->room.cancel();
     co_await finish_close(*m, m->wake, pws::close_going_away, {});
   }
   // The reader ends (if it has not) when the socket closes; it holds the session till then.

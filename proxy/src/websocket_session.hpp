@@ -37,6 +37,8 @@ inline constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
 inline constexpr std::chrono::seconds close_timeout{5};
 /// How long the handshake's answer may take to go out.
 inline constexpr std::chrono::seconds handshake_timeout{10};
+/// The reader pauses while more than this waits to be sent (its pongs among it).
+inline constexpr std::size_t read_pause_bytes = 1u << 20;
 
 /// A WebSocket connection: the stream (walgate writes its frames through the corked layer, and
 /// reads the client's with protocol::websocket::frame_reader), shared by the writer and the
@@ -50,6 +52,7 @@ struct session {
   bool reading = true;      // the reader runs (and holds the session)
   bool open = true;         // no close frame sent: frames may go out
   bool closing = false;     // the connection is ending: its close frame was sent or received
+  bool close_done = false;  // the client's close frame came (walgate's is sent or queued): the handshake is over
   std::string extensions;   // the Sec-WebSocket-Extensions walgate answered
   int deflate_bits = 0;     // the window walgate compresses with (0: none negotiated)
   bool client_resets = false;   // client_no_context_takeover agreed
@@ -127,7 +130,12 @@ awaitable<bool> handshake(server_core& core, session<Stream>& s, const http::req
     // and walgate is the one the answer names.
     if (offers_subprotocol(std::string_view(req[http::field::sec_websocket_protocol]), "walgate"))
       res += "Sec-WebSocket-Protocol: walgate\r\n";
-    if (auto pmd = negotiate_pmd(std::string_view(req[http::field::sec_websocket_extensions]))) {
+    std::string offers;   // every Sec-WebSocket-Extensions line, in order (RFC 7230 3.2.2)
+    for (auto [it, last] = req.equal_range(http::field::sec_websocket_extensions); it != last; ++it) {
+      if (!offers.empty()) offers += ", ";
+      offers.append(it->value().data(), it->value().size());
+    }
+    if (auto pmd = negotiate_pmd(offers)) {
       res += "Sec-WebSocket-Extensions: " + pmd->answer + "\r\n";
       s.extensions = pmd->answer;
       s.deflate_bits = pmd->server_bits;
@@ -137,12 +145,14 @@ awaitable<bool> handshake(server_core& core, session<Stream>& s, const http::req
     res += "\r\n";
   }
   asio::steady_timer limit(s.out.get_executor());
+  auto done = std::make_shared<bool>(false);   // (a completion already queued must not touch s)
   limit.expires_after(handshake_timeout);
-  limit.async_wait([&s](boost::system::error_code ec) {
-    if (!ec) s.close_socket();
+  limit.async_wait([&s, done](boost::system::error_code ec) {
+    if (!ec && !*done) s.close_socket();
   });
   s.out.append_bytes(res);
   auto [ec] = co_await s.out.async_drain(use_tuple);
+  *done = true;
   limit.cancel();
   s.heard = std::chrono::steady_clock::now();   // (the keep-alive counts from here)
   if (!accepted && !ec) s.out.shutdown_after_sent();
@@ -155,8 +165,10 @@ awaitable<bool> handshake(server_core& core, session<Stream>& s, const http::req
 /// bytes, inflated) — and hands each whole message to on_message when keep (the multiplexed
 /// endpoint: co_await on_message(text, std::move(message)), which returns false to stop), else
 /// checks it and drops it, a piece at a time (an idle connection holds only chunk bytes). Reading
-/// goes on after a close frame until the client ends its stream (its close answer), or the
-/// socket is closed. on_end(why) is called when the connection begins to close from the
+/// goes on after walgate's close frame until the client's close frame (then the writer ends the
+/// connection: finish_close), the end of its stream, or the socket closed; while more than
+/// read_pause_bytes wait to be sent (a client that sends pings and reads nothing), it pauses.
+/// on_end(why) is called when the connection begins to close from the
 /// client's side (its close frame, a protocol failure) and again when the reader ends (the
 /// first reason is the one that counts).
 template <std::size_t Chunk, class Session, class OnMessage, class OnEnd>
@@ -185,7 +197,16 @@ awaitable<void> read_frames(std::shared_ptr<Session> sp, std::size_t limit, bool
     if (keep) message.append(bytes);
     return true;
   };
-  while (true) {
+  while (!s.close_done) {
+    // A client that sends (pings) and does not read: its pongs wait with everything else unsent;
+    // past read_pause_bytes the reader stops reading until they have gone out.
+    if (s.out.buffered() > read_pause_bytes && !s.out.failed()) {
+      auto pause = std::make_unique<asio::steady_timer>(s.out.get_executor());   // (only while paused)
+      while (s.out.buffered() > read_pause_bytes && !s.out.failed() && tcp_socket_of(s.out.next_layer()).is_open()) {
+        pause->expires_after(std::chrono::milliseconds(20));
+        co_await pause->async_wait(use_tuple);
+      }
+    }
     auto [ec, n] = co_await s.out.async_read_some(asio::buffer(chunk), use_tuple);
     if (ec) {
       s.clean_end = ec == asio::error::eof;
@@ -213,6 +234,7 @@ awaitable<void> read_frames(std::shared_ptr<Session> sp, std::size_t limit, bool
           if (!c) s.send_close_frame(pws::close_protocol_error, "a malformed close frame");
           else s.send_close_frame(c->code, {});   // the answer: its code echoed
           s.closing = true;
+          s.close_done = true;   // both close frames: nothing more to read (the writer ends the connection)
           end("the client closed the connection");
           stop = true;
         }
@@ -259,9 +281,10 @@ awaitable<void> read_frames(std::shared_ptr<Session> sp, std::size_t limit, bool
   end("the client closed the connection");   // (the writer closes the socket)
 }
 
-/// Walgate's end of a connection: the close frame (when none was sent) and then the client's
-/// answer, awaited on timer (which the reader's end cancels) at most close_timeout; the socket
-/// is closed after.
+/// Walgate's end of a connection: the close frame (when none was sent), then the client's answer
+/// (its close frame, or the end of its stream), awaited on timer (which the reader's end
+/// cancels) at most close_timeout; then what is still queued goes out, over TLS walgate's
+/// close_notify after it (each within close_timeout), and the socket is closed.
 template <class Session>
 awaitable<void> finish_close(Session& s, asio::steady_timer& timer, std::uint16_t code, std::string_view reason) {
   s.send_close_frame(code, reason);
@@ -270,17 +293,19 @@ awaitable<void> finish_close(Session& s, asio::steady_timer& timer, std::uint16_
     timer.expires_at(until);
     co_await timer.async_wait(use_tuple);
   }
-  // Over TLS, a client that ended with its close_notify gets walgate's (then the socket closes).
-  if constexpr (std::remove_reference_t<decltype(s.out)>::tls) {
-    if (!s.reading && s.clean_end) {
-      asio::steady_timer limit(s.out.get_executor());
-      limit.expires_after(close_timeout);
-      limit.async_wait([&s](boost::system::error_code ec) {
-        if (!ec) s.close_socket();
-      });
-      co_await s.out.next_layer().async_shutdown(use_tuple);
-      limit.cancel();
+  if (!s.reading && (s.close_done || s.clean_end)) {   // (the reader is done: the stream is the writer's alone)
+    asio::steady_timer limit(s.out.get_executor());
+    auto done = std::make_shared<bool>(false);
+    limit.expires_after(close_timeout);
+    limit.async_wait([&s, done](boost::system::error_code ec) {
+      if (!ec && !*done) s.close_socket();   // (a completion already queued must not touch s)
+    });
+    auto [dec] = co_await s.out.async_drain(use_tuple);
+    if constexpr (std::remove_reference_t<decltype(s.out)>::tls) {
+      if (!dec) co_await s.out.next_layer().async_shutdown(use_tuple);
     }
+    *done = true;
+    limit.cancel();
   }
   s.close_socket();
 }
@@ -395,10 +420,11 @@ awaitable<void> send_close(Session& s, asio::steady_timer& timer, subscription::
     code = why_end == subscription::end::expired ? close_token_expired
            : why_end == subscription::end::grant ? pws::close_policy
                                                  : pws::close_try_again_later;
-    why = std::string(reason.substr(0, 85));   // ASCII: cut anywhere
+    std::size_t n = std::min<std::size_t>(reason.size(), 85);
+    while (n < reason.size() && n > 0 && (static_cast<unsigned char>(reason[n]) & 0xC0) == 0x80) --n;   // at a character
+    why = std::string(reason.substr(0, n));
   }
-  if (!resume_id.empty()) why += "; resume from " + std::string(resume_id);
-  if (why.size() > 123) why.resize(123);
+  if (!resume_id.empty()) why += "; resume from " + std::string(resume_id);   // (close_frame cuts at 123 bytes, at a character)
   co_await finish_close(s, timer, code, why);
 }
 

@@ -187,7 +187,7 @@ TEST_CASE("inflater: a message in pieces split anywhere, the context kept or res
     REQUIRE(f.feed(z.substr(0, cut), false, take));
     REQUIRE(f.feed(z.substr(cut), true, take));
     CHECK(out == first);
-    // The next message with the context kept: made by one deflate stream, flushed after each.
+    // After a reset (client_no_context_takeover), a message on its own again.
     f.reset();
     out.clear();
     REQUIRE(f.feed(z, true, take));

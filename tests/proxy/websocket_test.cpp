@@ -91,12 +91,13 @@ struct wire {
   void send(const std::string& bytes) {
     REQUIRE(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()));
   }
-  bool fill() {
+  bool fill() { return fill_n() > 0; }
+  /// recv's answer: bytes read (added to buf), 0 at the end of the stream, -1 on a timeout or error.
+  ssize_t fill_n() {
     char chunk[16384];
     ssize_t n = ::recv(fd, chunk, sizeof chunk, 0);
-    if (n <= 0) return false;
-    buf.append(chunk, static_cast<std::size_t>(n));
-    return true;
+    if (n > 0) buf.append(chunk, static_cast<std::size_t>(n));
+    return n;
   }
   /// The next server frame; nullopt at the end of the stream (or 10 s without one).
   std::optional<frame> next() {
@@ -144,7 +145,11 @@ struct wire {
     REQUIRE(f->payload.size() >= 2);
     const std::uint16_t code = static_cast<std::uint16_t>((static_cast<unsigned char>(f->payload[0]) << 8) |
                                                           static_cast<unsigned char>(f->payload[1]));
-    CHECK_FALSE(fill());   // then nothing: the end of the stream
+    // Then nothing: the end of the stream, at once (not walgate's 5 s wait, nor this socket's 10 s timeout).
+    CHECK(buf.empty());
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK(fill_n() == 0);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
     return {code, f->payload.substr(2)};
   }
 };
@@ -215,7 +220,7 @@ TEST_CASE("walgate's WebSocket: pings answered, fragments with control frames be
   CHECK(test::wait_until([&] { return g.srv->clients() == 0; }));
 }
 
-TEST_CASE("walgate's WebSocket: protocol errors close with 1002 and the reason, 1007 for a bad close reason") {
+TEST_CASE("walgate's WebSocket: protocol errors close with 1002 and the reason (a malformed close frame too)") {
   test::cluster().sql("CREATE TABLE wsw_e(id int PRIMARY KEY); CREATE PUBLICATION wsw_e_pub FOR TABLE wsw_e");
   running_gateway g("wsw_e_slot", "wsw_e_pub");
   struct {
@@ -244,11 +249,37 @@ TEST_CASE("walgate's WebSocket: protocol errors close with 1002 and the reason, 
   CHECK(test::wait_until([&] { return g.srv->clients() == 0; }));
 }
 
-TEST_CASE("walgate's WebSocket: an idle client is pinged; one that never answers is closed") {
+TEST_CASE("walgate's WebSocket: an idle client is pinged; one that never answers is closed, one that does stays") {
   test::cluster().sql("CREATE TABLE wsw_k(id int PRIMARY KEY); CREATE PUBLICATION wsw_k_pub FOR TABLE wsw_k");
   server_options so;
   so.keepalive = std::chrono::milliseconds(300);
   running_gateway g("wsw_k_slot", "wsw_k_pub", so);
+  {
+    // Answering every ping: open after 2 s (over six keep-alives), and still served.
+    wire w(g.port(), "/v1/ws");
+    REQUIRE(w.status == 101);
+    std::size_t pings = 0;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    timeval tv{0, 100'000};
+    ::setsockopt(w.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    while (std::chrono::steady_clock::now() < until) {
+      REQUIRE(w.fill_n() != 0);   // (never the end of the stream)
+      while (w.buf.size() >= 2 && static_cast<std::size_t>(static_cast<unsigned char>(w.buf[1])) + 2 <= w.buf.size()) {
+        auto f = w.next();
+        REQUIRE(f);
+        REQUIRE(f->op == pws::op_ping);
+        ++pings;
+        w.send(masked(pws::op_pong, f->payload));
+      }
+    }
+    CHECK(pings >= 3);
+    timeval back{10, 0};
+    ::setsockopt(w.fd, SOL_SOCKET, SO_RCVTIMEO, &back, sizeof back);
+    test::cluster().sql("INSERT INTO wsw_k VALUES (1)");
+    auto event = w.next_not_ping();
+    REQUIRE(event);
+    CHECK(event->op == pws::op_text);
+  }
   for (const char* target : {"/v1/ws", "/v1/mux"}) {
     INFO(target);
     wire w(g.port(), target);
@@ -277,15 +308,34 @@ TEST_CASE("walgate's WebSocket: /v1/mux inflates a client's compressed messages,
     const std::string answer = header_value(w.head, "sec-websocket-extensions");
     CHECK(answer.find("server_no_context_takeover") != std::string::npos);
     CHECK((answer.find("client_no_context_takeover") != std::string::npos) == (std::string(offer).find("client_no") != std::string::npos));
-    // Two subscribe messages, each compressed on its own (a fresh context each: valid either
-    // way), the first in three fragments.
-    std::string z = compressed(R"({"type":"subscribe","id":"a","tables":"public.wsw_z"})");
+    // Two messages, the first in three fragments; without client_no_context_takeover, from one
+    // compressor that keeps its context (the second refers back into the first), with it each
+    // on its own.
+    const bool takeover = std::string(offer).find("client_no") == std::string::npos;
+    z_stream d{};
+    REQUIRE(deflateInit2(&d, 6, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+    auto compress = [&](const std::string& m) {
+      if (!takeover) return compressed(m);
+      std::string out(m.size() + 64, '\0');
+      d.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(m.data()));
+      d.avail_in = static_cast<uInt>(m.size());
+      d.next_out = reinterpret_cast<Bytef*>(out.data());
+      d.avail_out = static_cast<uInt>(out.size());
+      REQUIRE(deflate(&d, Z_SYNC_FLUSH) == Z_OK);
+      const std::size_t n = out.size() - d.avail_out;
+      REQUIRE(n >= 4);
+      out.resize(n - 4);
+      return out;
+    };
+    std::string z = compress(R"({"type":"subscribe","id":"a","tables":"public.wsw_z"})");
     w.send(masked(pws::op_text, z.substr(0, 5), false, true) + masked(pws::op_continuation, z.substr(5, 7), false) +
            masked(pws::op_continuation, z.substr(12), true));
     auto f = w.next_not_ping();
     REQUIRE(f);
     CHECK(f->payload == R"({"sub":"a","type":"subscribed"})");
-    z = compressed(R"({"type":"unsubscribe","id":"a"})");
+    z = compress(R"({"type":"unsubscribe","id":"a"})");
+    deflateEnd(&d);
+    if (takeover) CHECK(z.size() < compressed(R"({"type":"unsubscribe","id":"a"})").size());   // (it refers back)
     w.send(masked(pws::op_text, z, true, true));
     f = w.next_not_ping();
     REQUIRE(f);

@@ -28,6 +28,16 @@ template <class Stream>
 struct ws_session : session<Stream> {
   using session<Stream>::session;
   std::optional<client> c;
+
+  // The reader's (websocket_session.hpp): walgate expects nothing from clients, so a message is
+  // read a little at a time, checked and dropped.
+  static constexpr bool keeps_messages = false;
+  void reader_end(const char* why) {
+    if (c) {   // (the writer still runs)
+      c->sub.close(subscription::end::client_gone, why);
+      c->wake.cancel();
+    }
+  }
 };
 
 }  // namespace
@@ -53,19 +63,9 @@ awaitable<void> serve_websocket(server_core& core, Stream s, http::request<http:
 
   // The reader answers pings, enforces the message limit (1009) and UTF-8 (1007); walgate
   // expects nothing from clients, so a message is read a little at a time and dropped (an idle
-  // connection holds no read buffer of its own).
-  asio::co_spawn(
-      core.executor,
-      read_frames<64>(
-          session, opts.ws_message_limit, false,
-          [](bool, std::string&&) -> awaitable<bool> { co_return true; },
-          [s = session.get()](const char* why) {
-            if (s->c) {   // (the writer still runs)
-              s->c->sub.close(subscription::end::client_gone, why);
-              s->c->wake.cancel();
-            }
-          }),
-      asio::detached);
+  // connection holds no read buffer of its own, and no coroutine for its reader).
+  session->message_limit = opts.ws_message_limit;
+  start_reading(session);
 
   std::vector<subscription::item> batch;
   bool failed = false;

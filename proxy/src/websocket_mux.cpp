@@ -75,6 +75,36 @@ struct mux_session : session<Stream> {
   asio::steady_timer watchdog;     // write timeout
   asio::steady_timer room;         // the reader waits on it while the inbox is full
   bool writer_done = false;
+
+  // The reader's (websocket_session.hpp): each client message into the inbox, for the writer.
+  static constexpr bool keeps_messages = true;
+  void reader_end(const char*) { wake.cancel(); }
+  bool inbox_full() const { return inbox.size() >= max_inbox || inbox_bytes >= max_inbox_bytes; }
+  /// While the inbox is full the reader waits (the writer cancels room when it has taken the
+  /// messages, or when the connection ends).
+  delivered deliver(const std::shared_ptr<mux_session>& sp, bool text, std::string&& message) {
+    if (writer_done || !this->is_open()) return delivered::stop;
+    inbox_bytes += message.size();
+    inbox.push_back({text, std::move(message)});
+    wake.cancel();
+    if (!inbox_full()) return delivered::go_on;
+    wait_for_room(sp);
+    return delivered::paused;
+  }
+  static void wait_for_room(const std::shared_ptr<mux_session>& sp) {
+    sp->room.expires_after(std::chrono::seconds(1));
+    sp->room.async_wait([sp](boost::system::error_code) {
+      auto& m = *sp;
+      if (m.writer_done || !m.is_open()) {   // the connection ends: what follows is not read
+        m.closing = true;
+        m.reader_end("");
+        m.rd.at = m.rd.end;
+      } else if (m.inbox_full()) {
+        return wait_for_room(sp);
+      }
+      take_pieces(sp);
+    });
+  }
   std::size_t next = 0;            // whose batch comes first in the next round
   std::shared_ptr<const identity> who;   // the connection's token (authentication on): its subscriptions'
   std::string peer;                // the client's address (the per-address limit)
@@ -314,25 +344,9 @@ awaitable<void> serve_websocket_mux(server_core& core, Stream s, http::request<h
 
   // The reader: the client's messages into the inbox, for the writer (it answers pings, and
   // enforces the message limit, 1009, and UTF-8, 1007). A piece at a time into the message: an
-  // idle connection holds no read buffer.
-  asio::co_spawn(
-      core.executor,
-      read_frames<256>(
-          m, opts.ws_message_limit, true,
-          [ms = m.get()](bool text, std::string&& message) -> awaitable<bool> {
-            if (ms->writer_done) co_return false;
-            ms->inbox_bytes += message.size();
-            ms->inbox.push_back({text, std::move(message)});
-            ms->wake.cancel();
-            while ((ms->inbox.size() >= max_inbox || ms->inbox_bytes >= max_inbox_bytes) && !ms->writer_done &&
-                   ms->is_open()) {
-              ms->room.expires_after(std::chrono::seconds(1));
-              co_await ms->room.async_wait(use_tuple);
-            }
-            co_return !ms->writer_done && ms->is_open();
-          },
-          [ms = m.get()](const char*) { ms->wake.cancel(); }),
-      asio::detached);
+  // idle connection holds no read buffer, and no coroutine for its reader.
+  m->message_limit = opts.ws_message_limit;
+  start_reading(m);
 
   bool failed = false, appended = false, expired_close = false;
   std::vector<subscription::item> batch;

@@ -22,6 +22,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace walgate::proxy::ws {
 
@@ -40,6 +41,21 @@ inline constexpr std::chrono::seconds handshake_timeout{10};
 /// The reader pauses while more than this waits to be sent (its pongs among it).
 inline constexpr std::size_t read_pause_bytes = 1u << 20;
 
+/// The reader's state, kept in the session: an idle connection holds this, and one pending read
+/// (no coroutine of its own).
+struct reader_state {
+  std::array<char, 64> chunk;   // what one read takes (a message goes a piece at a time)
+  std::size_t at = 0, end = 0;  // the bytes of chunk not handled yet: [at, end)
+  std::string message;          // the message read so far (kept: /v1/mux)
+  std::size_t size = 0;         // its bytes so far (inflated)
+  bool text = false, compressed = false;
+  pws::utf8_checker utf8;
+  std::uint16_t failure = 0;    // the close code of the rule a message broke
+};
+
+/// What a session does with a whole client message (/v1/mux keeps them).
+enum class delivered { go_on, paused, stop };
+
 /// A WebSocket connection: the stream (walgate writes its frames through the corked layer, and
 /// reads the client's with protocol::websocket::frame_reader), shared by the writer and the
 /// reader coroutine so whichever ends last frees it. Nothing of it is per message: the read
@@ -57,7 +73,9 @@ struct session {
   int deflate_bits = 0;     // the window walgate compresses with (0: none negotiated)
   bool client_resets = false;   // client_no_context_takeover agreed
   bool clean_end = false;       // the client's stream ended cleanly (over TLS: with its close_notify)
+  std::size_t message_limit = 0;   // client messages (inflated) past this: 1009
   pws::frame_reader frames;
+  reader_state rd;
   std::unique_ptr<inflater> inflate;   // made at the client's first compressed message
   std::chrono::steady_clock::time_point heard = std::chrono::steady_clock::now();   // last bytes from the client
   std::chrono::steady_clock::time_point pinged{};   // the last keep-alive ping
@@ -159,126 +177,141 @@ awaitable<bool> handshake(server_core& core, session<Stream>& s, const http::req
   co_return accepted && !ec;
 }
 
-/// The reader: the client's frames until the connection ends. It answers pings, a close (then
-/// ends walgate's side), fails the connection with 1002 (the protocol), 1007 (a text message
-/// that is not UTF-8, or a compressed one that does not inflate) or 1009 (a message over limit
-/// bytes, inflated) — and hands each whole message to on_message when keep (the multiplexed
-/// endpoint: co_await on_message(text, std::move(message)), which returns false to stop), else
-/// checks it and drops it, a piece at a time (an idle connection holds only chunk bytes). Reading
-/// goes on after walgate's close frame until the client's close frame (then the writer ends the
-/// connection: finish_close), the end of its stream, or the socket closed; while more than
-/// read_pause_bytes wait to be sent (a client that sends pings and reads nothing), it pauses.
-/// on_end(why) is called when the connection begins to close from the
-/// client's side (its close frame, a protocol failure) and again when the reader ends (the
-/// first reason is the one that counts).
-template <std::size_t Chunk, class Session, class OnMessage, class OnEnd>
-awaitable<void> read_frames(std::shared_ptr<Session> sp, std::size_t limit, bool keep, OnMessage on_message,
-                            OnEnd on_end) {
+/// The reader: the client's frames until the connection ends, as a chain of completion
+/// handlers (start_reading). It answers pings, a close (then ends walgate's side), fails the
+/// connection with 1002 (the protocol), 1007 (a text message that is not UTF-8, or a compressed
+/// one that does not inflate) or 1009 (a message over limit bytes, inflated) — and hands each
+/// whole message to the session when it keeps them (S::keeps_messages: s.deliver(sp, text,
+/// message), which may pause the reader until it calls take_pieces(sp) again, or stop it), else
+/// checks it and drops it, a piece at a time. Reading goes on after walgate's close frame until
+/// the client's close frame (then the writer ends the connection: finish_close), the end of its
+/// stream, or the socket closed; while more than read_pause_bytes wait to be sent (a client that
+/// sends pings and reads nothing), it pauses. s.reader_end(why) is called when the connection
+/// begins to close from the client's side (its close frame, a protocol failure) and again when
+/// the reader ends (the first reason is the one that counts).
+template <class S>
+void start_reading(const std::shared_ptr<S>& sp);
+
+template <class S>
+void reader_done(const std::shared_ptr<S>& sp) {
+  sp->reading = false;
+  sp->reader_end("the client closed the connection");   // (the writer closes the socket)
+}
+
+/// The pieces of what was read, in order; then the next read (unless paused or done).
+template <class S>
+void take_pieces(const std::shared_ptr<S>& sp) {
   auto& s = *sp;
-  std::array<char, Chunk> chunk;
-  std::string message;
-  std::size_t size = 0;
-  bool text = false, compressed = false;
-  pws::utf8_checker utf8;
-  auto end = [&](const char* why) { on_end(why); };
-  // Bytes of the message (inflated): counted, checked, kept when keep; false and the close code
-  // when they break a rule.
-  std::uint16_t failure = 0;
-  auto take = [&](std::string_view bytes) {
-    size += bytes.size();
-    if (size > limit) {
-      failure = pws::close_too_big;
+  auto& r = s.rd;
+  // Bytes of the message (inflated): counted, checked, kept when it keeps them; false and the
+  // close code when they break a rule.
+  auto take = [&s, &r](std::string_view bytes) {
+    r.size += bytes.size();
+    if (r.size > s.message_limit) {
+      r.failure = pws::close_too_big;
       return false;
     }
-    if (text && !utf8.feed(bytes)) {
-      failure = pws::close_bad_payload;
+    if (r.text && !r.utf8.feed(bytes)) {
+      r.failure = pws::close_bad_payload;
       return false;
     }
-    if (keep) message.append(bytes);
+    if constexpr (S::keeps_messages) r.message.append(bytes);
     return true;
   };
-  while (!s.close_done) {
-    // A client that sends (pings) and does not read: its pongs wait with everything else unsent;
-    // past read_pause_bytes the reader stops reading until they have gone out.
-    if (s.out.buffered() > read_pause_bytes && !s.out.failed()) {
-      auto pause = std::make_unique<asio::steady_timer>(s.out.get_executor());   // (only while paused)
-      while (s.out.buffered() > read_pause_bytes && !s.out.failed() && tcp_socket_of(s.out.next_layer()).is_open()) {
-        pause->expires_after(std::chrono::milliseconds(20));
-        co_await pause->async_wait(use_tuple);
-      }
+  bool stop = false;
+  while (!stop) {
+    std::span<char> in(r.chunk.data() + r.at, r.end - r.at);
+    pws::piece p = s.frames.next(in);
+    r.at = r.end - in.size();
+    if (p.what == pws::piece::kind::more) break;
+    if (s.closing && p.what != pws::piece::kind::control) {   // after a close: the client's answer is awaited
+      if (p.what == pws::piece::kind::failed) stop = true;
+      continue;
     }
-    auto [ec, n] = co_await s.out.async_read_some(asio::buffer(chunk), use_tuple);
-    if (ec) {
-      s.clean_end = ec == asio::error::eof;
-      break;
-    }
-    s.heard = std::chrono::steady_clock::now();
-    std::span<char> in(chunk.data(), n);
-    bool stop = false;
-    while (!stop) {
-      pws::piece p = s.frames.next(in);
-      if (p.what == pws::piece::kind::more) break;
-      if (s.closing && p.what != pws::piece::kind::control) {   // after a close: the client's answer is awaited
-        if (p.what == pws::piece::kind::failed) stop = true;
-        continue;
-      }
-      if (p.what == pws::piece::kind::failed) {
-        s.send_close_frame(p.code, p.reason);
-        end(p.reason);
+    if (p.what == pws::piece::kind::failed) {
+      s.send_close_frame(p.code, p.reason);
+      s.reader_end(p.reason);
+      stop = true;
+    } else if (p.what == pws::piece::kind::control) {
+      if (p.opcode == pws::op_ping) {
+        s.send_control(pws::op_pong, p.bytes);
+      } else if (p.opcode == pws::op_close) {
+        auto c = pws::parse_close(p.bytes);
+        if (!c) s.send_close_frame(pws::close_protocol_error, "a malformed close frame");
+        else s.send_close_frame(c->code, {});   // the answer: its code echoed
+        s.closing = true;
+        s.close_done = true;   // both close frames: nothing more to read (the writer ends the connection)
+        s.reader_end("the client closed the connection");
         stop = true;
-      } else if (p.what == pws::piece::kind::control) {
-        if (p.opcode == pws::op_ping) {
-          s.send_control(pws::op_pong, p.bytes);
-        } else if (p.opcode == pws::op_close) {
-          auto c = pws::parse_close(p.bytes);
-          if (!c) s.send_close_frame(pws::close_protocol_error, "a malformed close frame");
-          else s.send_close_frame(c->code, {});   // the answer: its code echoed
-          s.closing = true;
-          s.close_done = true;   // both close frames: nothing more to read (the writer ends the connection)
-          end("the client closed the connection");
-          stop = true;
-        }
-      } else {   // data
-        if (p.begins) {
-          text = p.opcode == pws::op_text;
-          compressed = p.compressed;
-          size = 0;
-          utf8.reset();
-          message.clear();
-        }
-        bool ok;
-        if (compressed) {
-          if (!s.inflate) s.inflate = std::make_unique<inflater>();
-          ok = s.inflate->feed(p.bytes, p.ends, take);
-          if (!ok && !failure) failure = pws::close_bad_payload;
-          if (p.ends && s.client_resets) s.inflate.reset();   // nothing kept between its messages
-        } else {
-          ok = take(p.bytes);
-        }
-        if (ok && p.ends && text && !utf8.complete()) {
-          ok = false;
-          failure = pws::close_bad_payload;
-        }
-        if (!ok) {
-          const char* why = failure == pws::close_too_big ? "a message over the limit"
-                            : compressed                  ? "a message that does not inflate to UTF-8"
+      }
+    } else {   // data
+      if (p.begins) {
+        r.text = p.opcode == pws::op_text;
+        r.compressed = p.compressed;
+        r.size = 0;
+        r.utf8.reset();
+        r.message.clear();
+      }
+      bool ok;
+      if (r.compressed) {
+        if (!s.inflate) s.inflate = std::make_unique<inflater>();
+        ok = s.inflate->feed(p.bytes, p.ends, take);
+        if (!ok && !r.failure) r.failure = pws::close_bad_payload;
+        if (p.ends && s.client_resets) s.inflate.reset();   // nothing kept between its messages
+      } else {
+        ok = take(p.bytes);
+      }
+      if (ok && p.ends && r.text && !r.utf8.complete()) {
+        ok = false;
+        r.failure = pws::close_bad_payload;
+      }
+      if (!ok) {
+        const char* why = r.failure == pws::close_too_big ? "a message over the limit"
+                          : r.compressed                  ? "a message that does not inflate to UTF-8"
                                                           : "a text message that is not UTF-8";
-          s.send_close_frame(failure, why);
-          end(why);
-          stop = true;
-        } else if (p.ends) {
-          if (keep && !co_await on_message(text, std::move(message))) {
+        s.send_close_frame(r.failure, why);
+        s.reader_end(why);
+        stop = true;
+      } else if (p.ends) {
+        if constexpr (S::keeps_messages) {
+          const auto d = s.deliver(sp, r.text, std::exchange(r.message, std::string()));
+          if (d == delivered::paused) return;   // (the session calls take_pieces again)
+          if (d == delivered::stop) {
             s.closing = true;
-            end("");
+            s.reader_end("");
             stop = true;
           }
-          message = std::string();
         }
       }
     }
   }
-  s.reading = false;
-  end("the client closed the connection");   // (the writer closes the socket)
+  if (stop) r.at = r.end;   // (what followed is not read)
+  start_reading(sp);
+}
+
+template <class S>
+void start_reading(const std::shared_ptr<S>& sp) {
+  auto& s = *sp;
+  if (s.close_done) return reader_done(sp);
+  if (s.rd.at < s.rd.end) return take_pieces(sp);
+  // A client that sends (pings) and does not read: its pongs wait with everything else unsent;
+  // past read_pause_bytes the reader stops reading until they have gone out.
+  if (s.out.buffered() > read_pause_bytes && !s.out.failed() && tcp_socket_of(s.out.next_layer()).is_open()) {
+    auto pause = std::make_shared<asio::steady_timer>(s.out.get_executor(), std::chrono::milliseconds(20));
+    pause->async_wait([sp, pause](boost::system::error_code) { start_reading(sp); });
+    return;
+  }
+  s.out.async_read_some(asio::buffer(s.rd.chunk), [sp](boost::system::error_code ec, std::size_t n) {
+    auto& s = *sp;
+    if (ec) {
+      s.clean_end = ec == asio::error::eof;
+      return reader_done(sp);
+    }
+    s.heard = std::chrono::steady_clock::now();
+    s.rd.at = 0;
+    s.rd.end = n;
+    take_pieces(sp);
+  });
 }
 
 /// Walgate's end of a connection: the close frame (when none was sent), then the client's answer

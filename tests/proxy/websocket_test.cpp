@@ -346,3 +346,26 @@ TEST_CASE("walgate's WebSocket: /v1/mux inflates a client's compressed messages,
     CHECK(code == 1007);
   }
 }
+
+TEST_CASE("walgate's WebSocket: /v1/mux reads ahead at most 16 messages, then pauses; every message answered in order") {
+  test::cluster().sql("CREATE TABLE wsw_i(id int PRIMARY KEY); CREATE PUBLICATION wsw_i_pub FOR TABLE wsw_i");
+  running_gateway g("wsw_i_slot", "wsw_i_pub");
+  wire w(g.port(), "/v1/mux");
+  REQUIRE(w.status == 101);
+  // 300 messages at once, some split across reads (and pauses): each gets its answer, in order.
+  std::string all;
+  for (int i = 0; i < 300; ++i)
+    all += masked(pws::op_text, R"({"type":"unsubscribe","id":"u)" + std::to_string(i) + "\"}");
+  w.send(all);
+  for (int i = 0; i < 300; ++i) {
+    auto f = w.next_not_ping();
+    REQUIRE(f);
+    INFO(f->payload);
+    CHECK(f->payload.find("{\"sub\":\"u" + std::to_string(i) + "\",\"type\":\"error\",\"status\":404") == 0);
+  }
+  // Still open and served.
+  w.send(masked(pws::op_text, R"({"type":"subscribe","id":"a","tables":"public.wsw_i"})"));
+  auto f = w.next_not_ping();
+  REQUIRE(f);
+  CHECK(f->payload == R"({"sub":"a","type":"subscribed"})");
+}

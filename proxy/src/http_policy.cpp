@@ -1,6 +1,7 @@
 // The HTTP server's policy on who may be served (the Host a loopback listener serves, the
 // origins whose pages may read the stream) and the WebSocket frame header the transports write:
 // no Beast, so the fuzz target checks them on arbitrary input.
+#include "walgate/protocol/websocket.hpp"
 #include "walgate/proxy/server.hpp"
 
 #include <cctype>
@@ -69,20 +70,8 @@ bool origin_allowed(std::string_view origin, std::string_view host, const std::v
 
 std::size_t websocket_text_frame_header(char (&out)[10], std::uint64_t n, bool first, bool fin, bool compressed) {
   // FIN | RSV1 (compressed, on a message's first frame) | text, or continuation
-  out[0] = static_cast<char>((fin ? 0x80 : 0x00) | (first && compressed ? 0x40 : 0x00) | (first ? 0x01 : 0x00));
-  if (n < 126) {
-    out[1] = static_cast<char>(n);
-    return 2;
-  }
-  if (n <= 0xffff) {
-    out[1] = 126;
-    out[2] = static_cast<char>(n >> 8);
-    out[3] = static_cast<char>(n);
-    return 4;
-  }
-  out[1] = 127;
-  for (int i = 0; i < 8; ++i) out[2 + i] = static_cast<char>(n >> (56 - 8 * i));
-  return 10;
+  namespace pws = protocol::websocket;
+  return pws::frame_header(out, first ? pws::op_text : pws::op_continuation, n, fin, first && compressed);
 }
 
 }  // namespace walgate::proxy

@@ -5,6 +5,7 @@
 #include "walgate/protocol/websocket.hpp"
 #include "walgate/proxy/deflate.hpp"
 
+#include "client_deflater.hpp"
 #include "gateway_harness.hpp"
 #include "test_cluster.hpp"
 
@@ -37,23 +38,7 @@ std::string masked(std::uint8_t op, std::string_view payload, bool fin = true, b
   return f;
 }
 
-/// A message as a client compresses it (RFC 7692 7.2.1): raw DEFLATE, a fresh context, flushed,
-/// without the final 00 00 ff ff — whether or not it came out smaller.
-std::string compressed(std::string_view message) {
-  z_stream d{};
-  REQUIRE(deflateInit2(&d, 6, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY) == Z_OK);
-  std::string out(message.size() + 64, '\0');
-  d.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(message.data()));
-  d.avail_in = static_cast<uInt>(message.size());
-  d.next_out = reinterpret_cast<Bytef*>(out.data());
-  d.avail_out = static_cast<uInt>(out.size());
-  REQUIRE(deflate(&d, Z_SYNC_FLUSH) == Z_OK);
-  const std::size_t n = out.size() - d.avail_out;
-  REQUIRE(n >= 4);
-  out.resize(n - 4);
-  deflateEnd(&d);
-  return out;
-}
+using test::compressed_alone;
 
 struct frame {
   std::uint8_t op = 0;
@@ -312,21 +297,8 @@ TEST_CASE("walgate's WebSocket: /v1/mux inflates a client's compressed messages,
     // compressor that keeps its context (the second refers back into the first), with it each
     // on its own.
     const bool takeover = std::string(offer).find("client_no") == std::string::npos;
-    z_stream d{};
-    REQUIRE(deflateInit2(&d, 6, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY) == Z_OK);
-    auto compress = [&](const std::string& m) {
-      if (!takeover) return compressed(m);
-      std::string out(m.size() + 64, '\0');
-      d.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(m.data()));
-      d.avail_in = static_cast<uInt>(m.size());
-      d.next_out = reinterpret_cast<Bytef*>(out.data());
-      d.avail_out = static_cast<uInt>(out.size());
-      REQUIRE(deflate(&d, Z_SYNC_FLUSH) == Z_OK);
-      const std::size_t n = out.size() - d.avail_out;
-      REQUIRE(n >= 4);
-      out.resize(n - 4);
-      return out;
-    };
+    test::client_deflater d;
+    auto compress = [&](const std::string& m) { return takeover ? d.compress(m) : compressed_alone(m); };
     std::string z = compress(R"({"type":"subscribe","id":"a","tables":"public.wsw_z"})");
     w.send(masked(pws::op_text, z.substr(0, 5), false, true) + masked(pws::op_continuation, z.substr(5, 7), false) +
            masked(pws::op_continuation, z.substr(12), true));
@@ -334,8 +306,7 @@ TEST_CASE("walgate's WebSocket: /v1/mux inflates a client's compressed messages,
     REQUIRE(f);
     CHECK(f->payload == R"({"sub":"a","type":"subscribed"})");
     z = compress(R"({"type":"unsubscribe","id":"a"})");
-    deflateEnd(&d);
-    if (takeover) CHECK(z.size() < compressed(R"({"type":"unsubscribe","id":"a"})").size());   // (it refers back)
+    if (takeover) CHECK(z.size() < compressed_alone(R"({"type":"unsubscribe","id":"a"})").size());   // (it refers back)
     w.send(masked(pws::op_text, z, true, true));
     f = w.next_not_ping();
     REQUIRE(f);

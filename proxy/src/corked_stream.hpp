@@ -80,7 +80,7 @@ class corked_stream {
     shutdown_if_sent();
   }
 
-  void cork() { corked_ = true; }
+  void cork() { corked_ = !shutdown_; }   // (after shutdown_after_sent, what is queued goes out as it can)
   /// Writes go out as they come again (what was buffered starts sending now), without waiting.
   void uncork() {
     corked_ = false;

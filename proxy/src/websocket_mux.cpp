@@ -95,10 +95,9 @@ struct mux_session : session<Stream> {
     sp->room.expires_after(std::chrono::seconds(1));
     sp->room.async_wait([sp](boost::system::error_code) {
       auto& m = *sp;
-      if (m.writer_done || !m.is_open()) {   // the connection ends: what follows is not read
+      if (m.writer_done || !m.is_open()) {   // the connection ends: what follows is read, its data skipped
         m.closing = true;
         m.reader_end("");
-        m.rd.at = m.rd.end;
       } else if (m.inbox_full()) {
         return wait_for_room(sp);
       }

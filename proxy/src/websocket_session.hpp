@@ -225,11 +225,17 @@ void take_pieces(const std::shared_ptr<S>& sp) {
     r.at = r.end - in.size();
     if (p.what == pws::piece::kind::more) break;
     if (s.closing && p.what != pws::piece::kind::control) {   // after a close: the client's answer is awaited
-      if (p.what == pws::piece::kind::failed) stop = true;
+      if (p.what == pws::piece::kind::failed) {   // (nothing more can be read: done)
+        s.close_done = true;
+        stop = true;
+      }
       continue;
     }
     if (p.what == pws::piece::kind::failed) {
+      // Nothing after a broken frame can be read: the reader ends here, without the client's
+      // answer (RFC 6455 7.1.7), and the writer sends the close frame and closes.
       s.send_close_frame(p.code, p.reason);
+      s.close_done = true;
       s.reader_end(p.reason);
       stop = true;
     } else if (p.what == pws::piece::kind::control) {
@@ -269,23 +275,20 @@ void take_pieces(const std::shared_ptr<S>& sp) {
         const char* why = r.failure == pws::close_too_big ? "a message over the limit"
                           : r.compressed                  ? "a message that does not inflate to UTF-8"
                                                           : "a text message that is not UTF-8";
-        s.send_close_frame(r.failure, why);
+        s.send_close_frame(r.failure, why);   // (closing: the frames that follow are read, their data skipped)
         s.reader_end(why);
-        stop = true;
       } else if (p.ends) {
         if constexpr (S::keeps_messages) {
           const auto d = s.deliver(sp, r.text, std::exchange(r.message, std::string()));
           if (d == delivered::paused) return;   // (the session calls take_pieces again)
-          if (d == delivered::stop) {
+          if (d == delivered::stop) {   // (closing: the frames that follow are read, their data skipped)
             s.closing = true;
             s.reader_end("");
-            stop = true;
           }
         }
       }
     }
   }
-  if (stop) r.at = r.end;   // (what followed is not read)
   start_reading(sp);
 }
 
@@ -321,6 +324,7 @@ void start_reading(const std::shared_ptr<S>& sp) {
 template <class Session>
 awaitable<void> finish_close(Session& s, asio::steady_timer& timer, std::uint16_t code, std::string_view reason) {
   s.send_close_frame(code, reason);
+  s.out.uncork();   // (a close frame the reader queued while a batch was being collected goes out now)
   const auto until = std::chrono::steady_clock::now() + close_timeout;
   while (s.reading && std::chrono::steady_clock::now() < until) {
     timer.expires_at(until);

@@ -340,3 +340,31 @@ TEST_CASE("walgate's WebSocket: /v1/mux reads ahead at most 16 messages, then pa
   REQUIRE(f);
   CHECK(f->payload == R"({"sub":"a","type":"subscribed"})");
 }
+
+TEST_CASE("walgate's WebSocket: after a 1009 or 1007 the client's close answer ends the connection at once") {
+  test::cluster().sql("CREATE TABLE wsw_c(id int PRIMARY KEY); CREATE PUBLICATION wsw_c_pub FOR TABLE wsw_c");
+  server_options so;
+  so.ws_message_limit = 1024;
+  running_gateway g("wsw_c_slot", "wsw_c_pub", so);
+  struct {
+    std::string message;
+    std::uint16_t code;
+  } cases[] = {{masked(pws::op_text, std::string(3000, 'x')), 1009}, {masked(pws::op_text, "ok\xff"s), 1007}};
+  for (const char* target : {"/v1/ws", "/v1/mux"})
+    for (const auto& c : cases) {
+      INFO(target << " " << c.code);
+      wire w(g.port(), target);
+      REQUIRE(w.status == 101);
+      REQUIRE(test::wait_until([&] { return g.srv->clients() == (std::string(target) == "/v1/ws" ? 1u : 0u); }));
+      // The offending message and, in the same write, the client's close (its answer, sent
+      // ahead): read past the message's skipped bytes, it ends the connection without walgate's
+      // 5 s wait.
+      const auto t0 = std::chrono::steady_clock::now();
+      w.send(c.message + masked(pws::op_close, "\x03\xe8"s));
+      auto [code, reason] = w.closed();
+      CHECK(code == c.code);
+      // (the connection reading /metrics is the one left)
+      CHECK(test::wait_until([&] { return metric_of(g.port(), "walgate_connections") == 1; }, std::chrono::seconds(10)));
+      CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
+    }
+}

@@ -72,13 +72,7 @@ struct raw_ws {
   std::string buf, answer;   // answer: the Sec-WebSocket-Extensions of the 101
   unsigned status = 0;
   raw_ws(std::uint16_t port, const std::string& target, const std::string& offer, bool blocking = true) {
-    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    REQUIRE(fd >= 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    fd = loopback_socket(port);
     std::string req = "GET " + target + " HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                       "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n";
     if (!offer.empty()) req += "Sec-WebSocket-Extensions: " + offer + "\r\n";

@@ -18,6 +18,7 @@
 
 #include <doctest/doctest.h>
 
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -266,6 +267,18 @@ inline std::pair<unsigned, std::string> get_path(std::uint16_t port, const std::
 }
 
 /// The value of an unlabelled metric in walgate's /metrics (required to be there).
+/// A blocking POSIX socket connected to the gateway on 127.0.0.1 (raw clients that check bytes).
+inline int loopback_socket(std::uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  return fd;
+}
+
 inline long long metric_of(std::uint16_t port, const std::string& name) {
   const auto m = get_path(port, "/metrics").second;
   auto at = m.find("\n" + name + " ");

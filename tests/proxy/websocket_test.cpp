@@ -362,3 +362,30 @@ TEST_CASE("walgate's WebSocket: after a 1009 or 1007 the client's close answer e
       CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
     }
 }
+
+TEST_CASE("walgate's WebSocket: a client that sends pings and reads nothing is no longer read once 1 MiB of pongs wait") {
+  test::cluster().sql("CREATE TABLE wsw_f(id int PRIMARY KEY); CREATE PUBLICATION wsw_f_pub FOR TABLE wsw_f");
+  running_gateway g("wsw_f_slot", "wsw_f_pub");
+  wire w(g.port(), "/v1/ws");
+  REQUIRE(w.status == 101);
+  // Pings of 125 bytes, never reading the pongs. walgate keeps reading only while less than
+  // 1 MiB waits to be sent; then the kernel's buffers fill and this client's sends stall. Were
+  // pongs queued without bound, all 256 MiB would go through.
+  timeval tv{3, 0};
+  ::setsockopt(w.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  std::string batch;
+  for (int i = 0; i < 1000; ++i) batch += masked(pws::op_ping, std::string(125, 'p'));
+  std::size_t sent = 0;
+  bool stalled = false;
+  while (sent < (256u << 20)) {
+    ssize_t n = ::send(w.fd, batch.data(), batch.size(), MSG_NOSIGNAL);
+    if (n < static_cast<ssize_t>(batch.size())) {   // (a timeout: nothing or part of it went)
+      stalled = true;
+      break;
+    }
+    sent += static_cast<std::size_t>(n);
+  }
+  MESSAGE("ping bytes sent before walgate stopped reading: " << sent);
+  CHECK(stalled);
+  CHECK(sent < (64u << 20));
+}

@@ -225,7 +225,11 @@ int main(int argc, char** argv) {
       std::size_t n;
       bool deflate;
     };
-    for (run r : {run{100, false}, run{1000, false}, run{10000, false}, run{200, true}, run{1000, true}, run{10000, true}}) {
+    // WALGATE_BENCH_ONLY_IDLE: the idle clients' memory alone (no bursts, no latency phase).
+    const bool only_idle = std::getenv("WALGATE_BENCH_ONLY_IDLE") != nullptr;
+    std::vector<run> runs = {run{100, false}, run{1000, false}, run{10000, false}, run{200, true}, run{1000, true}, run{10000, true}};
+    if (only_idle) runs.clear();
+    for (run r : runs) {
       std::vector<std::unique_ptr<client>> cs;
       for (std::size_t i = 0; i < r.n; ++i)
         if (auto c = connect_ws(port, r.deflate, static_cast<int>(i))) cs.push_back(std::move(c));
@@ -246,7 +250,7 @@ int main(int argc, char** argv) {
       cs.clear();
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
     }
-    if (!is_peer(bin) && !std::getenv("WALGATE_BENCH_NO_LATENCY")) {
+    if (!is_peer(bin) && !only_idle && !std::getenv("WALGATE_BENCH_NO_LATENCY")) {
       // Commit -> client latency at 1,000,000 deliveries/s: 10,000 clients (uncompressed), 100
       // changes a second (10 transactions of 10 rows) for 10 s; 100 of the clients time every
       // event from the commit time in it. Meanwhile pg_recvlogical (test_decoding with commit

@@ -24,19 +24,52 @@ namespace beast = boost::beast;
 using asio::awaitable;
 inline constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
 
+/// The socket under a stream (a bare socket for plain TCP, the Beast stream's under TLS).
+template <class Stream>
+asio::ip::tcp::socket& socket_of(Stream& s) {
+  if constexpr (std::is_same_v<Stream, asio::ip::tcp::socket>) return s;
+  else return beast::get_lowest_layer(s).socket();
+}
+
+/// Shared by the stream's loop and the handlers that outlive a moment of it (the hang-up
+/// watch, the write timeout): whether the loop still runs, and whether a write timed out.
+struct watch_state {
+  bool alive = true;
+  bool timed_out = false;
+};
+
+/// One write within a timeout: the client's watchdog is armed for it, and when it ends first
+/// the socket is closed (the write fails; beast::error::timeout is returned).
+template <class Stream, class Buffers>
+awaitable<boost::system::error_code> timed_write(client& c, Stream& s, const std::shared_ptr<watch_state>& w,
+                                                 const Buffers& buffers, std::chrono::milliseconds timeout) {
+  c.watchdog.expires_after(timeout);
+  c.watchdog.async_wait([w, &sock = socket_of(s)](boost::system::error_code ec) {
+    if (ec || !w->alive) return;   // (cancelled, or the loop ended: the socket is gone)
+    w->timed_out = true;
+    boost::system::error_code ignored;
+    sock.close(ignored);
+  });
+  auto [ec, n] = co_await asio::async_write(s, buffers, use_tuple);
+  c.watchdog.cancel();
+  if (ec && w->timed_out) ec = beast::error::timeout;
+  co_return ec;
+}
+
 /// One HTTP chunk (nothing for no bytes), within the write timeout.
 template <class Stream>
-awaitable<boost::system::error_code> write_chunk(server_core& core, Stream& s, std::string_view bytes) {
+awaitable<boost::system::error_code> write_chunk(client& c, Stream& s, const std::shared_ptr<watch_state>& w,
+                                                 std::string_view bytes) {
   if (bytes.empty()) co_return boost::system::error_code{};
-  beast::get_lowest_layer(s).expires_after(core.opts.write_timeout);
-  auto [ec, n] = co_await asio::async_write(s, http::make_chunk(asio::buffer(bytes.data(), bytes.size())), use_tuple);
-  co_return ec;
+  co_return co_await timed_write(c, s, w, http::make_chunk(asio::buffer(bytes.data(), bytes.size())),
+                                 c.core.opts.write_timeout);
 }
 
 /// A large encoding as chunks: from memory at once, from a spill file a piece at a time (each
 /// piece within the write timeout; memory for this client: one piece).
 template <class Stream>
-awaitable<boost::system::error_code> write_payload_chunks(server_core& core, Stream& s, const payload& p) {
+awaitable<boost::system::error_code> write_payload_chunks(client& c, Stream& s, const std::shared_ptr<watch_state>& w,
+                                                          const payload& p) {
   std::string piece;
   for (std::size_t off = 0; off < p.size(); off += piece_bytes) {
     std::size_t n = std::min(piece_bytes, p.size() - off);
@@ -45,24 +78,26 @@ awaitable<boost::system::error_code> write_payload_chunks(server_core& core, Str
       piece.resize(n);
       std::string error;
       if (!p.read(off, piece, error)) {
-        core.spill_read_failed(error);
+        c.core.spill_read_failed(error);
         co_return make_error_code(boost::system::errc::io_error);
       }
       view = piece;
     } else {
       view = p.bytes().substr(off, n);   // (in memory: from the shared bytes, no copy)
     }
-    auto ec = co_await write_chunk(core, s, view);
+    auto ec = co_await write_chunk(c, s, w, view);
     if (ec) co_return ec;
   }
   co_return boost::system::error_code{};
 }
 
-/// The response head (chunked), within the write timeout: a coroutine of its own, so that the
-/// response and its serializer are not kept in the frame of the stream's loop for its life.
+/// The response head (chunked) and the framing's preamble, within the write timeout: a
+/// coroutine of its own, so that the response and its serializer are not kept in the frame of
+/// the stream's loop for its life.
 template <class Stream>
-awaitable<boost::system::error_code> write_head(server_core& core, Stream& s, unsigned version, const char* content_type,
-                                                std::string_view cors) {
+awaitable<boost::system::error_code> write_head(client& c, Stream& s, const std::shared_ptr<watch_state>& w,
+                                                unsigned version, const char* content_type, std::string_view cors,
+                                                std::string preamble) {
   http::response<http::empty_body> res{http::status::ok, version};
   res.set(http::field::server, "walgate");
   res.set(http::field::content_type, content_type);
@@ -71,35 +106,70 @@ awaitable<boost::system::error_code> write_head(server_core& core, Stream& s, un
   set_cors(res, cors);
   res.chunked(true);
   http::response_serializer<http::empty_body> sr{res};
-  beast::get_lowest_layer(s).expires_after(core.opts.write_timeout);
-  auto [ec, n] = co_await http::async_write_header(s, sr, use_tuple);
-  co_return ec;
+  std::string head;
+  {
+    // The head is made here (the serializer's buffers copied out), and sent with the
+    // preamble's chunk in one write.
+    boost::system::error_code ec;
+    sr.split(true);
+    std::size_t n = 0;
+    sr.next(ec, [&](boost::system::error_code&, const auto& buffers) {
+      for (auto b : beast::buffers_range_ref(buffers)) head.append(static_cast<const char*>(b.data()), b.size());
+      n = beast::buffer_bytes(buffers);
+    });
+    if (ec) co_return ec;
+    sr.consume(n);
+  }
+  if (!preamble.empty()) {
+    char size[20];
+    head.append(size, static_cast<std::size_t>(std::snprintf(size, sizeof size, "%zx\r\n", preamble.size())));
+    head += preamble;
+    head += "\r\n";
+  }
+  co_return co_await timed_write(c, s, w, asio::buffer(head), c.core.opts.write_timeout);
 }
 
-template <class Framing, class Stream>
-awaitable<void> serve(server_core& core, Stream& s, unsigned version, stream_start start, std::string_view cors,
-                      Framing framing) {   // (by value: the entry points return this coroutine itself)
-  client c(core, Framing::kind, std::move(start));
-  c.force_close = [&s] { beast::get_lowest_layer(s).close(); };
-  auto& sub = c.sub;
+/// The stream's last line (why it ends, where to resume) and the chunked body's end, within 5 s.
+template <class Stream>
+awaitable<void> write_end(client& c, Stream& s, const std::shared_ptr<watch_state>& w, std::string tail) {
+  co_await timed_write(c, s, w, http::make_chunk(asio::buffer(tail)), std::chrono::seconds(5));
+  co_await timed_write(c, s, w, http::make_chunk_last(), std::chrono::seconds(5));
+}
 
-  if (co_await write_head(core, s, version, Framing::content_type, cors)) co_return;
-  if (auto pre = framing.preamble(); !pre.empty()) {
-    auto ec = co_await write_chunk(core, s, pre);
+/// The stream, owning its connection: s (a bare socket, or a TLS stream), hold (what the
+/// connection holds while it lives); start is freed once the client is made and the head
+/// written (the stream's frame keeps neither it nor the request).
+template <class Framing, class Stream>
+awaitable<void> serve(server_core& core, Stream s, std::unique_ptr<chunked_start> start, connection_hold hold,
+                      Framing framing) {   // (by value: the entry points return this coroutine itself)
+  (void)hold;   // (held to the end)
+  if constexpr (!std::is_same_v<Stream, asio::ip::tcp::socket>)
+    beast::get_lowest_layer(s).expires_never();   // (the write timeout is the client's watchdog)
+  auto& sock = socket_of(s);
+  client c(core, Framing::kind, std::move(start->start));
+  c.force_close = [&sock] {
+    boost::system::error_code ignored;
+    sock.close(ignored);
+  };
+  auto& sub = c.sub;
+  // The watch's state: the loop runs (alive) — handlers that run after it ended touch nothing.
+  auto w = std::make_shared<watch_state>();
+  struct watch_guard {
+    std::shared_ptr<watch_state>& w;
+    ~watch_guard() { w->alive = false; }
+  } watching{w};
+
+  {
+    auto ec = co_await write_head(c, s, w, start->version, Framing::content_type, start->cors, framing.preamble());
+    start.reset();
     if (ec) co_return;
   }
   // A client that hangs up while idle is noticed at once (not at the next keep-alive write),
   // so its slot is free for the next one. The client sends nothing after its request: the
   // socket turning readable with nothing to read is its end; bytes to read (a pipelined
   // request, a TLS alert) end the watch, and the next write finds out.
-  auto alive = std::make_shared<bool>(true);
-  struct watch_guard {
-    std::shared_ptr<bool> alive;
-    ~watch_guard() { *alive = false; }
-  } watching{alive};
-  auto& sock = beast::get_lowest_layer(s).socket();
-  sock.async_wait(asio::ip::tcp::socket::wait_read, [alive, &c, &sock](boost::system::error_code ec) {
-    if (!*alive || ec) return;
+  sock.async_wait(asio::ip::tcp::socket::wait_read, [w, &c, &sock](boost::system::error_code ec) {
+    if (!w->alive || ec) return;
     if (peer_closed(sock.native_handle())) {
       c.sub.close(subscription::end::client_gone, "the client closed the connection");
       c.wake.cancel();
@@ -152,10 +222,10 @@ awaitable<void> serve(server_core& core, Stream& s, unsigned version, stream_sta
       framing.before(out, item);
       if (p->spilled() || p->size() >= large_payload) {
         sent += out.size() + p->size();
-        ec = co_await write_chunk(core, s, out);
+        ec = co_await write_chunk(c, s, w, out);
         if (ec) break;
         out.clear();
-        ec = co_await write_payload_chunks(core, s, *p);
+        ec = co_await write_payload_chunks(c, s, w, *p);
         if (ec) break;
       } else {
         out += p->bytes();
@@ -164,7 +234,7 @@ awaitable<void> serve(server_core& core, Stream& s, unsigned version, stream_sta
     }
     if (!ec) {
       sent += out.size();
-      ec = co_await write_chunk(core, s, out);
+      ec = co_await write_chunk(c, s, w, out);
     }
     if (ec) {
       if (ec == beast::error::timeout) {
@@ -183,17 +253,15 @@ awaitable<void> serve(server_core& core, Stream& s, unsigned version, stream_sta
   c.finished();
   if (core.stopping) sub.close(subscription::end::shutdown, "server shutting down");
   // A last line that says why, and where to resume.
-  std::string tail = framing.end(end_line(sub.reason(), sub.resume_id()));
-  beast::get_lowest_layer(s).expires_after(std::chrono::seconds(5));
-  co_await asio::async_write(s, http::make_chunk(asio::buffer(tail)), use_tuple);
-  co_await asio::async_write(s, http::make_chunk_last(), use_tuple);
+  co_await write_end(c, s, w, framing.end(end_line(sub.reason(), sub.resume_id())));
 }
 
 }  // namespace walgate::proxy::chunked
 
 /// Instantiates a transport's entry point for plain and TLS connections.
 #define WALGATE_INSTANTIATE_HTTP_TRANSPORT(fn)                                                                  \
-  template boost::asio::awaitable<void> fn<boost::beast::tcp_stream>(                                           \
-      server_core&, boost::beast::tcp_stream&, unsigned, stream_start, std::string_view);                      \
+  template boost::asio::awaitable<void> fn<boost::asio::ip::tcp::socket>(                                       \
+      server_core&, boost::asio::ip::tcp::socket, std::unique_ptr<chunked_start>, connection_hold);             \
   template boost::asio::awaitable<void> fn<boost::beast::ssl_stream<boost::beast::tcp_stream>>(                \
-      server_core&, boost::beast::ssl_stream<boost::beast::tcp_stream>&, unsigned, stream_start, std::string_view);
+      server_core&, boost::beast::ssl_stream<boost::beast::tcp_stream>, std::unique_ptr<chunked_start>,         \
+      connection_hold);

@@ -332,7 +332,7 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
                               json_error("", over_message), false, "5", cors);
         co_return std::nullopt;
       }
-      stream_handoff h{stream_handoff::to::mux, req.version(), std::string(cors), std::move(req), {}, std::nullopt};
+      stream_handoff h{stream_handoff::to::mux, req.version(), std::string(cors), std::move(req), {}, std::nullopt, std::nullopt, {}};
       h.slot = std::move(slot);
       h.peer = peer;
       h.start.who = std::move(who);
@@ -470,21 +470,11 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
   co_return std::nullopt;
 }
 
-/// An NDJSON or SSE stream, served by a coroutine that owns its connection (the stream, and what
-/// the connection holds), so that the connection's own coroutine ends at the hand-off.
-template <class Stream>
-awaitable<void> serve_chunked_owned(server_core& core, Stream s, unsigned version, stream_start start, std::string cors,
-                                    connection_hold hold, bool sse) {
-  (void)hold;   // (held to the end)
-  if (sse) co_await serve_sse(core, s, version, std::move(start), cors);
-  else co_await serve_ndjson(core, s, version, std::move(start), cors);
-}
-
 template <class Stream>
 awaitable<void> serve_connection(server_core& core, asio::ip::tcp::socket socket, std::shared_ptr<void> keep) {
   // Counted, the server kept, and the TLS context it began with (a reload replaces core.tls),
   // while the connection lives.
-  connection_hold hold{counted(core.connections), std::move(keep), {}};
+  connection_hold hold{counted(core.connections), std::move(keep), {}, std::nullopt, std::nullopt};
   constexpr bool tls = !std::is_same_v<Stream, beast::tcp_stream>;
   auto make = [&] {
     if constexpr (tls) {
@@ -504,9 +494,9 @@ awaitable<void> serve_connection(server_core& core, asio::ip::tcp::socket socket
   auto h = co_await serve_http(core, s);
   if (!h) co_return;
   // Every stream is served by a coroutine of its own, which takes the connection over (this
-  // one, its frame and the request's state, ends here). A WebSocket takes, over TLS, its
-  // stream, else the bare socket — the Beast stream (its body and timers) is freed here, not
-  // kept idle for the connection's life — and its places under the limits.
+  // one, its frame and the request's state, ends here). It takes, over TLS, its stream, else
+  // the bare socket — the Beast stream (its body and timers) is freed here, not kept idle for
+  // the connection's life — and its places under the limits.
   auto handed = [&] {
     if (h->admitted) hold.admitted.emplace(std::move(*h->admitted));
     if (h->slot) hold.slot.emplace(std::move(*h->slot));
@@ -519,16 +509,18 @@ awaitable<void> serve_connection(server_core& core, asio::ip::tcp::socket socket
     }
   };
   switch (h->what) {
-    case stream_handoff::to::ndjson:
-    case stream_handoff::to::sse:
-      if (h->admitted) hold.admitted.emplace(std::move(*h->admitted));
-      if (h->slot) hold.slot.emplace(std::move(*h->slot));
-      asio::co_spawn(core.executor,
-                     serve_chunked_owned(core, std::move(s), h->version, std::move(h->start), std::move(h->cors),
-                                         std::move(hold), h->what == stream_handoff::to::sse),
-                     asio::detached);
-      break;
     // (handed() first: it moves the limits' places into hold.)
+    case stream_handoff::to::ndjson:
+    case stream_handoff::to::sse: {
+      auto taken = handed();
+      auto start = std::make_unique<chunked_start>(chunked_start{std::move(h->start), h->version, std::move(h->cors)});
+      if (h->what == stream_handoff::to::sse)
+        asio::co_spawn(core.executor, serve_sse(core, std::move(taken), std::move(start), std::move(hold)), asio::detached);
+      else
+        asio::co_spawn(core.executor, serve_ndjson(core, std::move(taken), std::move(start), std::move(hold)),
+                       asio::detached);
+      break;
+    }
     case stream_handoff::to::websocket: {
       auto taken = handed();
       asio::co_spawn(core.executor,

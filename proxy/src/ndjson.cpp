@@ -19,9 +19,9 @@ struct ndjson_framing {
 }  // namespace
 
 template <class Stream>
-boost::asio::awaitable<void> serve_ndjson(server_core& core, Stream& s, unsigned version, stream_start start,
-                                          std::string_view cors) {
-  return chunked::serve(core, s, version, std::move(start), cors, ndjson_framing{});   // (no frame of its own)
+boost::asio::awaitable<void> serve_ndjson(server_core& core, Stream s, std::unique_ptr<chunked_start> start,
+                                       connection_hold hold) {
+  return chunked::serve(core, std::move(s), std::move(start), std::move(hold), ndjson_framing{});   // (no frame of its own)
 }
 
 WALGATE_INSTANTIATE_HTTP_TRANSPORT(serve_ndjson)

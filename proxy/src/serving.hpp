@@ -251,12 +251,6 @@ boost::asio::awaitable<void> serve_connection(server_core& core, boost::asio::ip
                                               std::shared_ptr<void> keep);
 template <class Stream>
 boost::asio::awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s);
-template <class Stream>
-boost::asio::awaitable<void> serve_ndjson(server_core& core, Stream& s, unsigned version, stream_start start,
-                                          std::string_view cors);
-template <class Stream>
-boost::asio::awaitable<void> serve_sse(server_core& core, Stream& s, unsigned version, stream_start start,
-                                       std::string_view cors);
 /// What a connection holds while it is served: its place in core.connections, the server's
 /// state (kept alive), over TLS the context it began with, and its stream's places under the
 /// limits. The coroutine of the stream it turns into (WebSocket, multiplexed, NDJSON or SSE)
@@ -269,6 +263,23 @@ struct connection_hold {
   std::optional<counted> admitted;       ///< the stream's place under --max-clients (stream_handoff's)
   std::optional<admission::slot> slot;   ///< and under the per-subject and per-address limits
 };
+
+/// What an NDJSON or SSE stream starts from, freed once its client is made and its response
+/// head written (not kept in the stream's frame for its life).
+struct chunked_start {
+  stream_start start;
+  unsigned version = 11;
+  std::string cors;   ///< the allowed Origin (empty: none)
+};
+
+/// NDJSON and SSE (ndjson.cpp, sse.cpp): each owns its connection — Stream a bare socket
+/// (plain TCP) or a TLS stream — and what it holds.
+template <class Stream>
+boost::asio::awaitable<void> serve_ndjson(server_core& core, Stream s, std::unique_ptr<chunked_start> start,
+                                          connection_hold hold);
+template <class Stream>
+boost::asio::awaitable<void> serve_sse(server_core& core, Stream s, std::unique_ptr<chunked_start> start,
+                                       connection_hold hold);
 
 template <class Stream>
 boost::asio::awaitable<void> serve_websocket(server_core& core, Stream s, http::request<http::empty_body> req,

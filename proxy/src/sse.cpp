@@ -39,9 +39,9 @@ struct sse_framing {
 }  // namespace
 
 template <class Stream>
-boost::asio::awaitable<void> serve_sse(server_core& core, Stream& s, unsigned version, stream_start start,
-                                       std::string_view cors) {
-  return chunked::serve(core, s, version, std::move(start), cors, sse_framing{core.opts.sse_retry});   // (no frame of its own)
+boost::asio::awaitable<void> serve_sse(server_core& core, Stream s, std::unique_ptr<chunked_start> start,
+                                       connection_hold hold) {
+  return chunked::serve(core, std::move(s), std::move(start), std::move(hold), sse_framing{core.opts.sse_retry});   // (no frame of its own)
 }
 
 WALGATE_INSTANTIATE_HTTP_TRANSPORT(serve_sse)

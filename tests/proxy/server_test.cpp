@@ -23,7 +23,9 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 
+#include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <fstream>
 #include <future>
 #include <optional>
@@ -1147,6 +1149,89 @@ TEST_CASE("TLS on the listening side") {
     ws.close(websocket::close_code::normal);
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
   }
+}
+
+TEST_CASE("NDJSON and SSE clients that stop reading are closed at the write timeout, over TCP and over TLS") {
+  setup_tables("stall");
+  server_options so;
+  so.client_lag_bytes = 512u << 20;   // (the lag bound far away: the write timeout ends them)
+  so.write_timeout = std::chrono::milliseconds(1500);
+  running_gateway plain("stall_slot", "stall_pub", so);
+  server_options tso = so;
+  tso.tls_cert = (test::cluster().dir() / "server.crt").string();
+  tso.tls_key = (test::cluster().dir() / "server.key").string();
+  running_gateway tls("stall_tls_slot", "stall_pub", tso);
+  const std::string ndjson = "GET /v1/stream?format=native HTTP/1.1\r\nHost: localhost\r\n\r\n";
+  const std::string sse = "GET /v1/stream?format=native HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\n\r\n";
+  // Plain: two raw sockets that send their request and never read.
+  std::vector<int> fds;
+  for (const auto* req : {&ndjson, &sse}) {
+    int fd = loopback_socket(plain.port());
+    REQUIRE(::send(fd, req->data(), req->size(), 0) == static_cast<ssize_t>(req->size()));
+    fds.push_back(fd);
+  }
+  // TLS: two clients that do the handshake, send their request and never read.
+  asio::io_context io;
+  asio::ssl::context ctx(asio::ssl::context::tls_client);
+  ctx.load_verify_file(test::cluster().ca_file().string());
+  ctx.set_verify_mode(asio::ssl::verify_peer);
+  std::vector<std::unique_ptr<beast::ssl_stream<tcp::socket>>> tcs;
+  for (const auto* req : {&ndjson, &sse}) {
+    auto ts = std::make_unique<beast::ssl_stream<tcp::socket>>(io, ctx);
+    SSL_set1_host(ts->native_handle(), "localhost");
+    ts->next_layer().connect({asio::ip::make_address("127.0.0.1"), tls.port()});
+    set_timeout(ts->next_layer(), 10000);
+    ts->handshake(asio::ssl::stream_base::client);
+    asio::write(*ts, asio::buffer(*req));
+    tcs.push_back(std::move(ts));
+  }
+  // (walgate_connections counts the /metrics request's own connection too)
+  // The TLS gateway's /metrics, over TLS.
+  auto tls_metric = [&](const std::string& name) {
+    beast::ssl_stream<tcp::socket> ms(io, ctx);
+    SSL_set1_host(ms.native_handle(), "localhost");
+    ms.next_layer().connect({asio::ip::make_address("127.0.0.1"), tls.port()});
+    set_timeout(ms.next_layer(), 10000);
+    ms.handshake(asio::ssl::stream_base::client);
+    http::request<http::empty_body> req{http::verb::get, "/metrics", 11};
+    req.set(http::field::host, "localhost");
+    req.set(http::field::connection, "close");
+    http::write(ms, req);
+    beast::flat_buffer b;
+    http::response<http::string_body> res;
+    http::read(ms, b, res);
+    const auto& m = res.body();
+    auto at = m.find("\n" + name + " ");
+    REQUIRE_MESSAGE(at != std::string::npos, name << " not in /metrics");
+    return std::atoll(m.c_str() + at + name.size() + 2);
+  };
+  REQUIRE(test::wait_until([&] { return metric_of(plain.port(), "walgate_connections") == 3; }, std::chrono::seconds(10)));
+  REQUIRE(test::wait_until([&] { return tls_metric("walgate_connections") == 3; }, std::chrono::seconds(10)));
+  // 40 MB of events: far more than the sockets' buffers hold.
+  test::cluster().sql("INSERT INTO stall_items SELECT g, repeat(md5(g::text), 320), 1 FROM generate_series(1, 4000) g");
+  const auto t0 = std::chrono::steady_clock::now();
+  long long plain_slow = 0, tls_slow = 0;
+  test::wait_until([&] { return (plain_slow = metric_of(plain.port(), "walgate_clients_disconnected_slow_total")) == 2; },
+                   std::chrono::seconds(60));
+  CHECK(plain_slow == 2);
+  test::wait_until([&] { return (tls_slow = tls_metric("walgate_clients_disconnected_slow_total")) == 2; },
+                   std::chrono::seconds(60));
+  CHECK(tls_slow == 2);
+  MESSAGE("all four closed as slow after " << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()
+                                           << " s");
+  // Their connections are gone: what the plain sockets still hold is read to their end.
+  for (int fd : fds) {
+    timeval tv{10, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    std::vector<char> buf(1 << 16);
+    ssize_t n;
+    while ((n = ::recv(fd, buf.data(), buf.size(), 0)) > 0) {
+    }
+    CHECK_MESSAGE((n == 0 || errno == ECONNRESET), "recv: " << n << " " << std::strerror(errno));
+    ::close(fd);
+  }
+  CHECK(test::wait_until([&] { return metric_of(plain.port(), "walgate_connections") == 1; }, std::chrono::seconds(10)));
+  CHECK(test::wait_until([&] { return tls_metric("walgate_connections") == 1; }, std::chrono::seconds(10)));
 }
 
 namespace {

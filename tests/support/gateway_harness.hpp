@@ -266,7 +266,6 @@ inline std::pair<unsigned, std::string> get_path(std::uint16_t port, const std::
   return get(port, "GET " + target + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
 }
 
-/// The value of an unlabelled metric in walgate's /metrics (required to be there).
 /// A blocking POSIX socket connected to the gateway on 127.0.0.1 (raw clients that check bytes).
 inline int loopback_socket(std::uint16_t port) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -279,6 +278,7 @@ inline int loopback_socket(std::uint16_t port) {
   return fd;
 }
 
+/// The value of an unlabelled metric in walgate's /metrics (required to be there).
 inline long long metric_of(std::uint16_t port, const std::string& name) {
   const auto m = get_path(port, "/metrics").second;
   auto at = m.find("\n" + name + " ");

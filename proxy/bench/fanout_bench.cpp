@@ -229,6 +229,18 @@ int main(int argc, char** argv) {
     const bool only_idle = std::getenv("WALGATE_BENCH_ONLY_IDLE") != nullptr;
     std::vector<run> runs = {run{100, false}, run{1000, false}, run{10000, false}, run{200, true}, run{1000, true}, run{10000, true}};
     if (only_idle) runs.clear();
+    // WALGATE_BENCH_BURSTS=10000:off,10000:on,...: those bursts instead (for a profiler).
+    if (const char* b = std::getenv("WALGATE_BENCH_BURSTS")) {
+      runs.clear();
+      std::string list = b;
+      for (std::size_t at = 0; at < list.size();) {
+        auto comma = list.find(',', at);
+        if (comma == std::string::npos) comma = list.size();
+        const std::string item = list.substr(at, comma - at);
+        runs.push_back(run{std::strtoull(item.c_str(), nullptr, 10), item.find(":on") != std::string::npos});
+        at = comma + 1;
+      }
+    }
     for (run r : runs) {
       std::vector<std::unique_ptr<client>> cs;
       for (std::size_t i = 0; i < r.n; ++i)
@@ -318,7 +330,7 @@ int main(int argc, char** argv) {
     // Idle clients' memory, each way in a fresh walgate: 5,000 clients (or WALGATE_BENCH_IDLE),
     // each given one event; and how fast they were accepted (connected and answered one by one)
     // (WebSocket without and with permessage-deflate, and Server-Sent Events).
-    for (int kind = 0; kind < 3; ++kind) {
+    for (int kind = 0; kind < 3 && idle > 0; ++kind) {   // (WALGATE_BENCH_IDLE=0: none)
       const bool deflate = kind == 1, sse = kind == 2;
       if (sse && is_peer(bin)) continue;   // (WebSocket only)
       gw = start(bin, port);

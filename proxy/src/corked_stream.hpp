@@ -27,6 +27,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace walgate::proxy {
@@ -152,6 +153,7 @@ class corked_stream {
     std::vector<part>().swap(pending_);
     std::vector<part>().swap(sending_);
     std::vector<boost::asio::const_buffer>().swap(buffers_);
+    std::string().swap(spare_);
   }
 
   bool failed() const { return bool(failed_); }
@@ -179,9 +181,24 @@ class corked_stream {
   };
 
   void append_owned(std::string_view bytes) {
-    if (pending_.empty() || pending_.back().keep) pending_.emplace_back();
+    if (pending_.empty() || pending_.back().keep) {
+      pending_.emplace_back();
+      if (spare_.capacity() > 0) pending_.back().owned = std::exchange(spare_, std::string());
+    }
     pending_.back().owned.append(bytes);
   }
+
+  /// The largest owned buffer of a write that went out is kept (emptied) for the next batch: a
+  /// client of a steady stream copies its frames into memory it already has, instead of growing
+  /// a new buffer to the batch's size (and faulting fresh pages in) at every batch.
+  void keep_spare() {
+    for (auto& p : sending_)
+      if (!p.keep && p.owned.capacity() > spare_.capacity() && p.owned.capacity() <= max_spare) {
+        p.owned.clear();
+        spare_.swap(p.owned);
+      }
+  }
+  static constexpr std::size_t max_spare = 1u << 20;
 
   void start_send() {
     if (!sending_.empty() || pending_.empty() || failed_) return;
@@ -190,6 +207,7 @@ class corked_stream {
     for (const auto& p : sending_) buffers_.push_back(p.buffer());
     boost::asio::async_write(next_, buffers_, [this, alive = alive_](boost::system::error_code ec, std::size_t) {
       if (!*alive) return;
+      keep_spare();
       sending_.clear();
       if (ec) failed_ = ec;
       if (!ec && !corked_ && !pending_.empty()) start_send();
@@ -214,6 +232,7 @@ class corked_stream {
   std::vector<part> pending_;
   std::vector<part> sending_;             // the parts of the write in flight
   std::vector<boost::asio::const_buffer> buffers_;
+  std::string spare_;                     // keep_spare()
   boost::system::error_code failed_;
   bool corked_ = false;
   bool shutdown_ = false;   // shutdown_after_sent() was called

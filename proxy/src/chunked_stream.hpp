@@ -15,6 +15,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 
 namespace walgate::proxy::chunked {
@@ -36,6 +37,8 @@ asio::ip::tcp::socket& socket_of(Stream& s) {
 struct watch_state {
   bool alive = true;
   bool timed_out = false;
+  std::uint64_t writes = 0;    // writes begun
+  std::uint64_t writing = 0;   // the one in flight (0: none)
 };
 
 /// One write within a timeout: the client's watchdog is armed for it, and when it ends first
@@ -43,14 +46,19 @@ struct watch_state {
 template <class Stream, class Buffers>
 awaitable<boost::system::error_code> timed_write(client& c, Stream& s, const std::shared_ptr<watch_state>& w,
                                                  const Buffers& buffers, std::chrono::milliseconds timeout) {
+  // (A handler already queued when its write ended is not withdrawn by cancel(): it acts only
+  // while its own write is still in flight.)
+  const std::uint64_t write = ++w->writes;
+  w->writing = write;
   c.watchdog.expires_after(timeout);
-  c.watchdog.async_wait([w, &sock = socket_of(s)](boost::system::error_code ec) {
-    if (ec || !w->alive) return;   // (cancelled, or the loop ended: the socket is gone)
+  c.watchdog.async_wait([w, write, &sock = socket_of(s)](boost::system::error_code ec) {
+    if (ec || !w->alive || w->writing != write) return;   // (cancelled, the write ended, or the loop: the socket is gone)
     w->timed_out = true;
     boost::system::error_code ignored;
     sock.close(ignored);
   });
   auto [ec, n] = co_await asio::async_write(s, buffers, use_tuple);
+  w->writing = 0;
   c.watchdog.cancel();
   if (ec && w->timed_out) ec = beast::error::timeout;
   co_return ec;
@@ -129,11 +137,17 @@ awaitable<boost::system::error_code> write_head(client& c, Stream& s, const std:
   co_return co_await timed_write(c, s, w, asio::buffer(head), c.core.opts.write_timeout);
 }
 
-/// The stream's last line (why it ends, where to resume) and the chunked body's end, within 5 s.
+/// The stream's last line (why it ends, where to resume) and the chunked body's end, both
+/// within 5 s.
 template <class Stream>
 awaitable<void> write_end(client& c, Stream& s, const std::shared_ptr<watch_state>& w, std::string tail) {
-  co_await timed_write(c, s, w, http::make_chunk(asio::buffer(tail)), std::chrono::seconds(5));
-  co_await timed_write(c, s, w, http::make_chunk_last(), std::chrono::seconds(5));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  auto left = [&] {
+    return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                      deadline - std::chrono::steady_clock::now()));
+  };
+  if (co_await timed_write(c, s, w, http::make_chunk(asio::buffer(tail)), left())) co_return;
+  co_await timed_write(c, s, w, http::make_chunk_last(), left());
 }
 
 /// The stream, owning its connection: s (a bare socket, or a TLS stream), hold (what the

@@ -146,14 +146,14 @@ class corked_stream {
         token, drained_);
   }
 
-  /// Nothing buffered or in flight: its lists' memory is given back (an idle connection keeps
-  /// none; the next batch makes them again).
+  /// The spare buffer is given back, and with nothing buffered or in flight the lists' memory
+  /// too (an idle connection keeps none; the next batch makes them again).
   void trim() {
+    std::string().swap(spare_);   // (never part of a write in flight)
     if (!sending_.empty() || !pending_.empty()) return;
     std::vector<part>().swap(pending_);
     std::vector<part>().swap(sending_);
     std::vector<boost::asio::const_buffer>().swap(buffers_);
-    std::string().swap(spare_);
   }
 
   bool failed() const { return bool(failed_); }
@@ -183,7 +183,7 @@ class corked_stream {
   void append_owned(std::string_view bytes) {
     if (pending_.empty() || pending_.back().keep) {
       pending_.emplace_back();
-      if (spare_.capacity() > 0) pending_.back().owned = std::exchange(spare_, std::string());
+      if (spare_.capacity() > std::string().capacity()) pending_.back().owned = std::exchange(spare_, std::string());
     }
     pending_.back().owned.append(bytes);
   }

@@ -389,3 +389,34 @@ TEST_CASE("walgate's WebSocket: a client that sends pings and reads nothing is n
   CHECK(stalled);
   CHECK(sent < (64u << 20));
 }
+
+TEST_CASE("walgate's WebSocket: a /v1/mux client that sends messages and reads no answer is no longer read once 1 MiB waits") {
+  test::cluster().sql("CREATE TABLE wsw_g(id int PRIMARY KEY); CREATE PUBLICATION wsw_g_pub FOR TABLE wsw_g");
+  running_gateway g("wsw_g_slot", "wsw_g_pub");
+  wire w(g.port(), "/v1/mux");
+  REQUIRE(w.status == 101);
+  // Unsubscribes of unknown ids, each answered with a 404 message, never reading the answers.
+  // The inbox holds at most 16 messages; the writer answers them while less than 1 MiB waits
+  // to be sent, then the reader waits for room, the kernel's buffers fill, and these sends stall.
+  // Were messages taken or answers queued without bound, all 256 MiB would go through.
+  timeval tv{3, 0};
+  ::setsockopt(w.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  std::string batch;
+  for (int i = 0; i < 1000; ++i)
+    batch += masked(pws::op_text, R"({"type":"unsubscribe","id":"flood-)" + std::to_string(i) + "\"}");
+  std::size_t sent = 0;
+  bool stalled = false;
+  while (sent < (256u << 20)) {
+    ssize_t n = ::send(w.fd, batch.data(), batch.size(), MSG_NOSIGNAL);
+    if (n < static_cast<ssize_t>(batch.size())) {   // (a timeout: nothing or part of it went)
+      stalled = true;
+      break;
+    }
+    sent += static_cast<std::size_t>(n);
+  }
+  MESSAGE("message bytes sent before walgate stopped reading: " << sent);
+  CHECK(stalled);
+  CHECK(sent < (64u << 20));
+  // The server itself goes on.
+  CHECK(get_path(g.port(), "/healthz").first == 200);
+}

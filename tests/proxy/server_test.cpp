@@ -1091,6 +1091,20 @@ TEST_CASE("shutdown: NDJSON gets a last line and WebSocket a going-away close, b
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/ssl.hpp>
 
+namespace {
+/// A TLS client of the gateway on 127.0.0.1 (the test cluster's CA, host name localhost), its
+/// handshake done.
+std::unique_ptr<beast::ssl_stream<tcp::socket>> tls_connect(asio::io_context& io, asio::ssl::context& ctx,
+                                                            std::uint16_t port) {
+  auto ts = std::make_unique<beast::ssl_stream<tcp::socket>>(io, ctx);
+  SSL_set1_host(ts->native_handle(), "localhost");
+  ts->next_layer().connect({asio::ip::make_address("127.0.0.1"), port});
+  set_timeout(ts->next_layer(), 10000);
+  ts->handshake(asio::ssl::stream_base::client);
+  return ts;
+}
+}  // namespace
+
 TEST_CASE("TLS on the listening side") {
   setup_tables("tls_srv");
   server_options so;
@@ -1101,11 +1115,8 @@ TEST_CASE("TLS on the listening side") {
   asio::ssl::context ctx(asio::ssl::context::tls_client);
   ctx.load_verify_file(test::cluster().ca_file().string());
   ctx.set_verify_mode(asio::ssl::verify_peer);
-  beast::ssl_stream<tcp::socket> s(io, ctx);
-  SSL_set1_host(s.native_handle(), "localhost");
-  s.next_layer().connect({asio::ip::make_address("127.0.0.1"), g.port()});
-  set_timeout(s.next_layer(), 10000);
-  s.handshake(asio::ssl::stream_base::client);
+  auto tc = tls_connect(io, ctx, g.port());
+  auto& s = *tc;
   http::request<http::empty_body> req{http::verb::get, "/healthz", 11};
   req.set(http::field::host, "localhost");
   http::write(s, req);
@@ -1177,22 +1188,14 @@ TEST_CASE("NDJSON and SSE clients that stop reading are closed at the write time
   ctx.set_verify_mode(asio::ssl::verify_peer);
   std::vector<std::unique_ptr<beast::ssl_stream<tcp::socket>>> tcs;
   for (const auto* req : {&ndjson, &sse}) {
-    auto ts = std::make_unique<beast::ssl_stream<tcp::socket>>(io, ctx);
-    SSL_set1_host(ts->native_handle(), "localhost");
-    ts->next_layer().connect({asio::ip::make_address("127.0.0.1"), tls.port()});
-    set_timeout(ts->next_layer(), 10000);
-    ts->handshake(asio::ssl::stream_base::client);
+    auto ts = tls_connect(io, ctx, tls.port());
     asio::write(*ts, asio::buffer(*req));
     tcs.push_back(std::move(ts));
   }
-  // (walgate_connections counts the /metrics request's own connection too)
   // The TLS gateway's /metrics, over TLS.
   auto tls_metric = [&](const std::string& name) {
-    beast::ssl_stream<tcp::socket> ms(io, ctx);
-    SSL_set1_host(ms.native_handle(), "localhost");
-    ms.next_layer().connect({asio::ip::make_address("127.0.0.1"), tls.port()});
-    set_timeout(ms.next_layer(), 10000);
-    ms.handshake(asio::ssl::stream_base::client);
+    auto mc = tls_connect(io, ctx, tls.port());
+    auto& ms = *mc;
     http::request<http::empty_body> req{http::verb::get, "/metrics", 11};
     req.set(http::field::host, "localhost");
     req.set(http::field::connection, "close");
@@ -1205,6 +1208,7 @@ TEST_CASE("NDJSON and SSE clients that stop reading are closed at the write time
     REQUIRE_MESSAGE(at != std::string::npos, name << " not in /metrics");
     return std::atoll(m.c_str() + at + name.size() + 2);
   };
+  // (walgate_connections counts the /metrics request's own connection too)
   REQUIRE(test::wait_until([&] { return metric_of(plain.port(), "walgate_connections") == 3; }, std::chrono::seconds(10)));
   REQUIRE(test::wait_until([&] { return tls_metric("walgate_connections") == 3; }, std::chrono::seconds(10)));
   // 40 MB of events: far more than the sockets' buffers hold.

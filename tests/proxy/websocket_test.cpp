@@ -144,6 +144,20 @@ std::string header_value(const std::string& head, const std::string& name) {
   return v;
 }
 
+/// Sends batch again and again (up to 256 MiB) until a send takes more than 3 s: how much went
+/// through, and whether the sends stalled.
+std::pair<std::size_t, bool> send_until_stalled(int fd, const std::string& batch) {
+  timeval tv{3, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  std::size_t sent = 0;
+  while (sent < (256u << 20)) {
+    ssize_t n = ::send(fd, batch.data(), batch.size(), MSG_NOSIGNAL);
+    if (n < static_cast<ssize_t>(batch.size())) return {sent, true};   // (a timeout: nothing or part of it went)
+    sent += static_cast<std::size_t>(n);
+  }
+  return {sent, false};
+}
+
 }  // namespace
 
 TEST_CASE("walgate's WebSocket: the handshake's answer, and a version or key it refuses") {
@@ -371,20 +385,9 @@ TEST_CASE("walgate's WebSocket: a client that sends pings and reads nothing is n
   // Pings of 125 bytes, never reading the pongs. walgate keeps reading only while less than
   // 1 MiB waits to be sent; then the kernel's buffers fill and this client's sends stall. Were
   // pongs queued without bound, all 256 MiB would go through.
-  timeval tv{3, 0};
-  ::setsockopt(w.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   std::string batch;
   for (int i = 0; i < 1000; ++i) batch += masked(pws::op_ping, std::string(125, 'p'));
-  std::size_t sent = 0;
-  bool stalled = false;
-  while (sent < (256u << 20)) {
-    ssize_t n = ::send(w.fd, batch.data(), batch.size(), MSG_NOSIGNAL);
-    if (n < static_cast<ssize_t>(batch.size())) {   // (a timeout: nothing or part of it went)
-      stalled = true;
-      break;
-    }
-    sent += static_cast<std::size_t>(n);
-  }
+  auto [sent, stalled] = send_until_stalled(w.fd, batch);
   MESSAGE("ping bytes sent before walgate stopped reading: " << sent);
   CHECK(stalled);
   CHECK(sent < (64u << 20));
@@ -399,21 +402,10 @@ TEST_CASE("walgate's WebSocket: a /v1/mux client that sends messages and reads n
   // The inbox holds at most 16 messages; the writer answers them while less than 1 MiB waits
   // to be sent, then the reader waits for room, the kernel's buffers fill, and these sends stall.
   // Were messages taken or answers queued without bound, all 256 MiB would go through.
-  timeval tv{3, 0};
-  ::setsockopt(w.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   std::string batch;
   for (int i = 0; i < 1000; ++i)
     batch += masked(pws::op_text, R"({"type":"unsubscribe","id":"flood-)" + std::to_string(i) + "\"}");
-  std::size_t sent = 0;
-  bool stalled = false;
-  while (sent < (256u << 20)) {
-    ssize_t n = ::send(w.fd, batch.data(), batch.size(), MSG_NOSIGNAL);
-    if (n < static_cast<ssize_t>(batch.size())) {   // (a timeout: nothing or part of it went)
-      stalled = true;
-      break;
-    }
-    sent += static_cast<std::size_t>(n);
-  }
+  auto [sent, stalled] = send_until_stalled(w.fd, batch);
   MESSAGE("message bytes sent before walgate stopped reading: " << sent);
   CHECK(stalled);
   CHECK(sent < (64u << 20));

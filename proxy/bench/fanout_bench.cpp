@@ -6,7 +6,7 @@
 //   usage: walgate-bench-fanout PATH/TO/walgate [PATH/TO/other-walgate ...] [proxy/bench/node-peer/peer.mjs]
 // (a .mjs gateway is the Node.js peer: pg-logical-replication + ws, run with node; npm install in
 // its directory first)
-// Clients are raw sockets in this process (one poll loop): each text frame is counted, and
+// Clients are raw sockets in this process (one epoll loop): each text frame is counted, and
 // whether it came compressed (RSV1); a sample is checked to be the last row.
 #include "walgate/proxy/local_cluster.hpp"
 
@@ -20,7 +20,6 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>

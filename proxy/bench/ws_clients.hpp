@@ -1,5 +1,5 @@
 // Raw WebSocket (and Server-Sent Events) clients for the benchmarks: many sockets read in one
-// poll loop, text frames counted (and whether compressed), events timed from their commit_time.
+// epoll loop, text frames counted (and whether compressed), events timed from their commit_time.
 // Lean on purpose: they share the machine with walgate, and what is measured is the gateway.
 #pragma once
 
@@ -8,7 +8,6 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>

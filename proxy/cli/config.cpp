@@ -237,6 +237,9 @@ const std::vector<setting>& settings() {
                        &config::group_max_mb, 1, 1024));
     s.push_back(number("ws-max-subscriptions", "subscriptions on one multiplexed WebSocket, /v1/mux (1-10000)",
                        &config::ws_max_subscriptions, 1, 10'000));
+    s.push_back(number("send-threads",
+                       "threads that write to plain-TCP WebSocket clients beside the event loop (0-16); 0: the loop writes",
+                       &config::send_threads, 0, 16));
     s.push_back(list("allow-origin", "origin (scheme://host[:port], or *) whose pages may read the stream across origins",
                      &config::allow_origins, on_serve, [](const std::string& o) -> std::string {
                        bool ok = o == "*" || ((o.rfind("http://", 0) == 0 || o.rfind("https://", 0) == 0) &&

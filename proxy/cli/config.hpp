@@ -37,6 +37,7 @@ struct config {
   std::size_t auth_failures_per_minute = 30;   ///< invalid tokens of one address (0: no limit)
   std::size_t max_clients = 0;          ///< 0: 10,000, or fewer if the open-file limit cannot hold them
   std::size_t ws_max_subscriptions = 64;   ///< subscriptions on one multiplexed WebSocket (/v1/mux)
+  unsigned send_threads = 1;               ///< threads writing to plain-TCP WebSocket clients (0: the event loop)
   std::vector<std::string> allow_origins;
   std::vector<std::string> allow_hosts;
   std::string debezium_name = "walgate";

@@ -263,6 +263,7 @@ bool server_options_of(const config& s, const std::string& database, proxy::serv
   so.tls_key = s.tls_key;
   so.client_lag_bytes = s.client_lag_mb << 20;
   so.ws_max_subscriptions = s.ws_max_subscriptions;
+  so.send_threads = s.send_threads;
   so.encoder.server_name = s.debezium_name;
   so.debezium_transaction_metadata = s.debezium_transaction_metadata;
   so.group_max_bytes = s.group_max_mb << 20;

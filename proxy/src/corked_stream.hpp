@@ -15,13 +15,17 @@
 #pragma once
 
 #include <boost/asio/async_result.hpp>
+#include <boost/asio/compose.hpp>
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/stream_traits.hpp>
 
+#include "socket_sender.hpp"
 #include "walgate/proxy/server.hpp"
+
+#include <sys/socket.h>
 
 #include <memory>
 #include <string>
@@ -54,7 +58,38 @@ class corked_stream {
   explicit corked_stream(Args&&... args)
       : next_(std::forward<Args>(args)...), drained_(next_.get_executor()) {}
   corked_stream(corked_stream&&) = delete;
-  ~corked_stream() { *alive_ = false; }
+  ~corked_stream() {
+    *alive_ = false;
+    if constexpr (!tls) {
+      if (in_flight_) {   // a sender thread may be writing: the socket and the bytes go with the flight
+        boost::system::error_code ec;
+        flight_->owner = nullptr;
+        flight_->orphan_fd = tcp_socket_of(next_).release(ec);
+        if (ec) flight_->orphan_fd = -1;
+        flight_->hold = std::make_shared<std::vector<part>>(std::move(sending_));   // (the parts stay where they are)
+      }
+    }
+  }
+
+  /// From now on its writes are made by sender's threads (socket_sender.hpp; plain TCP only:
+  /// over TLS they stay the loop's, through the TLS stream).
+  void send_with(std::shared_ptr<socket_sender> sender) {
+    if constexpr (!tls) sender_ = std::move(sender);
+  }
+
+  /// Closes the socket — when a sender thread is writing to it, once that write is back (until
+  /// then it is shut down both ways: the client sees the end, the reader its end of stream).
+  void close() {
+    boost::system::error_code ec;
+    if constexpr (!tls) {
+      if (in_flight_) {
+        close_after_flight_ = true;
+        tcp_socket_of(next_).shutdown(boost::asio::socket_base::shutdown_both, ec);
+        return;
+      }
+    }
+    tcp_socket_of(next_).close(ec);
+  }
 
   executor_type get_executor() noexcept { return next_.get_executor(); }
   Next& next_layer() noexcept { return next_; }
@@ -154,6 +189,7 @@ class corked_stream {
     std::vector<part>().swap(pending_);
     std::vector<part>().swap(sending_);
     std::vector<boost::asio::const_buffer>().swap(buffers_);
+    if (!in_flight_) flight_.reset();
   }
 
   bool failed() const { return bool(failed_); }
@@ -203,17 +239,73 @@ class corked_stream {
   void start_send() {
     if (!sending_.empty() || pending_.empty() || failed_) return;
     sending_.swap(pending_);
+    if constexpr (!tls) {
+      if (sender_) return offload();
+    }
     buffers_.clear();
     for (const auto& p : sending_) buffers_.push_back(p.buffer());
+    write_buffers();
+  }
+
+  void write_buffers() {
     boost::asio::async_write(next_, buffers_, [this, alive = alive_](boost::system::error_code ec, std::size_t) {
-      if (!*alive) return;
-      keep_spare();
-      sending_.clear();
-      if (ec) failed_ = ec;
-      if (!ec && !corked_ && !pending_.empty()) start_send();
-      if (failed_ || (sending_.empty() && pending_.empty())) drained_.cancel();
-      shutdown_if_sent();
+      if (*alive) sent(ec);
     });
+  }
+
+  /// The write in flight is done (ec: how it failed).
+  void sent(boost::system::error_code ec) {
+    keep_spare();
+    sending_.clear();
+    if (ec) failed_ = ec;
+    if (!ec && !corked_ && !pending_.empty()) start_send();
+    if (failed_ || (sending_.empty() && pending_.empty())) drained_.cancel();
+    shutdown_if_sent();
+  }
+
+  /// The write goes to a sender thread.
+  void offload() {
+    if (!flight_) {
+      flight_ = std::make_shared<send_flight>();
+      flight_->owner = this;
+      flight_->done = [](void* owner, send_flight& f) { static_cast<corked_stream*>(owner)->offloaded(f); };
+    }
+    auto& f = *flight_;
+    f.fd = tcp_socket_of(next_).native_handle();
+    f.iov.clear();
+    f.total = 0;
+    for (const auto& p : sending_) {
+      auto b = p.buffer();
+      f.iov.push_back({const_cast<void*>(b.data()), b.size()});
+      f.total += b.size();
+    }
+    in_flight_ = true;
+    sender_->submit(flight_);
+  }
+
+  /// Back from the sender thread: done, failed, or the rest is sent from here when the socket
+  /// can take it.
+  void offloaded(send_flight& f) {
+    in_flight_ = false;
+    if (close_after_flight_) {
+      boost::system::error_code ec;
+      tcp_socket_of(next_).close(ec);
+      return sent(boost::asio::error::operation_aborted);
+    }
+    if (f.error) return sent(boost::system::error_code(f.error, boost::system::system_category()));
+    if (f.written == f.total) return sent({});
+    buffers_.clear();
+    std::size_t skip = f.written;
+    for (const auto& p : sending_) {
+      auto b = p.buffer();
+      if (skip >= b.size()) {
+        skip -= b.size();
+        continue;
+      }
+      buffers_.push_back(b + skip);
+      skip = 0;
+    }
+    write_buffers();
   }
 
   void shutdown_if_sent() {
@@ -238,6 +330,10 @@ class corked_stream {
   bool shutdown_ = false;   // shutdown_after_sent() was called
   bool shut_ = false;       // and it is done
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  std::shared_ptr<socket_sender> sender_;   // send_with(): writes go to its threads
+  std::shared_ptr<send_flight> flight_;     // the write given to it (reused; freed by trim())
+  bool in_flight_ = false;                  // flight_ is with a sender thread
+  bool close_after_flight_ = false;         // close() came meanwhile
 };
 
 }  // namespace walgate::proxy

@@ -1,4 +1,5 @@
 #include "serving.hpp"
+#include "socket_sender.hpp"
 
 #include "walgate/proxy/deflate.hpp"
 
@@ -96,6 +97,15 @@ server_core::server_core(boost::asio::any_io_executor ex, server_options o, gate
       snapshots(ex, opts.snapshot, log, g),
       admit(admission::options{opts.max_streams_per_subject, opts.max_streams_per_address, opts.auth_failures_per_minute}) {
   admit.set_log(opts.log);
+  if (opts.send_threads > 0) {
+    sender = socket_sender::make(ex, opts.send_threads);
+    metrics.add_value("walgate_send_thread_writes_total", "counter",
+                      "Writes to WebSocket clients made by the sender threads (--send-threads).",
+                      [this] { return sender->writes; });
+    metrics.add_value("walgate_send_thread_partial_total", "counter",
+                      "Of those, the writes the socket took only in part (the rest went from the event loop).",
+                      [this] { return sender->partial; });
+  }
   // Each part registers its own figures: the gateway its stream's, the log its own, the
   // server its clients'.
   gw.register_metrics(metrics);

@@ -47,6 +47,7 @@ enum class transport { ndjson, sse, websocket };
 const char* transport_name(transport t);
 
 struct server_core;
+class socket_sender;
 
 /// Where a stream request starts: its parameters, the first seq, and (resuming from an id past
 /// the head) the id up to which events are skipped.
@@ -109,6 +110,9 @@ struct server_core {
   /// The TLS context new connections get (replaced by server::reload_tls; a connection keeps the
   /// one it began with).
   std::shared_ptr<boost::asio::ssl::context> tls;
+  /// The threads that write to plain-TCP WebSocket clients (socket_sender.hpp; opts.send_threads
+  /// of them); null: the event loop writes. Held by each connection that uses it as well.
+  std::shared_ptr<socket_sender> sender;
 
   std::set<client*> clients;
   /// Timers of connections that wait with no client of their own (a multiplexed WebSocket

@@ -50,6 +50,7 @@ awaitable<void> serve_websocket(server_core& core, Stream s, http::request<http:
   const auto& opts = core.opts;
   if (!co_await handshake(core, *session, req)) co_return;
   req = http::request<http::empty_body>{};   // (its fields are not kept for the connection's life)
+  out.send_with(core.sender);   // (its frames written by a sender thread from here; socket_sender.hpp)
 
   session->c.emplace(core, transport::websocket, std::move(start));
   struct release {   // the writer's end, however it ends: the client leaves the server

@@ -313,6 +313,7 @@ awaitable<void> serve_websocket_mux(server_core& core, Stream s, http::request<h
   const auto& opts = core.opts;
   if (!co_await handshake(core, *m, req)) co_return;
   req = http::request<http::empty_body>{};   // (its fields are not kept for the connection's life)
+  out.send_with(core.sender);   // (its frames written by a sender thread from here; socket_sender.hpp)
 
   m->who = std::move(who);
   m->peer = std::move(peer);

@@ -82,10 +82,7 @@ struct session {
 
   bool is_open() const { return open && !closing; }
 
-  void close_socket() {
-    boost::system::error_code ec;
-    tcp_socket_of(out.next_layer()).close(ec);
-  }
+  void close_socket() { out.close(); }
 
   /// A control frame, sent at once unless a batch is being collected (then with it).
   void send_control(std::uint8_t opcode, std::string_view payload) {

@@ -52,8 +52,8 @@ struct wire {
   std::string buf, head;
   unsigned status = 0;
   wire(std::uint16_t port, const std::string& target, const std::string& extra_headers = "",
-       const std::string& version = "13", const std::string& key = "dGhlIHNhbXBsZSBub25jZQ==") {
-    fd = loopback_socket(port);
+       const std::string& version = "13", const std::string& key = "dGhlIHNhbXBsZSBub25jZQ==", int rcvbuf = 0) {
+    fd = loopback_socket(port, rcvbuf);
     timeval tv{10, 0};
     ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     send("GET " + target + " HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
@@ -411,4 +411,68 @@ TEST_CASE("walgate's WebSocket: a /v1/mux client that sends messages and reads n
   CHECK(sent < (64u << 20));
   // The server itself goes on.
   CHECK(get_path(g.port(), "/healthz").first == 200);
+}
+
+TEST_CASE("walgate's WebSocket: written by the event loop or by sender threads, the same frames; a client that stops "
+          "reading is closed at the write timeout either way") {
+  for (unsigned threads : {0u, 1u, 2u}) {
+    CAPTURE(threads);
+    const std::string t = "wst_" + std::to_string(threads);
+    test::cluster().sql("CREATE TABLE " + t + "(id int PRIMARY KEY, v text); CREATE PUBLICATION " + t + "_pub FOR TABLE " + t);
+    server_options so;
+    so.send_threads = threads;
+    so.write_timeout = std::chrono::milliseconds(2000);
+    running_gateway g(t + "_slot", t + "_pub", so);
+    wire fast(g.port(), "/v1/ws?format=native&transactions=false");
+    // Reads nothing until the end, with a 64 KiB receive buffer.
+    wire slow(g.port(), "/v1/ws?format=native&transactions=false", "", "13", "dGhlIHNhbXBsZSBub25jZQ==", 64 << 10);
+    REQUIRE(fast.status == 101);
+    REQUIRE(slow.status == 101);
+    // 10,000 rows of 2,000 bytes in 10 transactions: 20 MB, far more than the slow client's
+    // socket buffers hold.
+    std::thread load([&t] {
+      for (int k = 0; k < 10; ++k)
+        test::cluster().sql("INSERT INTO " + t + " SELECT g, repeat(chr(97 + g % 26), 2000) FROM generate_series(" +
+                            std::to_string(k * 1000 + 1) + ", " + std::to_string(k * 1000 + 1000) + ") g");
+    });
+    int received = 0, in_order = 0;
+    for (int want = 1; want <= 10000; ++want) {
+      auto f = fast.next_not_ping();
+      if (!f) break;
+      ++received;
+      auto e = json::parse(f->payload);
+      const auto id = e.at("after").at("id").to_number<int>();
+      if (f->op == pws::op_text && f->fin && !f->rsv1 && id == want &&
+          e.at("after").at("v").as_string() == std::string(2000, static_cast<char>('a' + want % 26)))
+        ++in_order;
+    }
+    load.join();
+    CHECK(received == 10000);
+    CHECK(in_order == 10000);
+    // The slow client: its writes stall past the write timeout, and it is closed (what it was
+    // sent is whole frames of the same events, then the end, with or without a close frame).
+    CHECK(test::wait_until([&] { return metric_of(g.port(), "walgate_clients_disconnected_slow_total") == 1; },
+                           std::chrono::seconds(10)));
+    for (;;) {
+      const auto n = slow.fill_n();
+      if (n <= 0) {
+        CHECK(n == 0);   // the end of the stream, not this socket's 10 s timeout
+        break;
+      }
+    }
+    int frames = 0;
+    while (auto f = slow.next()) {
+      if (f->op == pws::op_close) break;
+      if (f->op != pws::op_text) continue;
+      ++frames;
+      CHECK(json::parse(f->payload).at("after").at("id").to_number<int>() == frames);
+    }
+    CHECK(frames < 10000);
+    if (threads == 0) {
+      CHECK(get_path(g.port(), "/metrics").second.find("walgate_send_thread_writes_total") == std::string::npos);
+    } else {
+      CHECK(metric_of(g.port(), "walgate_send_thread_writes_total") > 10);
+      CHECK(metric_of(g.port(), "walgate_send_thread_partial_total") >= 1);   // the slow client's socket filled
+    }
+  }
 }

@@ -267,9 +267,12 @@ inline std::pair<unsigned, std::string> get_path(std::uint16_t port, const std::
 }
 
 /// A blocking POSIX socket connected to the gateway on 127.0.0.1 (raw clients that check bytes).
-inline int loopback_socket(std::uint16_t port) {
+/// A TCP connection to port on 127.0.0.1; with rcvbuf, its receive buffer set to that before it
+/// connects (a client whose socket holds little).
+inline int loopback_socket(std::uint16_t port, int rcvbuf = 0) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   REQUIRE(fd >= 0);
+  if (rcvbuf) REQUIRE(::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf) == 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(port);

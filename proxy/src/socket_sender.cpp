@@ -1,0 +1,157 @@
+#include "socket_sender.hpp"
+
+#include <boost/asio/posix/stream_descriptor.hpp>
+
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <condition_variable>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <cstring>
+#include <thread>
+
+namespace walgate::proxy {
+
+namespace asio = boost::asio;
+
+send_flight::~send_flight() {
+  if (orphan_fd >= 0) ::close(orphan_fd);
+}
+
+namespace {
+
+class threaded_sender final : public socket_sender, public std::enable_shared_from_this<threaded_sender> {
+ public:
+  threaded_sender(asio::any_io_executor loop, unsigned threads) : done_fd_(loop) {
+    int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (fd < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
+    done_fd_.assign(fd);
+    for (unsigned i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+  }
+
+  ~threaded_sender() override {
+    {
+      std::lock_guard l(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+    // (flights still in done_ are freed here, on the loop's thread: their owners are gone, since
+    // each held this)
+  }
+
+  void submit(std::shared_ptr<send_flight> f) override {
+    bool wake;
+    {
+      std::lock_guard l(m_);
+      wake = queue_.empty() && idle_ > 0;
+      queue_.push_back(std::move(f));
+    }
+    if (wake) cv_.notify_one();
+    ++outstanding_;
+    arm();
+  }
+
+ private:
+  /// A sender thread: takes everything queued, writes each, gives them back; until stopped and
+  /// nothing is queued.
+  void run() {
+    std::vector<std::shared_ptr<send_flight>> batch;
+    for (;;) {
+      {
+        std::unique_lock l(m_);
+        ++idle_;
+        cv_.wait(l, [this] { return stop_ || !queue_.empty(); });
+        --idle_;
+        if (queue_.empty()) return;   // (stopping)
+        batch.swap(queue_);
+      }
+      for (auto& f : batch) send(*f);
+      bool signal;
+      {
+        std::lock_guard l(m_);
+        signal = done_.empty();
+        if (signal) done_.swap(batch);
+        else done_.insert(done_.end(), std::make_move_iterator(batch.begin()), std::make_move_iterator(batch.end()));
+      }
+      batch.clear();   // (never the last owner of a flight: the loop frees them)
+      if (signal) {
+        const std::uint64_t one = 1;
+        [[maybe_unused]] auto n = ::write(done_fd_.native_handle(), &one, sizeof one);   // (an eventfd: never short)
+      }
+    }
+  }
+
+  static void send(send_flight& f) {
+    msghdr mh{};
+    mh.msg_iov = f.iov.data();
+    mh.msg_iovlen = std::min<std::size_t>(f.iov.size(), IOV_MAX);   // (more: the rest goes from the loop)
+    ssize_t n;
+    do n = ::sendmsg(f.fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    if (n >= 0) {
+      f.written = static_cast<std::size_t>(n);
+      f.error = 0;
+    } else {
+      f.written = 0;
+      f.error = errno == EAGAIN || errno == EWOULDBLOCK ? 0 : errno;
+    }
+  }
+
+  /// On the loop: while flights are out, a wait for the eventfd (so the loop has work while a
+  /// write is on a sender thread, and none when nothing is).
+  void arm() {
+    if (armed_ || outstanding_ == 0) return;
+    armed_ = true;
+    done_fd_.async_wait(asio::posix::stream_descriptor::wait_read,
+                        [w = weak_from_this()](boost::system::error_code ec) {
+                          auto self = w.lock();
+                          if (!self) return;
+                          self->armed_ = false;
+                          if (!ec) self->take_done();
+                          self->arm();
+                        });
+  }
+
+  void take_done() {
+    std::uint64_t n;
+    [[maybe_unused]] auto r = ::read(done_fd_.native_handle(), &n, sizeof n);   // (before taking them: a later one signals again)
+    {
+      std::lock_guard l(m_);
+      given_.swap(done_);
+    }
+    outstanding_ -= given_.size();
+    for (auto& f : given_) {
+      ++writes;
+      if (!f->error && f->written < f->total) ++partial;
+      if (f->owner) f->done(f->owner, *f);   // (may submit it again)
+    }
+    given_.clear();
+  }
+
+  asio::posix::stream_descriptor done_fd_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::vector<std::shared_ptr<send_flight>> queue_, done_;
+  unsigned idle_ = 0;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+  // The loop's alone.
+  std::vector<std::shared_ptr<send_flight>> given_;
+  std::size_t outstanding_ = 0;
+  bool armed_ = false;
+};
+
+}  // namespace
+
+std::shared_ptr<socket_sender> socket_sender::make(asio::any_io_executor loop, unsigned threads) {
+  return std::make_shared<threaded_sender>(std::move(loop), threads);
+}
+
+}  // namespace walgate::proxy

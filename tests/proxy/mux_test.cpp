@@ -431,13 +431,15 @@ TEST_CASE("multiplexed subscriptions: one catching up from far behind does not h
     m.ws.close(websocket::close_code::normal, ec);
   }
   REQUIRE(test::wait_until([&] { return g.srv->clients() == 0; }));
-  // A client that subscribes to more than the sockets' buffers hold and stops reading: the write
-  // that cannot finish within the write timeout closes the connection, and its subscriptions go.
+  // A client that subscribes (live: all four taken before anything fills its socket) to more
+  // than the sockets' buffers hold and stops reading: the write that cannot finish within the
+  // write timeout closes the connection, and its subscriptions go.
   mux_client stuck(g.port(), "/v1/mux");
   for (const char* f : {"native", "debezium", "wal2json", "waltail"})
     stuck.send(std::string(R"({"type":"subscribe","id":")") + f + R"(","format":")" + f +
-               R"(","tables":"public.muxf_a","from":"0/0:0"})");
+               R"(","tables":"public.muxf_a"})");
   CHECK(test::wait_until([&] { return g.srv->clients() == 4; }, std::chrono::seconds(5)));
+  test::cluster().sql("INSERT INTO muxf_a SELECT g, repeat('x', 100) FROM generate_series(40001, 80000) g");
   const auto t0 = std::chrono::steady_clock::now();
   CHECK(test::wait_until([&] { return g.srv->clients() == 0; }, std::chrono::seconds(20)));
   CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(1000));   // (after a write waited 3 s)

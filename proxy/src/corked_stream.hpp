@@ -189,7 +189,7 @@ class corked_stream {
     std::vector<part>().swap(pending_);
     std::vector<part>().swap(sending_);
     std::vector<boost::asio::const_buffer>().swap(buffers_);
-    if (!in_flight_) flight_.reset();
+    flight_.reset();   // (none is out: sending_ is empty)
   }
 
   bool failed() const { return bool(failed_); }
@@ -294,6 +294,7 @@ class corked_stream {
     }
     if (f.error) return sent(boost::system::error_code(f.error, boost::system::system_category()));
     if (f.written == f.total) return sent({});
+    ++sender_->partial;
     buffers_.clear();
     std::size_t skip = f.written;
     for (const auto& p : sending_) {

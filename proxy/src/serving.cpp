@@ -97,8 +97,15 @@ server_core::server_core(boost::asio::any_io_executor ex, server_options o, gate
       snapshots(ex, opts.snapshot, log, g),
       admit(admission::options{opts.max_streams_per_subject, opts.max_streams_per_address, opts.auth_failures_per_minute}) {
   admit.set_log(opts.log);
-  if (opts.send_threads > 0) {
-    sender = socket_sender::make(ex, opts.send_threads);
+  // (Over TLS the loop writes: no sender threads.)
+  if (opts.send_threads > 0 && opts.tls_cert.empty()) {
+    try {
+      sender = socket_sender::make(ex, opts.send_threads);
+    } catch (const std::exception& e) {
+      if (opts.log) opts.log(std::string("cannot start the sender threads (the event loop writes instead): ") + e.what());
+    }
+  }
+  if (sender) {
     metrics.add_value("walgate_send_thread_writes_total", "counter",
                       "Writes to WebSocket clients made by the sender threads (--send-threads).",
                       [this] { return sender->writes; });

@@ -1,5 +1,6 @@
 #include "socket_sender.hpp"
 
+#include <boost/asio/buffer.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 
 #include <sys/eventfd.h>
@@ -32,16 +33,16 @@ class threaded_sender final : public socket_sender, public std::enable_shared_fr
     int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (fd < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
     done_fd_.assign(fd);
-    for (unsigned i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+    try {
+      for (unsigned i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+    } catch (...) {   // (the threads made so far are stopped before the error goes on)
+      stop();
+      throw;
+    }
   }
 
   ~threaded_sender() override {
-    {
-      std::lock_guard l(m_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : threads_) t.join();
+    stop();
     // (flights still in done_ are freed here, on the loop's thread: their owners are gone, since
     // each held this)
   }
@@ -88,40 +89,59 @@ class threaded_sender final : public socket_sender, public std::enable_shared_fr
     }
   }
 
+  void stop() {
+    {
+      std::lock_guard l(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+  }
+
+  /// As much of the flight as the socket takes now: IOV_MAX iovecs per call, until one is taken
+  /// in part (the socket is full) or fails.
   static void send(send_flight& f) {
-    msghdr mh{};
-    mh.msg_iov = f.iov.data();
-    mh.msg_iovlen = std::min<std::size_t>(f.iov.size(), IOV_MAX);   // (more: the rest goes from the loop)
-    ssize_t n;
-    do n = ::sendmsg(f.fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
-    if (n >= 0) {
-      f.written = static_cast<std::size_t>(n);
-      f.error = 0;
-    } else {
-      f.written = 0;
-      f.error = errno == EAGAIN || errno == EWOULDBLOCK ? 0 : errno;
+    f.written = 0;
+    f.error = 0;
+    for (std::size_t at = 0; at < f.iov.size();) {
+      msghdr mh{};
+      mh.msg_iov = f.iov.data() + at;
+      mh.msg_iovlen = std::min<std::size_t>(f.iov.size() - at, IOV_MAX);
+      std::size_t want = 0;
+      for (std::size_t i = 0; i < mh.msg_iovlen; ++i) want += f.iov[at + i].iov_len;
+      ssize_t n;
+      do n = ::sendmsg(f.fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+      while (n < 0 && errno == EINTR);
+      if (n < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK) f.error = errno;
+        return;
+      }
+      f.written += static_cast<std::size_t>(n);
+      if (static_cast<std::size_t>(n) < want) return;
+      at += mh.msg_iovlen;
     }
   }
 
-  /// On the loop: while flights are out, a wait for the eventfd (so the loop has work while a
-  /// write is on a sender thread, and none when nothing is).
+  /// On the loop: while flights are out, a read of the eventfd (so the loop has work while a
+  /// write is on a sender thread, and none when nothing is). The read is tried at once, then
+  /// waited for: a signal written while no read was pending is not missed. It resets the
+  /// eventfd before the finished flights are taken, so a flight given back after that signals
+  /// again.
   void arm() {
     if (armed_ || outstanding_ == 0) return;
     armed_ = true;
-    done_fd_.async_wait(asio::posix::stream_descriptor::wait_read,
-                        [w = weak_from_this()](boost::system::error_code ec) {
-                          auto self = w.lock();
-                          if (!self) return;
-                          self->armed_ = false;
-                          if (!ec) self->take_done();
-                          self->arm();
-                        });
+    done_fd_.async_read_some(asio::buffer(&signals_, sizeof signals_),
+                             [w = weak_from_this()](boost::system::error_code ec, std::size_t) {
+                               auto self = w.lock();
+                               if (!self) return;
+                               self->armed_ = false;
+                               if (!ec) self->take_done();
+                               self->arm();
+                             });
   }
 
   void take_done() {
-    std::uint64_t n;
-    [[maybe_unused]] auto r = ::read(done_fd_.native_handle(), &n, sizeof n);   // (before taking them: a later one signals again)
     {
       std::lock_guard l(m_);
       given_.swap(done_);
@@ -129,7 +149,6 @@ class threaded_sender final : public socket_sender, public std::enable_shared_fr
     outstanding_ -= given_.size();
     for (auto& f : given_) {
       ++writes;
-      if (!f->error && f->written < f->total) ++partial;
       if (f->owner) f->done(f->owner, *f);   // (may submit it again)
     }
     given_.clear();
@@ -144,6 +163,7 @@ class threaded_sender final : public socket_sender, public std::enable_shared_fr
   std::vector<std::thread> threads_;
   // The loop's alone.
   std::vector<std::shared_ptr<send_flight>> given_;
+  std::uint64_t signals_ = 0;   // (what the eventfd read gives: not used)
   std::size_t outstanding_ = 0;
   bool armed_ = false;
 };

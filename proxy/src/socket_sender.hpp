@@ -16,8 +16,8 @@
 //   the flight ends — so the descriptor's number is never reused while a write may use it);
 // - the queue of flights (a mutex and a condition variable) and the finished ones (a mutex; an
 //   eventfd wakes the loop, which takes them all at once).
-// Nothing else: the memory tail, the encodings, the subscriptions and the client list stay the
-// event loop's alone.
+// Nothing else: a sender thread reads only the bytes a flight names, and the memory tail, the
+// encoding cache, the subscriptions and the client list stay the event loop's.
 #pragma once
 
 #include <boost/asio/any_io_executor.hpp>
@@ -61,8 +61,8 @@ class socket_sender {
   /// on the loop (unless its owner is gone).
   virtual void submit(std::shared_ptr<send_flight> f) = 0;
 
-  /// On the loop: flights given back, and those whose socket took only part (the rest then went
-  /// from the loop).
+  /// On the loop: flights given back; and writes the socket took only in part, whose rest then
+  /// went from the loop (counted by the stream that goes on with it).
   std::uint64_t writes = 0, partial = 0;
 };
 

@@ -372,7 +372,11 @@ void subscription::read_routed(std::vector<item>& out) {
     offset_ = e->end_offset;
     // Where the router's finding is the whole decision (exact_), the event is not decided again.
     found_ = exact_ ? static_cast<row_router::found>(entry & 3) : row_router::found::unknown;
+    const bool routed = found_ != row_router::found::unknown;
     const bool taken = take(e, out, bytes, false);
+    // Counted once the event is taken (take used the finding: it cleared it), not when a batch
+    // ended before it (it is taken again in the next).
+    if (taken && routed && found_ == row_router::found::unknown) router_->count_decided();
     found_ = row_router::found::unknown;
     if (!taken) {
       queue_.push_front(entry);
@@ -515,7 +519,7 @@ bool subscription::take(const event_ptr& e, std::vector<item>& out, std::size_t&
               : found_ == row_router::found::moved_out ? row_verdict::as_delete
                                                        : row_verdict::pass;
     mask_ = nullptr;   // (exact_: no column lists)
-    router_->count_decided();
+    found_ = row_router::found::unknown;   // (used: read_routed counts it once the event is taken)
   } else if (request_.granted || request_.where) {
     std::string why;
     verdict = rows_verdict(*e, why);

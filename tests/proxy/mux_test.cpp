@@ -447,4 +447,14 @@ TEST_CASE("multiplexed subscriptions: one catching up from far behind does not h
   set_timeout(stuck.ws.next_layer(), 30000);
   stuck.wait_close();
   CHECK(g.srv->clients() == 0);
+  // The same for a client catching up (one subscription from the start of the log, 80,000
+  // events): closed after a write waited for the write timeout.
+  mux_client behind(g.port(), "/v1/mux");
+  behind.send(R"({"type":"subscribe","id":"all","tables":"public.muxf_a","from":"0/0:0"})");
+  CHECK(test::wait_until([&] { return g.srv->clients() == 1; }, std::chrono::seconds(5)));
+  const auto t1 = std::chrono::steady_clock::now();
+  CHECK(test::wait_until([&] { return g.srv->clients() == 0; }, std::chrono::seconds(20)));
+  CHECK(std::chrono::steady_clock::now() - t1 >= std::chrono::milliseconds(1000));
+  set_timeout(behind.ws.next_layer(), 30000);
+  behind.wait_close();
 }

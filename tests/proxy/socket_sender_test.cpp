@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -118,7 +119,22 @@ TEST_CASE("a sender thread writes a flight's bytes and gives it back to the loop
     CHECK(f->error == 0);
     CHECK(f->written > 0);
     CHECK(f->written < f->total);
-    CHECK(sender->partial == 1);
+  }
+  SUBCASE("more iovecs than one sendmsg takes (IOV_MAX): every one of them") {
+    std::vector<std::string> parts;
+    for (int i = 0; i < 3000; ++i) parts.push_back(std::to_string(100000 + i));
+    auto f = flight(parts);
+    REQUIRE(f->iov.size() > IOV_MAX);
+    sender->submit(f);
+    run_until(io, [&] { return calls == 1; });
+    CHECK(calls == 1);
+    CHECK(f->error == 0);
+    CHECK(f->written == f->total);
+    std::string want;
+    for (auto& p : parts) want += p;
+    std::string got(want.size(), '\0');
+    REQUIRE(::recv(peer.native_handle(), got.data(), got.size(), MSG_WAITALL) == static_cast<ssize_t>(got.size()));
+    CHECK(got == want);
   }
   SUBCASE("failed: the client reset the connection") {
     peer.set_option(asio::socket_base::linger(true, 0));
@@ -164,6 +180,7 @@ TEST_CASE("a corked stream writing through a sender thread: frames in order, the
   int drained = 0;
   boost::system::error_code failed;
   for (int batch = 0; batch < 2; ++batch) {
+    if (batch == 1) out.uncork();   // the first goes out (to the sender thread) while the second is made
     out.cork();
     for (int i = 0; i < 1000; ++i) {
       auto small = pattern(100 + i, static_cast<char>(i));
@@ -174,11 +191,11 @@ TEST_CASE("a corked stream writing through a sender thread: frames in order, the
         expected += frame(*big);
       }
     }
-    out.async_drain([&](boost::system::error_code ec) {
-      ++drained;
-      if (ec) failed = ec;
-    });
   }
+  out.async_drain([&](boost::system::error_code ec) {
+    ++drained;
+    if (ec) failed = ec;
+  });
   std::string got;
   std::thread reader([&got, fd = peer.native_handle(), n = expected.size()] {
     timeval tv{10, 0};
@@ -191,9 +208,9 @@ TEST_CASE("a corked stream writing through a sender thread: frames in order, the
       got.append(buf, static_cast<std::size_t>(r));
     }
   });
-  run_until(io, [&] { return drained == 2; });
+  run_until(io, [&] { return drained == 1; });
   reader.join();
-  CHECK(drained == 2);
+  CHECK(drained == 1);
   CHECK(!failed);
   CHECK(got.size() == expected.size());
   CHECK(got == expected);

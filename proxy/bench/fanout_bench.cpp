@@ -223,12 +223,14 @@ int main(int argc, char** argv) {
     struct run {
       std::size_t n;
       bool deflate;
+      bool sse = false;   // EventSource clients (WALGATE_BENCH_BURSTS=N:sse)
     };
     // WALGATE_BENCH_ONLY_IDLE: the idle clients' memory alone (no bursts, no latency phase).
     const bool only_idle = std::getenv("WALGATE_BENCH_ONLY_IDLE") != nullptr;
     std::vector<run> runs = {run{100, false}, run{1000, false}, run{10000, false}, run{200, true}, run{1000, true}, run{10000, true}};
     if (only_idle) runs.clear();
-    // WALGATE_BENCH_BURSTS=10000:off,10000:on,...: those bursts instead (for a profiler).
+    // WALGATE_BENCH_BURSTS=10000:off,10000:on,10000:sse,...: those bursts instead (WebSocket
+    // without and with permessage-deflate, Server-Sent Events).
     if (const char* b = std::getenv("WALGATE_BENCH_BURSTS")) {
       runs.clear();
       std::string list = b;
@@ -236,14 +238,15 @@ int main(int argc, char** argv) {
         auto comma = list.find(',', at);
         if (comma == std::string::npos) comma = list.size();
         const std::string item = list.substr(at, comma - at);
-        runs.push_back(run{std::strtoull(item.c_str(), nullptr, 10), item.find(":on") != std::string::npos});
+        runs.push_back(run{std::strtoull(item.c_str(), nullptr, 10), item.find(":on") != std::string::npos,
+                           item.find(":sse") != std::string::npos});
         at = comma + 1;
       }
     }
     for (run r : runs) {
       std::vector<std::unique_ptr<client>> cs;
       for (std::size_t i = 0; i < r.n; ++i)
-        if (auto c = connect_ws(port, r.deflate, static_cast<int>(i))) cs.push_back(std::move(c));
+        if (auto c = connect_ws(port, r.deflate, static_cast<int>(i), r.sse)) cs.push_back(std::move(c));
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
       const double cpu0 = cpu_seconds(gw);
       auto t = clock_type::now();
@@ -254,7 +257,8 @@ int main(int argc, char** argv) {
       const double secs = since(t), cpu = cpu_seconds(gw) - cpu0;
       std::size_t frames = 0, closed = 0, compressed = 0;
       for (auto& c : cs) frames += c->frames, closed += c->closed, compressed += c->compressed;
-      std::printf("%-28s %6zu %5s %11zu %8.2f %12.0f %9.2f s %9.1f %8zu%s\n", name.c_str(), cs.size(), r.deflate ? "on" : "off",
+      std::printf("%-28s %6zu %5s %11zu %8.2f %12.0f %9.2f s %9.1f %8zu%s\n", name.c_str(), cs.size(),
+                  r.sse ? "sse" : r.deflate ? "on" : "off",
                   frames, secs, frames / secs, cpu, frames ? cpu * 1e6 / frames : 0.0, closed,
                   r.deflate && compressed != frames ? " (some uncompressed)" : "");
       std::fflush(stdout);

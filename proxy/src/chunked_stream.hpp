@@ -5,9 +5,11 @@
 #pragma once
 
 #include "serving.hpp"
+#include "socket_sender.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
@@ -17,6 +19,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <optional>
+#include <thread>
+#include <tuple>
+#include <vector>
 
 namespace walgate::proxy::chunked {
 
@@ -32,6 +38,107 @@ asio::ip::tcp::socket& socket_of(Stream& s) {
   else return beast::get_lowest_layer(s).socket();
 }
 
+/// A plain-TCP stream's writes made by the sender threads (--send-threads; socket_sender.hpp),
+/// one at a time: write() hands the bytes to a sender thread and waits until it gives them back;
+/// what the socket did not take then goes from the loop. While a write is out the socket stays
+/// open (close(): shut down at once, closed when the write is back), and the bytes, which the
+/// stream's frames hold, are not freed before it is back (write()'s frame, destroyed first when
+/// the loop's coroutines are destroyed at shutdown, waits for the sender thread to be done).
+class offloaded_writes {
+ public:
+  offloaded_writes(std::shared_ptr<socket_sender> sender, asio::ip::tcp::socket& sock)
+      : sender_(std::move(sender)), sock_(sock), back_(sock.get_executor()) {}
+  offloaded_writes(const offloaded_writes&) = delete;
+  offloaded_writes& operator=(const offloaded_writes&) = delete;
+  ~offloaded_writes() {
+    if (flight_) flight_->owner = nullptr;   // (a write given back later finds no one)
+  }
+
+  template <class Buffers>
+  awaitable<boost::system::error_code> write(const Buffers& buffers) {
+    if (!flight_) {
+      flight_ = std::make_shared<send_flight>();
+      flight_->owner = this;
+      flight_->done = [](void* owner, send_flight&) { static_cast<offloaded_writes*>(owner)->back(); };
+    }
+    auto& f = *flight_;
+    f.fd = sock_.native_handle();
+    f.iov.clear();
+    f.total = 0;
+    std::vector<asio::const_buffer> all;
+    for (auto it = asio::buffer_sequence_begin(buffers); it != asio::buffer_sequence_end(buffers); ++it) {
+      asio::const_buffer b(*it);
+      if (!b.size()) continue;
+      all.push_back(b);
+      f.iov.push_back({const_cast<void*>(b.data()), b.size()});
+      f.total += b.size();
+    }
+    struct wait_if_out {   // (this frame ends mid-write only when the loop's coroutines are destroyed)
+      offloaded_writes& o;
+      ~wait_if_out() {
+        if (!o.in_flight_) return;
+        while (!o.flight_->sent.load(std::memory_order_acquire)) std::this_thread::yield();
+        o.flight_->owner = nullptr;
+        o.in_flight_ = false;
+      }
+    } guard{*this};
+    in_flight_ = true;
+    sender_->submit(flight_);
+    while (in_flight_) {
+      back_.expires_at(asio::steady_timer::time_point::max());
+      co_await back_.async_wait(use_tuple);
+    }
+    if (close_after_) {
+      boost::system::error_code ignored;
+      sock_.close(ignored);
+      co_return asio::error::operation_aborted;
+    }
+    if (f.error) co_return boost::system::error_code(f.error, boost::system::system_category());
+    if (f.written == f.total) co_return boost::system::error_code{};
+    ++sender_->partial;
+    // The socket is full: the rest from here, when it can take it.
+    std::size_t skip = f.written, first = 0;
+    while (first < all.size() && skip >= all[first].size()) skip -= all[first++].size();
+    std::vector<asio::const_buffer> rest(all.begin() + static_cast<std::ptrdiff_t>(first), all.end());
+    if (!rest.empty()) rest.front() += skip;
+    auto [ec, n] = co_await asio::async_write(sock_, rest, use_tuple);
+    co_return ec;
+  }
+
+  /// Closes the socket: when a sender thread is writing to it, once that write is back (until
+  /// then it is shut down both ways).
+  void close() {
+    boost::system::error_code ignored;
+    if (in_flight_) {
+      close_after_ = true;
+      sock_.shutdown(asio::socket_base::shutdown_both, ignored);
+      return;
+    }
+    sock_.close(ignored);
+  }
+
+  /// An idle stream keeps no flight.
+  void trim() {
+    if (!in_flight_ && flight_) {
+      flight_->owner = nullptr;
+      flight_.reset();
+    }
+  }
+
+ private:
+  void back() {
+    in_flight_ = false;
+    back_.cancel();
+  }
+
+  std::shared_ptr<socket_sender> sender_;
+  asio::ip::tcp::socket& sock_;
+  asio::steady_timer back_;   // cancelled when the write is back (a condition)
+  std::shared_ptr<send_flight> flight_;
+  bool in_flight_ = false;
+  bool close_after_ = false;
+};
+
 /// Shared by the stream's loop and the handlers that outlive a moment of it (the hang-up
 /// watch, the write timeout): whether the loop still runs, and whether a write timed out.
 struct watch_state {
@@ -39,7 +146,15 @@ struct watch_state {
   bool timed_out = false;
   std::uint64_t writes = 0;    // writes begun
   std::uint64_t writing = 0;   // the one in flight (0: none)
+  offloaded_writes* offload = nullptr;   // its writes go to the sender threads (valid while alive)
 };
+
+/// Closes the stream's socket (through its sender threads' writes when it has them).
+inline void close_socket(watch_state& w, asio::ip::tcp::socket& sock) {
+  if (w.offload) return w.offload->close();
+  boost::system::error_code ignored;
+  sock.close(ignored);
+}
 
 /// One write within a timeout: the client's watchdog is armed for it, and when it ends first
 /// the socket is closed (the write fails; beast::error::timeout is returned).
@@ -54,10 +169,11 @@ awaitable<boost::system::error_code> timed_write(client& c, Stream& s, const std
   c.watchdog.async_wait([w, write, &sock = socket_of(s)](boost::system::error_code ec) {
     if (ec || !w->alive || w->writing != write) return;   // (cancelled, the write ended, or the loop: the socket is gone)
     w->timed_out = true;
-    boost::system::error_code ignored;
-    sock.close(ignored);
+    close_socket(*w, sock);
   });
-  auto [ec, n] = co_await asio::async_write(s, buffers, use_tuple);
+  boost::system::error_code ec;
+  if (w->offload) ec = co_await w->offload->write(buffers);
+  else std::tie(ec, std::ignore) = co_await asio::async_write(s, buffers, use_tuple);
   w->writing = 0;
   c.watchdog.cancel();
   if (ec && w->timed_out) ec = beast::error::timeout;
@@ -161,10 +277,6 @@ awaitable<void> serve(server_core& core, Stream s, std::unique_ptr<chunked_start
     beast::get_lowest_layer(s).expires_never();   // (the write timeout is the client's watchdog)
   auto& sock = socket_of(s);
   client c(core, Framing::kind, std::move(start->start));
-  c.force_close = [&sock] {
-    boost::system::error_code ignored;
-    sock.close(ignored);
-  };
   auto& sub = c.sub;
   // The watch's state: the loop runs (alive) — handlers that run after it ended touch nothing.
   auto w = std::make_shared<watch_state>();
@@ -172,6 +284,14 @@ awaitable<void> serve(server_core& core, Stream s, std::unique_ptr<chunked_start
     std::shared_ptr<watch_state>& w;
     ~watch_guard() { w->alive = false; }
   } watching{w};
+  // Over plain TCP, with sender threads, they write (docs/architecture.md, Threads).
+  std::optional<offloaded_writes> offload;
+  if constexpr (std::is_same_v<Stream, asio::ip::tcp::socket>) {
+    if (core.sender) {
+      offload.emplace(core.sender, sock);
+      w->offload = &*offload;
+    }
+  }
 
   {
     auto ec = co_await write_head(c, s, w, start->version, Framing::content_type, start->cors, framing.preamble());
@@ -214,6 +334,7 @@ awaitable<void> serve(server_core& core, Stream s, std::unique_ptr<chunked_start
       if (!trimmed && now >= idle_since + keep_buffers_for) {
         std::vector<subscription::item>().swap(batch);
         std::string().swap(out);
+        if (offload) offload->trim();
         trimmed = true;
       }
       if (now < idle_since + core.opts.keepalive) {

@@ -48,6 +48,7 @@ class threaded_sender final : public socket_sender, public std::enable_shared_fr
   }
 
   void submit(std::shared_ptr<send_flight> f) override {
+    f->sent.store(false, std::memory_order_relaxed);   // (published by the queue's mutex)
     bool wake;
     {
       std::lock_guard l(m_);
@@ -73,7 +74,10 @@ class threaded_sender final : public socket_sender, public std::enable_shared_fr
         if (queue_.empty()) return;   // (stopping)
         batch.swap(queue_);
       }
-      for (auto& f : batch) send(*f);
+      for (auto& f : batch) {
+        send(*f);
+        f->sent.store(true, std::memory_order_release);
+      }
       bool signal;
       {
         std::lock_guard l(m_);

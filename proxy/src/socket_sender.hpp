@@ -24,6 +24,7 @@
 
 #include <sys/uio.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -44,6 +45,9 @@ struct send_flight {
   // Set by the sender thread; read by the loop when it is given back.
   std::size_t written = 0;
   int error = 0;           ///< errno of a failed send; 0: sent, or the socket took only `written`
+  /// Set by the sender thread once it is done with fd and iov (false from submit until then): a
+  /// stream whose bytes cannot outlive it waits for this before they go (at shutdown).
+  std::atomic<bool> sent{true};
   // The loop's alone.
   void* owner = nullptr;   ///< the stream waiting for it; null when that went first
   void (*done)(void* owner, send_flight&) = nullptr;

@@ -371,6 +371,8 @@ awaitable<void> serve_websocket_mux(server_core& core, Stream s, http::request<h
     appended = true;
   };
   std::uint64_t seen = core.notifications;
+  bool trimmed = true, idle = false;   // (no buffers yet)
+  std::chrono::steady_clock::time_point idle_since{};
   while (!core.stopping && m->reading && m->is_open() && !failed) {
     // A connection with a subscription catching up lets the live clients a notification woke go
     // first (once per notification), as a /v1/ws client catching up does.
@@ -483,20 +485,29 @@ awaitable<void> serve_websocket_mux(server_core& core, Stream s, http::request<h
       if (more) {   // passed over events their filters do not take, or one ended: go on after the others
         co_await asio::post(core.executor, asio::use_awaitable);
       } else {
-        std::vector<subscription::item>().swap(batch);   // idle: no buffers kept while it waits
-        std::vector<sent>().swap(round);
-        out.trim();
+        // Idle: it keeps its buffers for keep_buffers_for (a connection of a steady stream has a
+        // round again by then), then gives them back while it waits (the next burst makes them
+        // again, once).
         const auto now = std::chrono::steady_clock::now();
+        if (!idle) idle_since = now;
+        idle = true;
+        if (!trimmed && now >= idle_since + keep_buffers_for) {
+          std::vector<subscription::item>().swap(batch);
+          std::vector<sent>().swap(round);
+          out.trim();
+          trimmed = true;
+        }
         auto check_at = now + opts.keepalive;
         if (!m->keep_alive(opts.keepalive, now, check_at)) {   // a ping unanswered: the client is gone
           failed = true;
           break;
         }
-        m->wake.expires_at(std::min(now + opts.keepalive, check_at));
+        m->wake.expires_at(std::min(trimmed ? now + opts.keepalive : idle_since + keep_buffers_for, check_at));
         co_await m->wake.async_wait(use_tuple);
       }
       continue;
     }
+    idle = trimmed = false;
     auto [dec] = co_await out.async_drain(use_tuple);
     m->watchdog.cancel();
     if (dec) {

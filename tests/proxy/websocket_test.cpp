@@ -413,21 +413,30 @@ TEST_CASE("walgate's WebSocket: a /v1/mux client that sends messages and reads n
   CHECK(get_path(g.port(), "/healthz").first == 200);
 }
 
-TEST_CASE("walgate's WebSocket: written by the event loop or by sender threads, the same frames; a client that stops "
-          "reading is closed at the write timeout either way") {
+TEST_CASE("walgate's WebSocket: written by the event loop or by sender threads, the same frames (and NDJSON and SSE "
+          "lines); a client that stops reading is closed at the write timeout either way") {
   for (unsigned threads : {0u, 1u, 2u}) {
     CAPTURE(threads);
     const std::string t = "wst_" + std::to_string(threads);
     test::cluster().sql("CREATE TABLE " + t + "(id int PRIMARY KEY, v text); CREATE PUBLICATION " + t + "_pub FOR TABLE " + t);
     server_options so;
     so.send_threads = threads;
-    so.write_timeout = std::chrono::milliseconds(2000);
+    so.write_timeout = std::chrono::milliseconds(3000);
     running_gateway g(t + "_slot", t + "_pub", so);
     wire fast(g.port(), "/v1/ws?format=native&transactions=false");
     // Reads nothing until the end, with a 64 KiB receive buffer.
     wire slow(g.port(), "/v1/ws?format=native&transactions=false", "", "13", "dGhlIHNhbXBsZSBub25jZQ==", 64 << 10);
     REQUIRE(fast.status == 101);
     REQUIRE(slow.status == 101);
+    // NDJSON and SSE readers beside them (written the same way: by the loop, or the sender threads).
+    stream_client nd(g.port(), "/v1/stream?format=native&transactions=false");
+    stream_client es(g.port(), "/v1/stream?format=native&transactions=false", {{"Accept", "text/event-stream"}});
+    REQUIRE(nd.status() == 200);
+    REQUIRE(es.status() == 200);
+    std::vector<std::string> nd_events;
+    std::vector<std::pair<std::string, std::string>> es_events;
+    std::thread nd_reader([&] { nd_events = nd.events(10000); });
+    std::thread es_reader([&] { es_events = es.sse(10000); });
     // 10,000 rows of 2,000 bytes in 10 transactions: 20 MB, far more than the slow client's
     // socket buffers hold.
     std::thread load([&t] {
@@ -447,8 +456,21 @@ TEST_CASE("walgate's WebSocket: written by the event loop or by sender threads, 
         ++in_order;
     }
     load.join();
+    nd_reader.join();
+    es_reader.join();
     CHECK(received == 10000);
     CHECK(in_order == 10000);
+    REQUIRE(nd_events.size() == 10000);
+    REQUIRE(es_events.size() == 10000);
+    int nd_in_order = 0, es_in_order = 0;
+    for (int i = 0; i < 10000; ++i) {
+      const auto a = json::parse(nd_events[static_cast<std::size_t>(i)]), b = json::parse(es_events[static_cast<std::size_t>(i)].second);
+      const std::string v(2000, static_cast<char>('a' + (i + 1) % 26));
+      nd_in_order += a.at("after").at("id").to_number<int>() == i + 1 && a.at("after").at("v").as_string() == v;
+      es_in_order += b.at("after").at("id").to_number<int>() == i + 1 && b.at("after").at("v").as_string() == v;
+    }
+    CHECK(nd_in_order == 10000);
+    CHECK(es_in_order == 10000);
     // The slow client: its writes stall past the write timeout, and it is closed (what it was
     // sent is whole frames of the same events, then the end, with or without a close frame).
     CHECK(test::wait_until([&] { return metric_of(g.port(), "walgate_clients_disconnected_slow_total") == 1; },

@@ -40,7 +40,7 @@ asio::ip::tcp::socket& socket_of(Stream& s) {
 
 /// A plain-TCP stream's writes made by the sender threads (--send-threads; socket_sender.hpp),
 /// one at a time: write() hands the bytes to a sender thread and waits until it gives them back;
-/// what the socket did not take then goes from the loop. While a write is out the socket stays
+/// what the socket did not take then goes from the loop (counted in socket_sender::partial). While a write is out the socket stays
 /// open (close(): shut down at once, closed when the write is back), and the bytes, which the
 /// stream's frames hold, are not freed before it is back (write()'s frame, destroyed first when
 /// the loop's coroutines are destroyed at shutdown, waits for the sender thread to be done).
@@ -82,8 +82,8 @@ class offloaded_writes {
         o.in_flight_ = false;
       }
     } guard{*this};
-    in_flight_ = true;
     sender_->submit(flight_);
+    in_flight_ = true;   // (after: a submit that throws leaves nothing out; it is given back only on the loop)
     while (in_flight_) {
       back_.expires_at(asio::steady_timer::time_point::max());
       co_await back_.async_wait(use_tuple);
@@ -303,7 +303,7 @@ awaitable<void> serve(server_core& core, Stream s, std::unique_ptr<chunked_start
   // socket turning readable with nothing to read is its end; bytes to read (a pipelined
   // request, a TLS alert) end the watch, and the next write finds out.
   sock.async_wait(asio::ip::tcp::socket::wait_read, [w, &c, &sock](boost::system::error_code ec) {
-    if (!w->alive || ec) return;
+    if (!w->alive || ec || w->timed_out) return;   // (timed out: the socket shut down by walgate, not the client)
     if (peer_closed(sock.native_handle())) {
       c.sub.close(subscription::end::client_gone, "the client closed the connection");
       c.wake.cancel();

@@ -279,8 +279,8 @@ class corked_stream {
       f.iov.push_back({const_cast<void*>(b.data()), b.size()});
       f.total += b.size();
     }
-    in_flight_ = true;
     sender_->submit(flight_);
+    in_flight_ = true;   // (after: a submit that throws leaves nothing out; it is given back only on the loop)
   }
 
   /// Back from the sender thread: done, failed, or the rest is sent from here when the socket

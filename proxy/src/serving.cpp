@@ -107,7 +107,7 @@ server_core::server_core(boost::asio::any_io_executor ex, server_options o, gate
   }
   if (sender) {
     metrics.add_value("walgate_send_thread_writes_total", "counter",
-                      "Writes to WebSocket clients made by the sender threads (--send-threads).",
+                      "Writes to stream clients made by the sender threads (--send-threads).",
                       [this] { return sender->writes; });
     metrics.add_value("walgate_send_thread_partial_total", "counter",
                       "Of those, the writes the socket took only in part (the rest went from the event loop).",

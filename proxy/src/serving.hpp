@@ -75,7 +75,7 @@ struct client {
   /// own when one connection serves several clients (a multiplexed WebSocket).
   boost::asio::steady_timer* wake_target = &wake;
   boost::asio::steady_timer watchdog;   // write timeout
-  std::function<void()> force_close;    // closes the socket
+  std::function<void()> force_close;    // closes the socket (set by WebSocket; empty on NDJSON and SSE)
   std::shared_ptr<snapshot_job> snapshot;   // while its rows are read: wakes this client
   std::shared_ptr<const identity> who;      // its token's claims (authentication on)
   std::optional<std::pair<std::int64_t, std::uint64_t>> expiry;   // its place in core's expiries
@@ -110,8 +110,9 @@ struct server_core {
   /// The TLS context new connections get (replaced by server::reload_tls; a connection keeps the
   /// one it began with).
   std::shared_ptr<boost::asio::ssl::context> tls;
-  /// The threads that write to plain-TCP WebSocket clients (socket_sender.hpp; opts.send_threads
-  /// of them); null: the event loop writes. Held by each connection that uses it as well.
+  /// The threads that write to stream clients over plain TCP (socket_sender.hpp;
+  /// opts.send_threads of them; none with TLS); null: the event loop writes. Held by each
+  /// connection that uses it as well.
   std::shared_ptr<socket_sender> sender;
 
   std::set<client*> clients;

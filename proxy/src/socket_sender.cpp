@@ -48,12 +48,12 @@ class threaded_sender final : public socket_sender, public std::enable_shared_fr
   }
 
   void submit(std::shared_ptr<send_flight> f) override {
-    f->sent.store(false, std::memory_order_relaxed);   // (published by the queue's mutex)
     bool wake;
     {
       std::lock_guard l(m_);
       wake = queue_.empty() && idle_ > 0;
-      queue_.push_back(std::move(f));
+      queue_.push_back(f);
+      f->sent.store(false, std::memory_order_relaxed);   // (once queued: published by the mutex)
     }
     if (wake) cv_.notify_one();
     ++outstanding_;

@@ -1,19 +1,21 @@
 // The client side's second thread (or more): the system calls that send walgate's batches to
-// its plain-TCP WebSocket clients. The event loop makes a client's batch (its frames, from the
-// shared encodings) and hands it over as a send_flight; a sender thread writes it to the
-// socket without blocking (sendmsg, MSG_DONTWAIT) and gives it back to the loop, which goes on
-// from there: done, or the rest sent by the loop when the socket can take it (a client that
-// reads slowly never holds a sender thread), or the error. On loopback and on a real network
-// alike, that system call is most of what a delivery costs the loop (the kernel's TCP send, and
-// on loopback the receiver's side too), so it is what moves.
+// its stream clients over plain TCP (WebSocket, NDJSON, SSE). The event loop makes a client's
+// batch (its frames or chunk, from the shared encodings) and hands it over as a send_flight; a
+// sender thread writes it to the socket without blocking (sendmsg, MSG_DONTWAIT) and gives it
+// back to the loop, which goes on from there: done, or the rest sent by the loop when the socket
+// can take it (a client that reads slowly never holds a sender thread), or the error. On
+// loopback and on a real network alike, that system call is most of what a delivery costs the
+// loop (the kernel's TCP send, and on loopback the receiver's side too), so it is what moves.
 //
-// What is shared, and how (corked_stream.hpp is the one user):
+// What is shared, and how (corked_stream.hpp for WebSocket, chunked_stream.hpp's
+// offloaded_writes for NDJSON and SSE):
 // - a flight's bytes and its iovecs: made by the loop, read by the sender thread while it is
 //   submitted, untouched by the loop until it is given back;
 // - the socket: the sender thread writes to its descriptor only while a flight is submitted;
-//   the loop never closes it then (a close is a shutdown(2) until the flight is back; a stream
-//   destroyed meanwhile hands its descriptor and its bytes to the flight, closed and freed when
-//   the flight ends — so the descriptor's number is never reused while a write may use it);
+//   the loop never closes it then (a close is a shutdown(2) until the flight is back; a
+//   WebSocket stream destroyed meanwhile hands its descriptor and its bytes to the flight, closed
+//   and freed when the flight ends; an NDJSON or SSE stream's write, destroyed only at shutdown,
+//   waits for `sent` first) — so the descriptor's number is never reused while a write may use it;
 // - the queue of flights (a mutex and a condition variable) and the finished ones (a mutex; an
 //   eventfd wakes the loop, which takes them all at once).
 // Nothing else: a sender thread reads only the bytes a flight names, and the memory tail, the

@@ -1218,6 +1218,10 @@ TEST_CASE("NDJSON and SSE clients that stop reading are closed at the write time
   test::wait_until([&] { return (plain_slow = metric_of(plain.port(), "walgate_clients_disconnected_slow_total")) == 2; },
                    std::chrono::seconds(60));
   CHECK(plain_slow == 2);
+  // Over plain TCP their writes were made by the sender thread; the write that filled each
+  // socket went on from the loop.
+  CHECK(metric_of(plain.port(), "walgate_send_thread_writes_total") >= 2);
+  CHECK(metric_of(plain.port(), "walgate_send_thread_partial_total") >= 2);
   test::wait_until([&] { return (tls_slow = tls_metric("walgate_clients_disconnected_slow_total")) == 2; },
                    std::chrono::seconds(60));
   CHECK(tls_slow == 2);

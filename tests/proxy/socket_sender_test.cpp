@@ -1,10 +1,14 @@
-// The sender threads (proxy/src/socket_sender.cpp) and a WebSocket connection's corked stream
-// writing through them (corked_stream.hpp), on real loopback TCP sockets: bytes in order, a
+// The sender threads (proxy/src/socket_sender.cpp), a WebSocket connection's corked stream
+// writing through them (corked_stream.hpp) and an NDJSON or SSE stream's writes
+// (chunked_stream.hpp's offloaded_writes), on real loopback TCP sockets: bytes in order, a
 // socket that takes only part, a failed send, a stream closed or destroyed while its write is on
 // a sender thread (its descriptor and bytes outlive it until the write is back, then go).
+#include "chunked_stream.hpp"
 #include "corked_stream.hpp"
 #include "socket_sender.hpp"
 
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 
@@ -14,10 +18,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <climits>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -260,6 +266,103 @@ TEST_CASE("a corked stream closed, or destroyed, while its write is on a sender 
     run_until(io, [&] { return held.expired(); });
     CHECK(held.expired());
     const std::string got = read_to_end(peer.native_handle());   // what the socket took, then the end
+    CHECK(got.size() < expected.size());
+    CHECK(got == expected.substr(0, got.size()));
+  }
+}
+
+TEST_CASE("an NDJSON or SSE stream's writes through a sender thread: whole, the rest from the loop, closed meanwhile, "
+          "destroyed at shutdown") {
+  using walgate::proxy::chunked::offloaded_writes;
+  auto io = std::make_unique<asio::io_context>();
+  auto [s, peer] = tcp_pair(*io);
+  s.set_option(asio::socket_base::send_buffer_size(4096));
+  auto sender = socket_sender::make(io->get_executor(), 1);
+  // Three buffers, 8 MB: far more than the socket takes at once.
+  auto a = pattern(3u << 20, 'a'), b = pattern(10, 'b'), c = pattern(5u << 20, 'c');
+  const std::string expected = a + b + c;
+  const std::array<asio::const_buffer, 3> bufs{asio::buffer(a), asio::buffer(b), asio::buffer(c)};
+
+  SUBCASE("whole, in order: the socket's part from the sender thread, the rest from the loop") {
+    offloaded_writes w(sender, s);
+    bool done = false;
+    boost::system::error_code result;
+    asio::co_spawn(*io, [&]() -> asio::awaitable<void> {
+      result = co_await w.write(bufs);
+      done = true;
+    }, asio::detached);
+    std::string got;
+    std::thread reader([&got, fd = peer.native_handle(), n = expected.size()] {
+      timeval tv{10, 0};
+      ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      char buf[65536];
+      while (got.size() < n) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        ssize_t r = ::recv(fd, buf, sizeof buf, 0);
+        if (r <= 0) break;
+        got.append(buf, static_cast<std::size_t>(r));
+      }
+    });
+    run_until(*io, [&] { return done; });
+    reader.join();
+    CHECK(done);
+    CHECK(!result);
+    CHECK(got == expected);
+    CHECK(sender->writes == 1);
+    CHECK(sender->partial == 1);
+  }
+  SUBCASE("closed while the write is out: shut down at once, closed when it is back; the write fails") {
+    offloaded_writes w(sender, s);
+    bool started = false, done = false;
+    boost::system::error_code result;
+    asio::co_spawn(*io, [&]() -> asio::awaitable<void> {
+      started = true;
+      result = co_await w.write(bufs);
+      done = true;
+    }, asio::detached);
+    // Until the write is given to the sender thread (in the handler that started the coroutine);
+    // no more: it is given back only when the loop runs again.
+    while (!started) io->poll_one();
+    REQUIRE(!done);
+    w.close();
+    CHECK(s.is_open());   // (the sender thread may be writing to it)
+    const std::string got = read_to_end(peer.native_handle());   // the end: the shutdown
+    CHECK(got.size() < expected.size());
+    CHECK(got == expected.substr(0, got.size()));
+    run_until(*io, [&] { return done; });
+    CHECK(done);
+    CHECK(result == asio::error::operation_aborted);
+    CHECK(!s.is_open());
+  }
+  SUBCASE("the loop's coroutines destroyed while the write is out: it waits for the sender thread, then the socket closes") {
+    // As at shutdown: the stream's coroutine owns its socket and bytes, and is destroyed with its
+    // io_context, suspended mid-write. (A loop of its own: this one is destroyed here.)
+    auto io2 = std::make_unique<asio::io_context>();
+    int client_fd = -1;
+    std::optional<tcp::socket> s2;
+    {
+      auto [x, y] = tcp_pair(*io2);
+      x.set_option(asio::socket_base::send_buffer_size(4096));
+      client_fd = y.release();
+      s2.emplace(std::move(x));
+    }
+    auto sender2 = socket_sender::make(io2->get_executor(), 1);
+    auto bytes = std::make_shared<std::string>(expected);
+    std::weak_ptr<std::string> held = bytes;
+    bool started = false;
+    asio::co_spawn(*io2, [sock = std::move(*s2), sender2, bytes = std::move(bytes), &started]() mutable -> asio::awaitable<void> {
+      offloaded_writes w(sender2, sock);
+      started = true;
+      co_await w.write(asio::buffer(*bytes));
+    }, asio::detached);
+    s2.reset();
+    while (!started) io2->poll_one();   // the write given to the sender thread, and not given back
+    CHECK(!held.expired());
+    sender2.reset();   // (the coroutine holds the last reference)
+    io2.reset();       // destroys the coroutine mid-write, on this thread
+    CHECK(held.expired());
+    const std::string got = read_to_end(client_fd);   // what the socket took, then the end
+    ::close(client_fd);
     CHECK(got.size() < expected.size());
     CHECK(got == expected.substr(0, got.size()));
   }

@@ -49,7 +49,7 @@ struct server_options {
   /// max_clients + this many open, accepting pauses until one closes: the process never runs
   /// out of file descriptors because of its clients.
   std::size_t max_other_connections = 256;
-  /// Threads that write walgate's batches to plain-TCP WebSocket clients (the system calls of
+  /// Threads that write walgate's batches to stream clients over plain TCP (the system calls of
   /// the fan-out), beside the event loop that makes them; 0: the event loop writes them itself.
   unsigned send_threads = 1;
   /// Origins (scheme://host[:port], or "*") whose pages may read the stream across origins:

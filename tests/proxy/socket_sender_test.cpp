@@ -67,6 +67,22 @@ std::string read_to_end(int fd) {
   return out;
 }
 
+/// n bytes from the client's socket, read slowly (so that walgate's side fills): fewer at the
+/// end of the stream, or after 10 s without any.
+std::string read_slowly(int fd, std::size_t n) {
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  std::string got;
+  char buf[65536];
+  while (got.size() < n) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    ssize_t r = ::recv(fd, buf, sizeof buf, 0);
+    if (r <= 0) break;
+    got.append(buf, static_cast<std::size_t>(r));
+  }
+  return got;
+}
+
 bool fd_open(int fd) { return ::fcntl(fd, F_GETFD) != -1; }
 
 std::string frame(std::string_view payload) {
@@ -203,17 +219,7 @@ TEST_CASE("a corked stream writing through a sender thread: frames in order, the
     if (ec) failed = ec;
   });
   std::string got;
-  std::thread reader([&got, fd = peer.native_handle(), n = expected.size()] {
-    timeval tv{10, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    char buf[65536];
-    while (got.size() < n) {
-      std::this_thread::sleep_for(std::chrono::microseconds(200));   // (a slow reader: the socket fills)
-      ssize_t r = ::recv(fd, buf, sizeof buf, 0);
-      if (r <= 0) break;
-      got.append(buf, static_cast<std::size_t>(r));
-    }
-  });
+  std::thread reader([&got, fd = peer.native_handle(), n = expected.size()] { got = read_slowly(fd, n); });
   run_until(io, [&] { return drained == 1; });
   reader.join();
   CHECK(drained == 1);
@@ -292,17 +298,7 @@ TEST_CASE("an NDJSON or SSE stream's writes through a sender thread: whole, the 
       done = true;
     }, asio::detached);
     std::string got;
-    std::thread reader([&got, fd = peer.native_handle(), n = expected.size()] {
-      timeval tv{10, 0};
-      ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-      char buf[65536];
-      while (got.size() < n) {
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-        ssize_t r = ::recv(fd, buf, sizeof buf, 0);
-        if (r <= 0) break;
-        got.append(buf, static_cast<std::size_t>(r));
-      }
-    });
+    std::thread reader([&got, fd = peer.native_handle(), n = expected.size()] { got = read_slowly(fd, n); });
     run_until(*io, [&] { return done; });
     reader.join();
     CHECK(done);

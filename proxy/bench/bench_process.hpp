@@ -44,6 +44,30 @@ inline double cpu_seconds(pid_t pid) {
   return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
+/// CPU seconds of pid and of its children: its own user + system time, its ended children's
+/// (reaped: cutime + cstime) and its live children's — for a server of processes (PostgreSQL's
+/// postmaster, its backends and walsenders), or -1.
+inline double tree_cpu_seconds(pid_t pid) {
+  auto fields = [](pid_t p, bool children_too) -> double {
+    std::ifstream in("/proc/" + std::to_string(p) + "/stat");
+    std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto close = s.rfind(')');
+    if (close == std::string::npos) return -1;
+    std::istringstream rest(s.substr(close + 2));
+    std::string field;
+    unsigned long t = 0;
+    for (int i = 3; i <= 17 && rest >> field; ++i)
+      if (i == 14 || i == 15 || (children_too && (i == 16 || i == 17))) t += std::stoul(field);
+    return static_cast<double>(t) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  };
+  double total = fields(pid, true);
+  if (total < 0) return -1;
+  std::ifstream kids("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
+  for (long k; kids >> k;)
+    if (double c = fields(static_cast<pid_t>(k), false); c > 0) total += c;
+  return total;
+}
+
 /// A memory figure of pid's /proc status in KiB (VmRSS:, VmHWM:), or -1.
 inline long rss_kib(pid_t pid, const char* field = "VmRSS:") {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");

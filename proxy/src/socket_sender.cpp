@@ -1,6 +1,7 @@
 #include "socket_sender.hpp"
 
 #include <boost/asio/buffer.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 
 #include <sys/eventfd.h>
@@ -29,7 +30,7 @@ namespace {
 
 class threaded_sender final : public socket_sender, public std::enable_shared_from_this<threaded_sender> {
  public:
-  threaded_sender(asio::any_io_executor loop, unsigned threads) : done_fd_(loop) {
+  threaded_sender(asio::any_io_executor loop, unsigned threads) : loop_(loop), done_fd_(loop) {
     int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (fd < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
     done_fd_.assign(fd);
@@ -48,17 +49,43 @@ class threaded_sender final : public socket_sender, public std::enable_shared_fr
   }
 
   void submit(std::shared_ptr<send_flight> f) override {
-    bool wake;
+    std::size_t queued;
+    bool idle;
     {
       std::lock_guard l(m_);
-      wake = queue_.empty() && idle_ > 0;
       queue_.push_back(f);
       f->sent.store(false, std::memory_order_relaxed);   // (once queued: published by the mutex)
+      queued = queue_.size();
+      idle = idle_ > 0;
     }
-    if (wake) cv_.notify_one();
+    // A sleeping sender thread is woken for several flights, not for each: at once when
+    // wake_at are queued, else once the handlers the loop has queued now have run (the other
+    // clients woken with this one make theirs meanwhile). A wake is a futex call on the loop
+    // and a context switch, as much as a small write costs.
+    if (idle) {
+      if (queued >= wake_at) cv_.notify_one();
+      else if (!kick_posted_) {
+        kick_posted_ = true;
+        asio::post(loop_, [w = weak_from_this()] {
+          auto self = w.lock();
+          if (!self) return;
+          self->kick_posted_ = false;
+          bool wake;
+          {
+            std::lock_guard l(self->m_);
+            wake = !self->queue_.empty() && self->idle_ > 0;
+          }
+          if (wake) self->cv_.notify_one();
+        });
+      }
+    }
     ++outstanding_;
     arm();
   }
+
+  /// Flights queued for a sleeping sender thread before it is woken without waiting for the
+  /// loop's turn to end.
+  static constexpr std::size_t wake_at = 16;
 
  private:
   /// A sender thread: takes everything queued, writes each, gives them back; until stopped and
@@ -162,6 +189,7 @@ class threaded_sender final : public socket_sender, public std::enable_shared_fr
     given_.clear();
   }
 
+  asio::any_io_executor loop_;
   asio::posix::stream_descriptor done_fd_;
   std::mutex m_;
   std::condition_variable cv_;
@@ -174,6 +202,7 @@ class threaded_sender final : public socket_sender, public std::enable_shared_fr
   std::uint64_t signals_ = 0;   // (what the eventfd read gives: not used)
   std::size_t outstanding_ = 0;
   bool armed_ = false;
+  bool kick_posted_ = false;
 };
 
 }  // namespace

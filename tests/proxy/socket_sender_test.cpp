@@ -18,6 +18,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <climits>
@@ -154,6 +155,28 @@ TEST_CASE("a sender thread writes a flight's bytes and gives it back to the loop
     CHECK(f->written == f->total);
     std::string want;
     for (auto& p : parts) want += p;
+    std::string got(want.size(), '\0');
+    REQUIRE(::recv(peer.native_handle(), got.data(), got.size(), MSG_WAITALL) == static_cast<ssize_t>(got.size()));
+    CHECK(got == want);
+  }
+  SUBCASE("many at once: a sleeping sender thread is woken when 16 are queued, before the loop's turn ends") {
+    // (Fewer wait for the loop's turn to end: "whole" above, whose loop runs only after.)
+    std::vector<std::vector<std::string>> parts;
+    for (int i = 0; i < 16; ++i) parts.push_back({"<" + std::to_string(100 + i) + ">"});
+    std::vector<std::shared_ptr<send_flight>> fs;
+    for (auto& p : parts) fs.push_back(flight(p));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));   // (the sender thread asleep)
+    for (auto& f : fs) sender->submit(f);
+    // Written without the loop running.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    auto all_sent = [&] { return std::all_of(fs.begin(), fs.end(), [](auto& f) { return f->sent.load(); }); };
+    while (!all_sent() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    CHECK(all_sent());
+    CHECK(calls == 0);
+    run_until(io, [&] { return calls == 16; });
+    CHECK(calls == 16);
+    std::string want;
+    for (auto& p : parts) want += p[0];
     std::string got(want.size(), '\0');
     REQUIRE(::recv(peer.native_handle(), got.data(), got.size(), MSG_WAITALL) == static_cast<ssize_t>(got.size()));
     CHECK(got == want);

@@ -26,6 +26,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <algorithm>
 #include <cstdio>
@@ -222,6 +223,52 @@ int main(int argc, char** argv) {
           std::this_thread::sleep_for(std::chrono::milliseconds(500));
         }
         stop(gw);
+        if (!only.empty() && only != "1") continue;
+        // The reference, walgate stopped: the filtered phase's 100 transactions of 2,000 rows to
+        // pg_recvlogical (test_decoding, a slot of its own), timed from the request until its
+        // 100th COMMIT line — what PostgreSQL takes to make and send them to a consumer that
+        // does nothing with them.
+        const std::string ref_slot = "fan_grants_ref_" + std::to_string(round) + "_" + std::to_string(b);
+        pg->sql("SELECT pg_create_logical_replication_slot('" + ref_slot + "', 'test_decoding')");
+        std::atomic<int> commits{0};
+        std::atomic<bool> started{false};
+        clock_type::time_point done_at{};
+        std::thread ref([&] {
+          const std::string cmd = "timeout 60 " + (pg->bindir() / "pg_recvlogical").string() + " -d '" + pg->conninfo() +
+                                  "' -S " + ref_slot + " --start -F 0 -f - 2>/dev/null";
+          FILE* f = ::popen(cmd.c_str(), "r");
+          if (!f) return;
+          char line[8192];
+          while (std::fgets(line, sizeof line, f)) {
+            started = true;
+            if (std::strncmp(line, "COMMIT", 6) == 0 && ++commits == 101) {
+              done_at = clock_type::now();
+              break;
+            }
+          }
+          ::pclose(f);   // (timeout ends pg_recvlogical)
+        });
+        // (a first transaction: pg_recvlogical is streaming)
+        for (int i = 0; i < 200 && !started; ++i) {
+          pg->sql("INSERT INTO fan_t VALUES (" + std::to_string(++id) + ", -1, 'warm-up')");
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        commits = 1;   // (the warm-ups: one or more, all in by now)
+        const double pg0 = tree_cpu_seconds(postmaster);
+        const auto t = clock_type::now();
+        std::string sql;
+        for (int done = 0; done < 200000; done += 2000)
+          sql += "BEGIN; INSERT INTO fan_t SELECT g, g % 100, 'note ' || repeat(md5(g::text), 4) FROM generate_series(" +
+                 std::to_string(id + done + 1) + ", " + std::to_string(id + done + 2000) + ") g; COMMIT;";
+        pg->sql(sql);
+        id += 200000;
+        ref.join();
+        const double pg_cpu = tree_cpu_seconds(postmaster) - pg0;
+        std::printf("%-10s %6d %8d %11s %8.2f %12s %11s %9s %8s %5.2f s\n", "recvlogical", 1, 200000, "-",
+                    commits >= 101 ? std::chrono::duration<double>(done_at - t).count() : -1.0, "-", "-", "-", "-", pg_cpu);
+        std::fflush(stdout);
+        pg->sql("SELECT pg_drop_replication_slot('" + ref_slot + "')");
       }
     return 0;
   }

@@ -20,6 +20,8 @@
 
 #include <algorithm>
 #include <array>
+#include <filesystem>
+#include <fstream>
 #include <cerrno>
 #include <climits>
 #include <chrono>
@@ -117,6 +119,18 @@ TEST_CASE("a sender thread writes a flight's bytes and gives it back to the loop
     return f;
   };
 
+  SUBCASE("the sender thread is named walgate-send (top -H, perf)") {
+    bool named = false;
+    for (int i = 0; i < 200 && !named; ++i) {   // (it names itself as it starts)
+      for (const auto& t : std::filesystem::directory_iterator("/proc/self/task")) {
+        std::string comm;
+        std::getline(std::ifstream(t.path() / "comm"), comm);
+        named = named || comm == "walgate-send";
+      }
+      if (!named) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    CHECK(named);
+  }
   SUBCASE("whole") {
     std::vector<std::string> parts{"hello ", "", "world"};
     auto f = flight(parts);

@@ -28,43 +28,33 @@ inline double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-/// User + system CPU seconds of pid (its threads, the ended ones too), or -1.
-inline double cpu_seconds(pid_t pid) {
+/// Seconds of CPU in pid's /proc stat: user + system (fields 14, 15), and with children_too its
+/// reaped children's (16, 17); -1 when pid is gone.
+inline double stat_cpu_seconds(pid_t pid, bool children_too) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   auto close = s.rfind(')');
   if (close == std::string::npos) return -1;
   std::istringstream rest(s.substr(close + 2));
   std::string field;
-  unsigned long utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && rest >> field; ++i) {
-    if (i == 14) utime = std::stoul(field);
-    if (i == 15) stime = std::stoul(field);
-  }
-  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  unsigned long t = 0;
+  for (int i = 3; i <= 17 && rest >> field; ++i)
+    if (i == 14 || i == 15 || (children_too && (i == 16 || i == 17))) t += std::stoul(field);
+  return static_cast<double>(t) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
+
+/// User + system CPU seconds of pid (its threads, the ended ones too), or -1.
+inline double cpu_seconds(pid_t pid) { return stat_cpu_seconds(pid, false); }
 
 /// CPU seconds of pid and of its children: its own user + system time, its ended children's
 /// (reaped: cutime + cstime) and its live children's — for a server of processes (PostgreSQL's
 /// postmaster, its backends and walsenders), or -1.
 inline double tree_cpu_seconds(pid_t pid) {
-  auto fields = [](pid_t p, bool children_too) -> double {
-    std::ifstream in("/proc/" + std::to_string(p) + "/stat");
-    std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    auto close = s.rfind(')');
-    if (close == std::string::npos) return -1;
-    std::istringstream rest(s.substr(close + 2));
-    std::string field;
-    unsigned long t = 0;
-    for (int i = 3; i <= 17 && rest >> field; ++i)
-      if (i == 14 || i == 15 || (children_too && (i == 16 || i == 17))) t += std::stoul(field);
-    return static_cast<double>(t) / static_cast<double>(sysconf(_SC_CLK_TCK));
-  };
-  double total = fields(pid, true);
+  double total = stat_cpu_seconds(pid, true);
   if (total < 0) return -1;
   std::ifstream kids("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
   for (long k; kids >> k;)
-    if (double c = fields(static_cast<pid_t>(k), false); c > 0) total += c;
+    if (double c = stat_cpu_seconds(static_cast<pid_t>(k), false); c > 0) total += c;
   return total;
 }
 

@@ -95,6 +95,38 @@ int main(int argc, char** argv) {
     return 1;
   }
   pg->sql("CREATE TABLE fan_items(id int PRIMARY KEY, note text); CREATE PUBLICATION fan_pub FOR TABLE fan_items");
+  // pg_recvlogical on slot (test_decoding) for at most seconds, each line it prints given to
+  // on_line until that returns false.
+  // on_line until that returns false; then it is stopped.
+  auto recvlogical = [&](const std::string& slot, int seconds, const std::vector<std::string>& options, auto on_line) {
+    std::vector<std::string> argv = {"timeout", std::to_string(seconds), (pg->bindir() / "pg_recvlogical").string(), "-d",
+                                     pg->conninfo(), "-S", slot, "--start", "-F", "0", "-f", "-"};
+    argv.insert(argv.end(), options.begin(), options.end());
+    int out[2];
+    if (::pipe(out) != 0) return;
+    const pid_t child = ::fork();
+    if (child == 0) {
+      ::dup2(out[1], 1);
+      ::close(out[0]);
+      ::close(out[1]);
+      const int null = ::open("/dev/null", O_WRONLY);
+      ::dup2(null, 2);
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      ::execvp(args[0], args.data());
+      ::_exit(127);
+    }
+    ::close(out[1]);
+    FILE* f = ::fdopen(out[0], "r");
+    char line[8192];
+    while (f && std::fgets(line, sizeof line, f))
+      if (!on_line(static_cast<const char*>(line))) break;
+    ::kill(child, SIGTERM);   // (timeout passes it on to pg_recvlogical)
+    ::waitpid(child, nullptr, 0);
+    if (f) std::fclose(f);
+    else ::close(out[0]);
+  };
   int next_id = 0;
   std::printf("one transaction of 2,000 one-row inserts (events of about 300 bytes) to N WebSocket clients\n");
   std::printf("%-28s %6s %5s %11s %8s %12s %11s %9s %8s\n", "walgate", "N", "pmd", "deliveries", "time s", "deliveries/s",
@@ -160,6 +192,15 @@ int main(int argc, char** argv) {
     std::printf("%-10s %6s %8s %11s %8s %12s %11s %9s %8s %7s %9s\n", "clients", "N", "events", "deliveries", "time s", "deliveries/s",
                 "walgate CPU", "us each", "closed", "PG CPU", "bench CPU");
     int id = 0;
+    // events rows after id in 100 transactions (one request), each row's tenant its id % 100.
+    auto hundred_transactions = [](int id, int events) {
+      std::string sql;
+      const int per = events / 100;
+      for (int done = 0; done < events; done += per)
+        sql += "BEGIN; INSERT INTO fan_t SELECT g, g % 100, 'note ' || repeat(md5(g::text), 4) FROM generate_series(" +
+               std::to_string(id + done + 1) + ", " + std::to_string(id + done + per) + ") g; COMMIT;";
+      return sql;
+    };
     // WALGATE_BENCH_GRANTS=filtered or =unfiltered: that phase alone, 5 rounds (for a profiler).
     const std::string only = std::getenv("WALGATE_BENCH_GRANTS");
     const int rounds = only == "filtered" || only == "unfiltered" ? 5 : 2;
@@ -198,13 +239,7 @@ int main(int argc, char** argv) {
           // 100 transactions, sent as one request: each client gets 20 events of each (the same
           // batches both ways) — 20 rows each for the unfiltered clients, 2,000 rows (20 of each
           // tenant) for the filtered ones.
-          std::string sql;
-          const int per = events / 100;
-          for (int done = 0; done < events; done += per) {
-            sql += "BEGIN; INSERT INTO fan_t SELECT g, g % 100, 'note ' || repeat(md5(g::text), 4) FROM generate_series(" +
-                   std::to_string(id + done + 1) + ", " + std::to_string(id + done + per) + ") g; COMMIT;";
-          }
-          pg->sql(sql);
+          pg->sql(hundred_transactions(id, events));
           id += events;
           pump(cs, 2000);
           const double secs = since(t), cpu = cpu_seconds(gw) - cpu0, pg_cpu = tree_cpu_seconds(postmaster) - pg0,
@@ -234,19 +269,12 @@ int main(int argc, char** argv) {
         std::atomic<bool> started{false};
         clock_type::time_point done_at{};
         std::thread ref([&] {
-          const std::string cmd = "timeout 60 " + (pg->bindir() / "pg_recvlogical").string() + " -d '" + pg->conninfo() +
-                                  "' -S " + ref_slot + " --start -F 0 -f - 2>/dev/null";
-          FILE* f = ::popen(cmd.c_str(), "r");
-          if (!f) return;
-          char line[8192];
-          while (std::fgets(line, sizeof line, f)) {
+          recvlogical(ref_slot, 60, {}, [&](const char* line) {
             started = true;
-            if (std::strncmp(line, "COMMIT", 6) == 0 && ++commits == 101) {
-              done_at = clock_type::now();
-              break;
-            }
-          }
-          ::pclose(f);   // (timeout ends pg_recvlogical)
+            if (std::strncmp(line, "COMMIT", 6) != 0 || ++commits < 101) return true;
+            done_at = clock_type::now();
+            return false;
+          });
         });
         // (a first transaction: pg_recvlogical is streaming)
         for (int i = 0; i < 200 && !started; ++i) {
@@ -257,11 +285,7 @@ int main(int argc, char** argv) {
         commits = 1;   // (the warm-ups: one or more, all in by now)
         const double pg0 = tree_cpu_seconds(postmaster);
         const auto t = clock_type::now();
-        std::string sql;
-        for (int done = 0; done < 200000; done += 2000)
-          sql += "BEGIN; INSERT INTO fan_t SELECT g, g % 100, 'note ' || repeat(md5(g::text), 4) FROM generate_series(" +
-                 std::to_string(id + done + 1) + ", " + std::to_string(id + done + 2000) + ") g; COMMIT;";
-        pg->sql(sql);
+        pg->sql(hundred_transactions(id, 200000));
         id += 200000;
         ref.join();
         const double pg_cpu = tree_cpu_seconds(postmaster) - pg0;
@@ -339,21 +363,16 @@ int main(int argc, char** argv) {
       pg->sql("SELECT pg_create_logical_replication_slot('" + ref_slot + "', 'test_decoding')");
       std::vector<double> ref_ms;
       std::thread ref([&] {
-        const std::string cmd = "timeout 16 " + (pg->bindir() / "pg_recvlogical").string() + " -d '" + pg->conninfo() +
-                                "' -S " + ref_slot + " --start -o include-timestamp=1 -F 0 -f - 2>/dev/null";
-        FILE* f = ::popen(cmd.c_str(), "r");
-        if (!f) return;
-        char line[4096];
-        while (std::fgets(line, sizeof line, f)) {
+        recvlogical(ref_slot, 16, {"-o", "include-timestamp=1"}, [&](const char* line) {
           const auto now = std::chrono::system_clock::now();
           const std::string l(line);
           const auto at = l.find(" (at ");
-          if (l.rfind("COMMIT", 0) != 0 || at == std::string::npos || l.size() < at + 5 + 26) continue;
+          if (l.rfind("COMMIT", 0) != 0 || at == std::string::npos || l.size() < at + 5 + 26) return true;
           std::string ts = l.substr(at + 5, 26);   // 2026-12-02 09:10:00.123456 (UTC)
           ts[10] = 'T';
           ref_ms.push_back(std::chrono::duration<double, std::milli>(now - parse_utc(ts)).count());
-        }
-        ::pclose(f);
+          return true;
+        });
       });
       std::this_thread::sleep_for(std::chrono::milliseconds(1000));
       const double cpu0 = cpu_seconds(gw);

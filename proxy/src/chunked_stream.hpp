@@ -77,6 +77,7 @@ class offloaded_writes {
       offloaded_writes& o;
       ~wait_if_out() {
         if (!o.in_flight_) return;
+        o.sender_->wake();   // (queued, its wake-up perhaps posted to the loop, which no longer runs)
         while (!o.flight_->sent.load(std::memory_order_acquire)) std::this_thread::yield();
         o.flight_->owner = nullptr;
         o.in_flight_ = false;

@@ -68,20 +68,24 @@ class threaded_sender final : public socket_sender, public std::enable_shared_fr
       else if (!kick_posted_) {
         kick_posted_ = true;
         asio::post(loop_, [w = weak_from_this()] {
-          auto self = w.lock();
-          if (!self) return;
-          self->kick_posted_ = false;
-          bool wake;
-          {
-            std::lock_guard l(self->m_);
-            wake = !self->queue_.empty() && self->idle_ > 0;
+          if (auto self = w.lock()) {
+            self->kick_posted_ = false;
+            self->wake();
           }
-          if (wake) self->cv_.notify_one();
         });
       }
     }
     ++outstanding_;
     arm();
+  }
+
+  void wake() override {
+    bool asleep;
+    {
+      std::lock_guard l(m_);
+      asleep = !queue_.empty() && idle_ > 0;
+    }
+    if (asleep) cv_.notify_one();
   }
 
   /// Flights queued for a sleeping sender thread before it is woken without waiting for the

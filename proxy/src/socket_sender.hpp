@@ -67,6 +67,10 @@ class socket_sender {
   /// on the loop (unless its owner is gone).
   virtual void submit(std::shared_ptr<send_flight> f) = 0;
 
+  /// From any thread: a sleeping sender thread is woken for what is queued now, without waiting
+  /// for the loop (a stream that must wait for its flight without the loop, at shutdown).
+  virtual void wake() = 0;
+
   /// On the loop: flights given back; and writes the socket took only in part, whose rest then
   /// went from the loop (counted by the stream that goes on with it).
   std::uint64_t writes = 0, partial = 0;

@@ -380,6 +380,7 @@ TEST_CASE("an NDJSON or SSE stream's writes through a sender thread: whole, the 
       s2.emplace(std::move(x));
     }
     auto sender2 = socket_sender::make(io2->get_executor(), 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));   // (the sender thread asleep: woken by the write's wait)
     auto bytes = std::make_shared<std::string>(expected);
     std::weak_ptr<std::string> held = bytes;
     bool started = false;

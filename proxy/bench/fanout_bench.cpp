@@ -96,24 +96,26 @@ int main(int argc, char** argv) {
   }
   pg->sql("CREATE TABLE fan_items(id int PRIMARY KEY, note text); CREATE PUBLICATION fan_pub FOR TABLE fan_items");
   // pg_recvlogical on slot (test_decoding) for at most seconds, each line it prints given to
-  // on_line until that returns false.
   // on_line until that returns false; then it is stopped.
   auto recvlogical = [&](const std::string& slot, int seconds, const std::vector<std::string>& options, auto on_line) {
     std::vector<std::string> argv = {"timeout", std::to_string(seconds), (pg->bindir() / "pg_recvlogical").string(), "-d",
                                      pg->conninfo(), "-S", slot, "--start", "-F", "0", "-f", "-"};
     argv.insert(argv.end(), options.begin(), options.end());
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
     int out[2];
-    if (::pipe(out) != 0) return;
+    if (::pipe2(out, O_CLOEXEC) != 0) return;
     const pid_t child = ::fork();
-    if (child == 0) {
-      ::dup2(out[1], 1);
+    if (child < 0) {
       ::close(out[0]);
       ::close(out[1]);
+      return;
+    }
+    if (child == 0) {
+      ::dup2(out[1], 1);   // (dup2's copy is not close-on-exec)
       const int null = ::open("/dev/null", O_WRONLY);
       ::dup2(null, 2);
-      std::vector<char*> args;
-      for (auto& a : argv) args.push_back(a.data());
-      args.push_back(nullptr);
       ::execvp(args[0], args.data());
       ::_exit(127);
     }

@@ -66,13 +66,13 @@ class threaded_sender final : public socket_sender, public std::enable_shared_fr
     if (idle) {
       if (queued >= wake_at) cv_.notify_one();
       else if (!kick_posted_) {
-        kick_posted_ = true;
         asio::post(loop_, [w = weak_from_this()] {
           if (auto self = w.lock()) {
             self->kick_posted_ = false;
             self->wake();
           }
         });
+        kick_posted_ = true;   // (once posted: a post that throws leaves no kick expected)
       }
     }
     ++outstanding_;

@@ -294,7 +294,13 @@ int main(int argc, char** argv) {
         std::printf("%-10s %6d %8d %11s %8.2f %12s %11s %9s %8s %5.2f s\n", "recvlogical", 1, 200000, "-",
                     commits >= 101 ? std::chrono::duration<double>(done_at - t).count() : -1.0, "-", "-", "-", "-", pg_cpu);
         std::fflush(stdout);
-        pg->sql("SELECT pg_drop_replication_slot('" + ref_slot + "')");
+        // (its walsender may outlive pg_recvlogical by a moment: dropped once the slot is inactive)
+        for (int i = 0; i < 100; ++i) {
+          auto gone = pg->sql("SELECT count(pg_drop_replication_slot(slot_name)) FROM pg_replication_slots WHERE slot_name = '" +
+                              ref_slot + "' AND NOT active");
+          if (!gone.empty() && gone[0][0] == std::optional<std::string>("1")) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
       }
     return 0;
   }

@@ -174,7 +174,8 @@ TEST_CASE("a sender thread writes a flight's bytes and gives it back to the loop
     CHECK(got == want);
   }
   SUBCASE("many at once: a sleeping sender thread is woken when 16 are queued, before the loop's turn ends") {
-    // (Fewer wait for the loop's turn to end: "whole" above, whose loop runs only after.)
+    // (With fewer the wake-up is a handler on the loop: the other subcases, whose flights are
+    // given back once the loop runs, go through it whenever the sender thread was asleep.)
     std::vector<std::vector<std::string>> parts;
     for (int i = 0; i < 16; ++i) parts.push_back({"<" + std::to_string(100 + i) + ">"});
     std::vector<std::shared_ptr<send_flight>> fs;

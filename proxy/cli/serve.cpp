@@ -426,6 +426,7 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
   st.streaming = [&] { return client.streaming(); };
   st.reconnects = [&] { return client.reconnects(); };
   gw.set_reply_request([&client] { client.request_reply(); });
+  so.server_wal_end = [&gw] { return gw.metrics().server_wal_end; };
   proxy::server srv(io.get_executor(), so, gw, st);
   if (!srv.start(error)) {
     log_line(error);

@@ -114,6 +114,7 @@ gateway::~gateway() {
 
 void gateway::on_stream_start(const stream_start_info& i) {
   // A new connection starts a new stream: whatever was half-received is sent again.
+  if (i.server_wal_end > metrics_.server_wal_end) metrics_.server_wal_end = i.server_wal_end;
   auto opts = assembler_opts_;
   opts.context.proto_version = i.proto_version;
   // Under parallel streaming, Stream Abort carries the abort's LSN and time (proto 4).
@@ -192,13 +193,27 @@ boost::system::error_code gateway::on_commit(const protocol::transaction_info& t
 
 boost::system::error_code gateway::on_message(protocol::lsn wal_start, const protocol::pgoutput::message& m) {
   // Decoding emits it when it reads its WAL record, between transactions (a transaction's
-  // changes are sent together at its commit): its LSN orders it among them, and a redelivery
-  // after a restart (the server resends from the acknowledged position) is recognised by it.
+  // changes are sent together at its commit): its position orders it among them, and a
+  // redelivery after a restart (the server resends from the acknowledged position) is
+  // recognised by it.
+  //
+  // Assumption written down (it once lost a transaction): the message's LSN is where its WAL
+  // record ENDS, which is where the next record begins — often the commit record of the
+  // transaction that emitted it (BEGIN; INSERT …; SELECT pg_logical_emit_message(false, …);
+  // COMMIT), whose commit LSN is that same number. So the message is logged one byte before
+  // its LSN: a byte inside its own record, which no commit record and no other message can
+  // start or end at. It sorts before the transaction committed right after it (as the stream
+  // sends them), its id differs from that transaction's first event's, and the transaction is
+  // not taken for a redelivery. Acknowledging its end (end_lsn) tells the server that the
+  // message is had (decoding skips a message whose record starts before the confirmed
+  // position) and that the transaction committed at that LSN is not (it is sent again).
   if (log_.in_transaction()) return make_error_code(protocol::errc::unexpected_message);   // (retried as a stream fault)
   protocol::transaction_info t;
   t.xid = m.xid.value_or(0);
-  t.commit_lsn = m.message_lsn.valid() ? m.message_lsn : wal_start;
-  t.end_lsn = t.commit_lsn;
+  const protocol::lsn at = m.message_lsn.valid() ? m.message_lsn : wal_start;
+  if (!at.valid()) return make_error_code(protocol::errc::unexpected_message);
+  t.commit_lsn = protocol::lsn{at.value - 1};
+  t.end_lsn = at;
   t.commit_time = frame_server_clock_us_;
   protocol::pgoutput::any_message any = m;
   protocol::change_event e;

@@ -185,7 +185,12 @@ PGconn* in_snapshot(const initial_snapshot_options& o, const std::string& export
 asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, protocol::lsn consistent_point) {
   auto fail = [](std::string why) { return failure{make_error_code(errc::server_error), "initial snapshot: " + why, {}, true}; };
   if (log_.next_seq() != 0) co_return failure{{}, "initial snapshot: the event log is not empty", {}, false};
-  if (!log_.origin().valid() && !log_.set_origin(consistent_point)) co_return failure{{}, log_.error(), {}, false};
+  // The snapshot is logged one byte before the consistent point (at_): a transaction whose commit
+  // record starts exactly at the consistent point is not in the exported snapshot and is
+  // streamed with that commit LSN, so the snapshot must neither share its ids nor make it look
+  // like a redelivery (the same rule as a non-transactional message's, gateway::on_message).
+  const protocol::lsn at{consistent_point.value - 1};
+  if (!log_.origin().valid() && !log_.set_origin(at)) co_return failure{{}, log_.error(), {}, false};
   st_ = std::make_shared<state>();
   auto st = st_;
   running_ = true;
@@ -281,7 +286,7 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
   // index 0), its index and Debezium's "last" set on the loop, which appends them in the order
   // handed over (the loop is the only writer).
   protocol::transaction_info txn;
-  txn.commit_lsn = consistent_point;
+  txn.commit_lsn = at;
   txn.end_lsn = consistent_point;
   txn.commit_time = st->commit_time;
   std::uint32_t index = 0;
@@ -293,12 +298,12 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
       return false;
     }
     const auto& id = st->defs[table]->identity;
-    log_.add_record(std::string_view(record.data(), record.size()), transform::event_id{consistent_point, index},
+    log_.add_record(std::string_view(record.data(), record.size()), transform::event_id{at, index},
                     transform::op::read, 0, id.nspname, id.relname, false);
     ++index;
     return log_.error().empty();
   };
-  if (!log_.begin(consistent_point)) co_return failure{{}, "initial snapshot: the event log refused it", {}, false};
+  if (!log_.begin(at)) co_return failure{{}, "initial snapshot: the event log refused it", {}, false};
 
   // The copies.
   const std::size_t workers = std::min(opts_.workers, std::max<std::size_t>(1, st->units.size()));
@@ -452,7 +457,7 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
     log_.abort();
     co_return fail(append_error.empty() ? log_.error() : append_error);
   }
-  log_.commit(consistent_point, consistent_point);
+  log_.commit(at, consistent_point);
   if (!log_.error().empty()) co_return failure{{}, log_.error(), {}, false};
   // Durable before the stream starts (and before the SNAPSHOT file says so): the first
   // acknowledgement PostgreSQL gets is past it.
@@ -468,7 +473,7 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
   say("initial snapshot: " + with_commas(rows) + " rows of " + std::to_string(st->defs.size()) + " tables in " + took +
       " s (" +
       with_commas(static_cast<std::uint64_t>(static_cast<double>(rows) / std::max(secs, 1e-3))) +
-      " rows/s)" + (rows ? ", logged as " + consistent_point.to_string() + ":0 to :" + std::to_string(rows - 1) : std::string()));
+      " rows/s)" + (rows ? ", logged as " + at.to_string() + ":0 to :" + std::to_string(rows - 1) : std::string()));
   co_return outcome<void>{};
 }
 

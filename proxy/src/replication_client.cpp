@@ -50,7 +50,8 @@ awaitable<outcome<stream_start_info>> prepare_replication(pg_connection& conn, c
   auto settings = co_await conn.query(
       "SELECT current_setting('wal_level'), current_setting('max_replication_slots')::int, "
       "(SELECT count(*) FROM pg_replication_slots), current_database(), "
-      "current_setting('max_wal_senders')::int");
+      "current_setting('max_wal_senders')::int, "
+      "(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text");
   if (!settings) co_return settings.error();
   const auto& row = settings->rows.at(0);
   std::string wal_level = row[0].value_or("");
@@ -61,6 +62,7 @@ awaitable<outcome<stream_start_info>> prepare_replication(pg_connection& conn, c
   int max_slots = std::stoi(row[1].value_or("0"));
   int used_slots = std::stoi(row[2].value_or("0"));
   std::string database = row[3].value_or("");
+  if (auto end = protocol::lsn::parse(row.size() > 5 ? row[5].value_or("") : std::string())) start.server_wal_end = *end;
 
   auto pubs = co_await conn.query("SELECT pubname FROM pg_catalog.pg_publication WHERE pubname IN (" +
                                   join_quoted(s.publications) + ")");

@@ -298,6 +298,24 @@ std::optional<refusal> position(server_core& core, stream_request r, std::string
       if (core.opts.log) core.opts.log("a resume refused (500): " + why);   // (damage an operator must see)
       return refusal{500, "from", why, {}};
     }
+    if (resume.past_head && core.opts.server_wal_end) {
+      // An id the log does not hold yet is one a crash took from the log before it was synced
+      // (the server sends it again) — so it is at or below the server's WAL end, which the
+      // gateway learns at every connection. Past it, the id is not of this stream (made up, or
+      // copied from a forged event) and would be waited for forever.
+      const protocol::lsn end = core.opts.server_wal_end();
+      if (!end.valid())
+        return refusal{503, "from",
+                       "event " + r.from->to_string() +
+                           " is past this event log's head, and walgate has not reached PostgreSQL since it started to "
+                           "tell whether it exists; try again",
+                       "2"};
+      if (r.from->commit_lsn > end)
+        return refusal{400, "from",
+                       "event " + r.from->to_string() + " is past the end of the server's WAL (" + end.to_string() +
+                           "): it is no event of this stream",
+                       {}};
+    }
     if (resume.past_head) out.skip_through = r.from;
     if (!resume.seq) {
       std::string why = "event " + r.from->to_string();

@@ -34,6 +34,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 
 using namespace walgate;   // (asio, beast, http, websocket, json, tcp: from the harness)
@@ -677,4 +678,213 @@ TEST_CASE("--origin none: changes replayed from a replication origin are not str
   CHECK(local.at("after").at("v") == "local");
   CHECK_FALSE(local.contains("origin"));
   REQUIRE(q.exec("SELECT pg_replication_origin_drop('org_elsewhere')"));
+}
+
+namespace {
+/// One event of the publication's tables (or a logical message) as a line both decoders can be
+/// brought to: "insert <table> <id> <v>", "update …", "delete <table> <id>",
+/// "message <0|1> <prefix> <content>".
+std::optional<std::string> from_test_decoding(const std::string& line, const std::string& prefix) {
+  // table public.dx_a: INSERT: id[integer]:5 v[text]:'abc'
+  // message: transactional: 0 prefix: p, sz: 1 content:x
+  if (line.rfind("message: transactional: ", 0) == 0) {
+    const std::string tx = line.substr(24, 1);
+    const auto p = line.find("prefix: ") + 8, comma = line.find(", sz: ", p), content = line.find(" content:", comma);
+    return "message " + tx + " " + line.substr(p, comma - p) + " " + line.substr(content + 9);
+  }
+  const std::string head = "table public." + prefix + "_";
+  if (line.rfind(head, 0) != 0) return std::nullopt;   // BEGIN, COMMIT, tables outside the publication
+  const auto colon = line.find(": ");
+  const std::string table = line.substr(13, colon - 13);
+  if (table != prefix + "_a" && table != prefix + "_b") return std::nullopt;   // (outside the publication)
+  const auto op_end = line.find(':', colon + 2);
+  std::string op = line.substr(colon + 2, op_end - colon - 2);
+  for (auto& c : op) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const auto id_at = line.find("id[integer]:") + 12;
+  const std::string id = line.substr(id_at, line.find(' ', id_at) - id_at);
+  if (op == "delete") return "delete " + table + " " + id;
+  const auto v_at = line.find("v[text]:'") + 9;
+  return op + " " + table + " " + id + " " + line.substr(v_at, line.rfind('\'') - v_at);
+}
+
+std::string from_native(const std::string& line) {
+  const auto o = boost::json::parse(line).as_object();
+  const std::string op(o.at("op").as_string());
+  if (op == "message")
+    return "message " + std::string(o.at("transactional").as_bool() ? "1" : "0") + " " +
+           std::string(o.at("prefix").as_string()) + " " + std::string(o.at("content").as_string());
+  const std::string table(o.at("table").as_string());
+  if (op == "delete") return "delete " + table + " " + std::to_string(o.at("before").at("id").as_int64());
+  return op + " " + table + " " + std::to_string(o.at("after").at("id").as_int64()) + " " +
+         std::string(o.at("after").at("v").as_string());
+}
+}  // namespace
+
+TEST_CASE("differential: walgate's log equals a second slot's decoding — messages at commit LSNs, empty, savepoint, streamed and two-phase transactions, walsenders terminated") {
+  auto& pg = test::cluster();
+  if (pg.server_major() < 14) {
+    MESSAGE("SKIPPED on PostgreSQL " << pg.server_major() << ": pgoutput sends logical messages from 14");
+    return;
+  }
+  scenario sc("dx");
+  pg.sql("CREATE TABLE dx_other(id int PRIMARY KEY)");   // outside the publication
+  sc.start_streaming();
+  // The reference: test_decoding on a slot of its own, made after walgate's (and before the
+  // writer): both decode the same WAL from before the first write.
+  pg.sql("SELECT pg_create_logical_replication_slot('dx_ref', 'test_decoding')");
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> written{0};
+  std::string writer_error;
+  std::thread writer([&] {
+    sql_conn c(pg.conninfo());
+    std::mt19937 rng(7);
+    long long next = 1;
+    int k = 0;
+    auto t = [&] { return rng() % 2 ? std::string("dx_a") : std::string("dx_b"); };
+    auto ins = [&](const std::string& table, const std::string& v) {
+      return "INSERT INTO " + table + " VALUES (" + std::to_string(next++) + ", '" + v + "');";
+    };
+    auto must = [&](const std::string& q) {
+      for (int tries = 0; tries < 50; ++tries) {
+        if (c.exec(q)) return true;
+        c.exec("ROLLBACK");
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      writer_error = "cannot run: " + q;
+      return false;
+    };
+    while (!stop && writer_error.empty() && k < 1500) {
+      const std::string n = std::to_string(++k);
+      std::string q;
+      switch (rng() % 12) {
+        case 0: q = ins(t(), "i" + n); break;
+        case 1: {
+          const std::string tb = t();
+          q = "UPDATE " + tb + " SET v = 'u" + n + "' WHERE id = (SELECT min(id) FROM " + tb + ");";
+          break;
+        }
+        case 2: {
+          const std::string tb = t();
+          q = "DELETE FROM " + tb + " WHERE id = (SELECT max(id) FROM " + tb + ");";
+          break;
+        }
+        case 3:   // the lost transaction: its last statement a non-transactional message
+          q = "BEGIN;" + ins(t(), "a" + n);
+          q += ins(t(), "b" + n) + "SELECT pg_logical_emit_message(false, 'nt', 'last" + n + "'); COMMIT;";
+          break;
+        case 4: q = "SELECT pg_logical_emit_message(false, 'nt', 'alone" + n + "');"; break;
+        case 5:
+          q = "BEGIN;" + ins(t(), "t" + n) + "SELECT pg_logical_emit_message(true, 'tx', 'in" + n + "');";
+          q += ins(t(), "t" + n) + "COMMIT;";
+          break;
+        case 6: {   // empty ones, and a message that outlives its rolled-back transaction
+          const int which = static_cast<int>(rng() % 3);
+          q = which == 0   ? "BEGIN; COMMIT;"
+              : which == 1 ? "BEGIN; INSERT INTO dx_other VALUES (" + std::to_string(next++) + "); COMMIT;"
+                           : "BEGIN; SELECT pg_logical_emit_message(false, 'nt', 'rb" + n + "');" + ins(t(), "rb" + n) +
+                                 "ROLLBACK;";
+          break;
+        }
+        case 7:   // savepoints: a rolled-back part, a released one
+          q = "BEGIN;" + ins(t(), "s" + n) + "SAVEPOINT s1;";
+          q += ins(t(), "gone" + n) + "ROLLBACK TO s1;";
+          q += ins(t(), "kept" + n) + "SAVEPOINT s2; UPDATE dx_a SET v = 'sp" + n + "' WHERE id = (SELECT min(id) FROM dx_a); RELEASE s2;" +
+              "SELECT pg_logical_emit_message(false, 'nt', 'sp" + n + "'); COMMIT;";
+          break;
+        case 8: {   // streamed while it runs (past logical_decoding_work_mem), messages inside; or aborted
+          // (each part made in its own statement: the operands of + are not evaluated in order)
+          const std::string from = std::to_string(next), to = std::to_string(next + 1499);
+          next += 1500;
+          const bool abort = rng() % 4 == 0;
+          const std::string big = "INSERT INTO " + t() + " SELECT g, 'big" + n + "' FROM generate_series(" + from + ", " + to + ") g;";
+          const std::string after = ins(t(), "after" + n);
+          q = "BEGIN;" + big + "SELECT pg_logical_emit_message(false, 'nt', 'mid" + n +
+              "'); SELECT pg_logical_emit_message(true, 'tx', 'big" + n + "');" + after +
+              (abort ? "ROLLBACK;" : "SELECT pg_logical_emit_message(false, 'nt', 'end" + n + "'); COMMIT;");
+          break;
+        }
+        case 9: {   // two-phase: a message between PREPARE and COMMIT PREPARED; some rolled back
+          const std::string gid = "dxg" + n;
+          if (!must("BEGIN;" + ins(t(), "p" + n) + "SELECT pg_logical_emit_message(true, 'tx', 'prep" + n +
+                    "'); PREPARE TRANSACTION '" + gid + "';"))
+            break;
+          must("SELECT pg_logical_emit_message(false, 'nt', 'between" + n + "');");
+          q = (rng() % 4 == 0 ? "ROLLBACK PREPARED '" : "COMMIT PREPARED '") + gid + "';";
+          break;
+        }
+        default:
+          q = ins(t(), "m" + n);
+          q += ins(t(), "m" + n);
+          break;
+      }
+      if (!q.empty() && !must(q)) break;
+      ++written;
+      std::this_thread::sleep_for(std::chrono::milliseconds(4));
+    }
+  });
+  sql_conn admin(pg.conninfo());
+  const int n = cycles(25);
+  for (int i = 0; i < n; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(random_ms(50, 500)));
+    admin.exec("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = '" + sc.slot +
+               "' AND active_pid IS NOT NULL");
+  }
+  stop = true;
+  writer.join();
+  REQUIRE_MESSAGE(writer_error.empty(), writer_error);
+  // (a message alone does not flush the WAL, and neither slot is sent what is not flushed: a
+  // commit after it, of a table outside the publication, does)
+  REQUIRE(admin.exec("SELECT pg_logical_emit_message(false, 'nt', 'the end'); INSERT INTO dx_other VALUES (0)"));
+
+  // The reference, until it holds the end (the commit after it may not be flushed yet when
+  // first asked).
+  std::vector<std::string> expected;
+  test::wait_until(
+      [&] {
+        std::vector<std::vector<std::string>> rows;
+        REQUIRE(admin.exec("SELECT data FROM pg_logical_slot_get_changes('dx_ref', NULL, NULL, 'skip-empty-xacts', '1')", &rows));
+        for (const auto& r : rows)
+          if (auto e = from_test_decoding(r[0], "dx")) expected.push_back(*e);
+        return !expected.empty() && expected.back() == "message 0 nt the end";
+      },
+      std::chrono::seconds(30));
+  REQUIRE_MESSAGE(!expected.empty(), "test_decoding gave nothing");
+  CHECK_MESSAGE(expected.back() == "message 0 nt the end", expected.back());
+
+  auto lines = first_lines(sc.port, "/v1/stream?from=0/0:0", expected.size() + 1);   // (one more: none comes)
+  std::vector<std::string> got;
+  std::set<std::string> ids;
+  std::optional<transform::event_id> previous;
+  std::size_t disorder = 0;
+  for (const auto& l : lines) {
+    got.push_back(from_native(l));
+    const std::string id(boost::json::parse(l).at("id").as_string());
+    CHECK_MESSAGE(ids.insert(id).second, "a second event with the id " << id);
+    const auto parsed = transform::event_id::parse(id);
+    REQUIRE(parsed);
+    if (previous && !(*previous < *parsed)) ++disorder;
+    previous = parsed;
+  }
+  CHECK(disorder == 0);
+  std::size_t first_difference = 0;
+  while (first_difference < std::min(got.size(), expected.size()) && got[first_difference] == expected[first_difference])
+    ++first_difference;
+  CHECK_MESSAGE(got == expected, "walgate has " << got.size() << " events, test_decoding " << expected.size()
+                                                << "; the first difference at " << first_difference << ": walgate "
+                                                << (first_difference < got.size() ? got[first_difference] : "(none)")
+                                                << ", test_decoding "
+                                                << (first_difference < expected.size() ? expected[first_difference] : "(none)"));
+  std::size_t messages = 0, at_commit = 0;
+  for (const auto& e : expected) {
+    messages += e.rfind("message 0", 0) == 0;
+    at_commit += e.rfind("message 0 nt last", 0) == 0;
+  }
+  MESSAGE("statements " << written.load() << ", events " << expected.size() << ", non-transactional messages " << messages
+                        << " (" << at_commit << " as a transaction's last statement), walsender terminations " << n
+                        << ", transactions streamed " << sc.streamed());
+  CHECK(at_commit > 0);
+  CHECK(sc.streamed() > 0);
+  CHECK(sc.gw.log().find("reconnecting") != std::string::npos);
+  admin.exec("SELECT pg_drop_replication_slot('dx_ref')");
 }

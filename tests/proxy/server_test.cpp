@@ -371,8 +371,11 @@ TEST_CASE("non-transactional logical messages are logged and served in WAL order
   CHECK(m.at("transactional") == false);
   CHECK(m.at("prefix") == "walgate-test");
   CHECK(m.at("content") == "hello");
-  // Its id is its own LSN, index 0, between the transactions around it.
-  CHECK(std::string(m.at("id").as_string()) == lsn + ":0");
+  // Its id is one less than its own LSN (the LSN is where its record ends, which may be the
+  // next transaction's commit LSN), index 0, between the transactions around it; native's lsn
+  // is the LSN pg_logical_emit_message returned.
+  CHECK(std::string(m.at("lsn").as_string()) == lsn);
+  CHECK(std::string(m.at("id").as_string()) == protocol::lsn{protocol::lsn::parse(lsn)->value - 1}.to_string() + ":0");
   auto id = [](const std::string& e) { return *transform::event_id::parse(id_of(e)); };
   CHECK(id(every[0]) < id(every[1]));
   CHECK(id(every[1]) < id(every[2]));

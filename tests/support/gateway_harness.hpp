@@ -75,6 +75,7 @@ struct running_gateway {
     gw->set_reply_request([this] { client->request_reply(); });
     gw->set_backlog_probe([this] { return client->backlog(); });   // (as the walgate executable)
     so.port = 0;
+    if (!so.server_wal_end) so.server_wal_end = [this] { return gw->metrics().server_wal_end; };   // (as the executable)
     if (so.snapshot.conninfo.empty()) {   // per-client snapshots from the same database
       so.snapshot.conninfo = conninfo.empty() ? test::cluster().conninfo() : conninfo;
       so.snapshot.publications = {publication};

@@ -186,7 +186,9 @@ void native_value(std::string& out, std::uint32_t t, std::int32_t, std::string_v
       append_number_or_string(out, v);
       return;
     case oid::json: case oid::jsonb:
-      out.append(v);   // PostgreSQL validated it as JSON when it was stored
+      // Not copied as it is: json keeps its input's line breaks (one would end an NDJSON line and
+      // forge the next), and its numbers and nesting may be beyond what clients parse.
+      append_json_value(out, v);
       return;
     default: append_json_string(out, v);
   }
@@ -230,7 +232,7 @@ void waltail_value(std::string& out, std::uint32_t t, std::int32_t, std::string_
     return;
   }
   if (t == oid::json || t == oid::jsonb) {
-    out.append(v);
+    append_json_value(out, v);   // (as native's: never copied as it is)
     return;
   }
   append_json_string(out, v);

@@ -31,7 +31,9 @@ namespace walgate::proxy {
 struct gateway_metrics {
   std::uint64_t events_in = 0;         ///< events logged
   std::uint64_t transactions_in = 0;
-  protocol::lsn server_wal_end;        ///< from the last XLogData or keepalive
+  /// The highest WAL end the server has told: at each connection (pg_current_wal_lsn()), then
+  /// from each XLogData and keepalive. Invalid until walgate first reached the server.
+  protocol::lsn server_wal_end;
   std::int64_t last_commit_time_us = 0;   ///< PostgreSQL-epoch µs of the last logged transaction
   std::int64_t slot_retained_wal = -1;    ///< bytes, from pg_replication_slots (-1: unknown)
   std::uint64_t decode_failures = 0;      ///< pgoutput messages that could not be decoded
@@ -58,8 +60,9 @@ class gateway final : public replication_sink, public protocol::transaction_hand
   boost::system::error_code on_change(const protocol::transaction_info& t, const protocol::change_event& e) override;
   boost::system::error_code on_commit(const protocol::transaction_info& t) override;
   /// A non-transactional logical message: logged as a transaction of its own whose commit LSN
-  /// is the message's LSN (event id "<message LSN>:0") and whose commit time is the server's
-  /// send time of the frame that carried it (the message has no commit).
+  /// is one less than the message's LSN (event id "<message LSN - 1>:0": the message's LSN may
+  /// be the commit LSN of the transaction after it) and whose commit time is the server's send
+  /// time of the frame that carried it (the message has no commit).
   boost::system::error_code on_message(protocol::lsn wal_start, const protocol::pgoutput::message& m) override;
 
   event_log& log() { return log_; }

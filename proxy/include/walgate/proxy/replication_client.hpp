@@ -70,6 +70,9 @@ struct stream_start_info {
   protocol::lsn consistent_point;    ///< When the slot was created here.
   protocol::lsn confirmed_flush;     ///< An existing slot's confirmed_flush_lsn (where the server resumes).
   protocol::streaming_mode streaming = protocol::streaming_mode::off;   ///< As asked for in START_REPLICATION.
+  /// Where the server's WAL ended when the stream was prepared (pg_current_wal_lsn(), on a
+  /// standby its replay position): every transaction committed before is at or below it.
+  protocol::lsn server_wal_end;
 };
 
 class replication_sink {

@@ -87,6 +87,10 @@ struct server_options {
   /// When set and saying why, stream requests are 503 with that reason (an edge still copying
   /// the stream).
   std::function<std::string()> unavailable;
+  /// The highest WAL end the server has told walgate (invalid: not reached since the start).
+  /// When set, a resume id past the log's head and past that end is refused (400): no event
+  /// of this stream has it, and a client would wait for it forever.
+  std::function<protocol::lsn()> server_wal_end;
 };
 
 /// What /readyz and /metrics need from the replication side.

@@ -4,6 +4,7 @@
 // checked to be JSON numbers.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -18,6 +19,16 @@ bool is_utf8(std::string_view s);
 /// True if s is a JSON number (RFC 8259: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?) whose
 /// exponent has at most 4 digits (what any JSON parser reads without overflow).
 bool is_json_number(std::string_view s);
+
+/// Nesting a json/jsonb value may have to go out as JSON (beyond: as a string).
+inline constexpr std::size_t json_max_depth = 128;
+
+/// Appends the text of a json or jsonb value as JSON, always one line of valid JSON whatever the
+/// text holds: checked token by token (RFC 8259; numbers as is_json_number, at most
+/// json_max_depth levels of nesting) and copied with its line breaks between tokens dropped (json
+/// keeps its input's, raw newlines included: copied verbatim they would end an NDJSON line or an
+/// SSE event). Text that breaks a rule goes out as a JSON string of it instead; false then.
+bool append_json_value(std::string& out, std::string_view text);
 
 /// Appends s as a number if it is a JSON number, else as a string.
 void append_number_or_string(std::string& out, std::string_view s);

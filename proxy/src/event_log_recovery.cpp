@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include <sys/stat.h>
+
 namespace walgate::proxy {
 
 namespace fs = std::filesystem;
@@ -51,13 +53,14 @@ std::unique_ptr<event_log> event_log::open(const log_options& o, std::string& er
       return nullptr;
     }
   }
+  // Read before recovery: what was acknowledged bounds what recovery may cut.
+  log->acked_lsn_ = read_position_file(o.dir / "ACKED");
+  log->origin_ = read_position_file(o.dir / "ORIGIN");
   if (!log->recover(error)) return nullptr;
   // What recovery keeps may be only in the page cache (a kill -9 between a write and its
   // fdatasync): it is made durable before anything is acknowledged from it, as PostgreSQL
   // syncs its data directory after a crash.
   if (o.fsync && !log->sync_recovered(error)) return nullptr;
-  log->acked_lsn_ = read_position_file(o.dir / "ACKED");
-  log->origin_ = read_position_file(o.dir / "ORIGIN");
   log->prefill_tail();
   return log;
 }
@@ -90,58 +93,228 @@ bool event_log::sync_recovered(std::string& error) {
   return true;
 }
 
-bool event_log::scan_segment(segment& s, std::string& error, std::size_t& good_end, std::size_t& total) {
-  std::ifstream in(s.path, std::ios::binary);
-  if (!in) {
-    error = "cannot read " + s.path.string() + ": " + std::strerror(errno);
+namespace {
+
+// Recovery reads segments through this window: at most `block` bytes of the file in memory at a
+// time, whatever the segment's size or its largest record (a transaction of a gigabyte, a value
+// of 500 MiB). Every byte is untrusted (a bad sector, a stray write): nothing read is trusted
+// before its frame's CRC checked out, and lengths are checked against the file's size before
+// anything is read or allocated for them.
+class segment_file {
+ public:
+  static constexpr std::size_t block = 1u << 20;
+  explicit segment_file(const fs::path& p) : fd_(::open(p.c_str(), O_RDONLY | O_CLOEXEC)) {
+    if (fd_ < 0) {
+      error_no = errno;
+      return;
+    }
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) error_no = errno;
+    else size_ = static_cast<std::uint64_t>(st.st_size);
+  }
+  ~segment_file() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  segment_file(const segment_file&) = delete;
+  segment_file& operator=(const segment_file&) = delete;
+  bool ok() const { return fd_ >= 0 && error_no == 0; }
+  std::uint64_t size() const { return size_; }
+  /// Bytes [at, at + n) with n <= block; empty when the file ends before (or a read failed:
+  /// error_no). Valid until the next call.
+  std::string_view view(std::uint64_t at, std::size_t n) {
+    if (n == 0 || n > block || at > size_ || n > size_ - at) return {};
+    if (at >= buf_at_ && at - buf_at_ + n <= buf_.size()) return std::string_view(buf_).substr(at - buf_at_, n);
+    const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(block, size_ - at));
+    buf_.resize(want);
+    std::size_t done = 0;
+    while (done < want) {
+      const ssize_t r = ::pread(fd_, buf_.data() + done, want - done, static_cast<off_t>(at + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) error_no = errno;
+      if (r <= 0) break;
+      done += static_cast<std::size_t>(r);
+    }
+    buf_.resize(done);
+    buf_at_ = at;
+    return done < n ? std::string_view() : std::string_view(buf_).substr(0, n);
+  }
+  int error_no = 0;
+
+ private:
+  int fd_ = -1;
+  std::uint64_t size_ = 0;
+  std::string buf_;
+  std::uint64_t buf_at_ = 0;
+};
+
+std::uint32_t be32(const char* p) {
+  const auto* u = reinterpret_cast<const unsigned char*>(p);
+  return std::uint32_t{u[0]} << 24 | std::uint32_t{u[1]} << 16 | std::uint32_t{u[2]} << 8 | u[3];
+}
+std::uint64_t be64(const char* p) { return std::uint64_t{be32(p)} << 32 | be32(p + 4); }
+
+struct frame_info {
+  char type = 0;
+  std::uint32_t len = 0;
+  std::uint64_t seq = 0;           // 'E'
+  transform::event_id id;          // 'E': from the record's fixed header
+  lsn commit, end;                 // 'C'
+};
+
+/// The whole, valid frame at `at` (its CRC computed as its payload streams past), or nullopt.
+/// With expect_seq, an 'E' frame must carry that seq.
+std::optional<frame_info> frame_at(segment_file& f, std::uint64_t at, std::optional<std::uint64_t> expect_seq) {
+  auto h = f.view(at, 5);
+  if (h.empty()) return std::nullopt;
+  char head[5];
+  std::memcpy(head, h.data(), 5);
+  frame_info fi;
+  fi.type = head[0];
+  fi.len = be32(head + 1);
+  if (fi.type != 'E' && fi.type != 'C') return std::nullopt;
+  if ((fi.type == 'C' && fi.len != 16) || (fi.type == 'E' && fi.len < 8)) return std::nullopt;
+  if (f.size() - at < frame_overhead || f.size() - at - frame_overhead < fi.len) return std::nullopt;   // past the end
+  // The payload's first bytes: an event's seq and its record's fixed header (Byte1 version |
+  // Byte1 op | Int64 commit_lsn | ... | Int32 index at 46), a commit's two positions.
+  auto p = f.view(at + 5, std::min<std::size_t>(fi.len, 50));
+  if (p.empty()) return std::nullopt;
+  if (fi.type == 'E') {
+    fi.seq = be64(p.data());
+    if (expect_seq && fi.seq != *expect_seq) return std::nullopt;
+    if (p.size() >= 50) fi.id = transform::event_id{lsn{be64(p.data() + 10)}, be32(p.data() + 46)};
+  } else {
+    fi.commit = lsn{be64(p.data())};
+    fi.end = lsn{be64(p.data() + 8)};
+  }
+  std::uint32_t crc = protocol::crc32c(std::string_view(head, 5));
+  for (std::uint64_t done = 0; done < fi.len;) {
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(segment_file::block, fi.len - done));
+    auto chunk = f.view(at + 5 + done, n);
+    if (chunk.empty()) return std::nullopt;
+    crc = protocol::crc32c(chunk, crc);
+    done += n;
+  }
+  auto t = f.view(at + 5 + fi.len, 4);
+  if (t.empty() || be32(t.data()) != crc) return std::nullopt;
+  return fi;
+}
+
+/// The offset of the first whole, valid frame at or after `from` (any seq), or nullopt. Used
+/// after damage: a torn tail (the last write cut short by a crash) has none after it, damage in
+/// the middle of acknowledged history does. Linear in the bytes scanned: a candidate needs a
+/// frame type, a length that fits, and (an event) a plausible seq or (a commit) the exact
+/// length before its CRC is computed.
+std::optional<std::uint64_t> valid_frame_after(segment_file& f, std::uint64_t from, std::uint64_t seq_floor) {
+  const std::uint64_t size = f.size();
+  for (std::uint64_t at = from; at + frame_overhead <= size; ++at) {
+    auto b = f.view(at, 1);
+    if (b.empty()) return std::nullopt;
+    if (b[0] != 'E' && b[0] != 'C') continue;
+    auto h = f.view(at, std::min<std::uint64_t>(13, size - at));
+    if (h.size() < 5) continue;
+    const std::uint32_t len = be32(h.data() + 1);
+    if (b[0] == 'C' ? len != 16 : len < 8) continue;
+    if (size - at - frame_overhead < len) continue;
+    if (b[0] == 'E') {
+      if (h.size() < 13) continue;
+      // Each event takes at least frame_overhead + 8 bytes: its seq cannot be further from
+      // where the scan stopped than the bytes left allow.
+      const std::uint64_t seq = be64(h.data() + 5);
+      if (seq < seq_floor || seq - seq_floor > size / (frame_overhead + 8) + 1) continue;
+    }
+    if (frame_at(f, at, std::nullopt)) return at;
+  }
+  return std::nullopt;
+}
+
+/// Copies [from, size) of path into <dir>/damaged/<name>.<from>.cut (synced) before it is cut:
+/// what recovery cuts is moved aside, never deleted.
+bool keep_cut_bytes(const fs::path& dir, const fs::path& path, std::uint64_t from, std::uint64_t size, bool fsync,
+                    std::string& error) {
+  const fs::path aside_dir = dir / "damaged";
+  std::error_code ec;
+  fs::create_directories(aside_dir, ec);
+  if (ec) {
+    error = "cannot create " + aside_dir.string() + ": " + ec.message();
     return false;
   }
-  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  protocol::cursor c(data);
-  good_end = 0;   // offset after the last complete transaction
-  total = data.size();
+  const fs::path aside = aside_dir / (path.filename().string() + "." + std::to_string(from) + ".cut");
+  const int in = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int out = ::open(aside.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  bool ok = in >= 0 && out >= 0;
+  std::string buf(segment_file::block, '\0');
+  for (std::uint64_t at = from; ok && at < size;) {
+    const ssize_t r = ::pread(in, buf.data(), static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), size - at)),
+                              static_cast<off_t>(at));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      ok = false;
+      break;
+    }
+    for (std::size_t done = 0; ok && done < static_cast<std::size_t>(r);) {
+      const ssize_t w = ::write(out, buf.data() + done, static_cast<std::size_t>(r) - done);
+      if (w < 0 && errno == EINTR) continue;
+      ok = w > 0;
+      if (ok) done += static_cast<std::size_t>(w);
+    }
+    at += static_cast<std::uint64_t>(r);
+  }
+  if (ok && fsync) ok = durable_sync(out, false) == 0 && sync_dir(aside_dir) && sync_dir(dir);
+  const int saved = errno;
+  if (in >= 0) ::close(in);
+  if (out >= 0) ::close(out);
+  if (!ok) error = "cannot move the damaged bytes of " + path.string() + " aside to " + aside.string() + ": " + std::strerror(saved);
+  return ok;
+}
+
+}  // namespace
+
+bool event_log::scan_segment(segment& s, std::string& error, scan_result& r) {
+  segment_file f(s.path);
+  if (!f.ok()) {
+    error = "cannot read " + s.path.string() + ": " + std::strerror(f.error_no);
+    return false;
+  }
+  r = scan_result{};
+  r.total = static_cast<std::size_t>(f.size());
   std::uint64_t seq_at_good = s.first_seq;
   std::uint64_t seq = s.first_seq;
   std::vector<index_entry> index;
   transform::event_id first, last, last_good;
   bool have_first = false;
   lsn commit_at_good = last_commit_, durable_at_good = durable_lsn_;
-  while (!c.empty()) {
-    std::size_t offset = c.offset();
-    char type = static_cast<char>(c.u8());
-    std::uint32_t len = c.u32();
-    auto payload = c.bytes(len);
-    std::uint32_t sum = c.u32();
-    if (!c.ok() || sum != protocol::crc32c(std::string_view(data).substr(offset, frame_overhead - 4 + len))) break;
-    protocol::cursor p(payload);
-    if (type == 'E') {
-      std::uint64_t s_seq = p.u64();
-      if (!p.ok() || s_seq != seq) break;
-      auto ev = make_event(seq, std::string(protocol::as_string_view(p.rest())));   // (ids of the first and last)
-      const bool large = len >= large_record;
-      if (index_due(index, seq, offset, large)) index.push_back({seq, offset, ev->id, large});
+  std::uint64_t at = 0;
+  while (at < f.size()) {
+    auto fi = frame_at(f, at, seq);
+    if (!fi) break;
+    const std::uint64_t next = at + frame_overhead + fi->len;
+    if (fi->type == 'E') {
+      const bool large = fi->len >= large_record;
+      if (index_due(index, seq, at, large)) index.push_back({seq, at, fi->id, large});
       if (!have_first) {
-        first = ev->id;
+        first = fi->id;
         have_first = true;
       }
-      last = ev->id;
+      last = fi->id;
       ++seq;
-    } else if (type == 'C') {
-      std::uint64_t commit = p.u64(), end = p.u64();
-      if (!p.ok()) break;
-      commit_at_good = lsn{commit};
-      durable_at_good = lsn{end};
-      good_end = c.offset();
+    } else {
+      commit_at_good = fi->commit;
+      durable_at_good = fi->end;
+      r.good_end = next;
       seq_at_good = seq;
       last_good = last;
-    } else {
-      break;
     }
+    at = next;
   }
+  if (f.error_no) {
+    error = "cannot read " + s.path.string() + ": " + std::strerror(f.error_no);
+    return false;
+  }
+  r.stop = at;
   last_commit_ = commit_at_good;
   durable_lsn_ = durable_at_good;
   s.end_seq = seq_at_good;
-  s.bytes = good_end;
+  s.bytes = r.good_end;
   s.first_id = seq_at_good > s.first_seq ? first : transform::event_id{};
   s.last_id = last_good;
   std::erase_if(index, [&](const index_entry& e) { return e.seq >= seq_at_good; });
@@ -200,46 +373,76 @@ bool event_log::recover(std::string& error) {
       error = "event log segments do not follow each other at " + files[i].second.string();
       return false;
     }
-    std::size_t good_end = 0, total = 0;
-    if (!scan_segment(s, error, good_end, total)) return false;
-    if (good_end != total) {
-      // A torn or short segment (a crash while writing it): what follows its last complete
-      // transaction was never acknowledged. Cut there, unless a later segment holds complete
-      // transactions — then the damage is inside acknowledged data, and cutting would lose them.
-      std::size_t later_transactions = 0;
-      std::vector<fs::path> later;
-      for (std::size_t j = i + 1; j < files.size(); ++j) {
-        segment t;
-        t.path = files[j].second;
-        t.first_seq = files[j].first;
-        std::size_t g = 0, n = 0;
-        lsn keep_commit = last_commit_, keep_durable = durable_lsn_;
-        if (!scan_segment(t, error, g, n)) return false;
-        last_commit_ = keep_commit;
-        durable_lsn_ = keep_durable;
-        if (g > 0) ++later_transactions;
-        later.push_back(t.path);
+    scan_result r;
+    if (!scan_segment(s, error, r)) return false;
+    if (r.good_end != r.total) {
+      // Assumption written down (it once cut 300,005 acknowledged events): only a torn tail — the
+      // last write cut short by a crash, nothing whole and valid after it — may be cut. Its bytes
+      // hold no commit (every commit before the damage is kept), so nothing cut was ever
+      // acknowledged. Damage followed by a valid frame, here or in a later segment, is damage
+      // inside history (a bad sector, a stray write): refused, with nothing changed.
+      std::optional<std::uint64_t> valid_after;
+      lsn cut_commit;   // the commit LSN of the transaction cut off, from its whole events
+      {
+        segment_file f(s.path);
+        if (!f.ok()) {
+          error = "cannot read " + s.path.string() + ": " + std::strerror(f.error_no);
+          return false;
+        }
+        valid_after = valid_frame_after(f, r.stop + 1, s.end_seq);
+        if (r.stop > r.good_end)
+          if (auto fi = frame_at(f, r.good_end, s.end_seq); fi && fi->type == 'E') cut_commit = fi->id.commit_lsn;
       }
-      if (later_transactions > 0) {
-        error = "event log segment " + s.path.string() + " is damaged at offset " + std::to_string(good_end) + " of " +
-                std::to_string(total) + " bytes, and " + std::to_string(later_transactions) +
-                " later segment(s) hold complete transactions: cutting it would lose them. Restore the data "
-                "directory from a copy, or move it away and start over with an empty one (clients then need a new "
-                "snapshot)";
+      // ACKED is stored only while everything logged is synced: a transaction that commits
+      // before it was on disk whole then, and is no torn write.
+      if (cut_commit.valid() && acked_lsn_.valid() && cut_commit < acked_lsn_) {
+        error = "event log segment " + s.path.string() + " is damaged at offset " + std::to_string(r.stop) +
+                ", inside a transaction committed at " + cut_commit.to_string() + ", before the position walgate "
+                "acknowledged (" + acked_lsn_.to_string() + ", ACKED): it was on disk whole, so this is damage, not a "
+                "torn write. Nothing was changed. Restore the data directory from a copy, or move it away and start "
+                "over with an empty one (clients then need a new snapshot)";
         return false;
       }
-      if (::truncate(s.path.c_str(), static_cast<off_t>(good_end)) != 0) {
+      std::vector<fs::path> later;
+      std::string later_valid;
+      for (std::size_t j = i + 1; j < files.size(); ++j) {
+        segment_file f(files[j].second);
+        if (!f.ok()) {
+          error = "cannot read " + files[j].second.string() + ": " + std::strerror(f.error_no);
+          return false;
+        }
+        if (later_valid.empty())
+          if (auto v = valid_frame_after(f, 0, files[j].first))   // (its events' seqs start at its name's)
+            later_valid = files[j].second.filename().string() + " at offset " + std::to_string(*v);
+        later.push_back(files[j].second);
+      }
+      if (valid_after || !later_valid.empty()) {
+        error = "event log segment " + s.path.string() + " is damaged at offset " + std::to_string(r.stop) + " of " +
+                std::to_string(r.total) + " bytes, and whole, valid frames follow (" +
+                (valid_after ? "in it at offset " + std::to_string(*valid_after) : "in " + later_valid) +
+                "): this is damage inside the history walgate acknowledged, not a torn last write, and cutting it "
+                "would lose what follows. Nothing was changed. Restore the data directory from a copy, or move it "
+                "away and start over with an empty one (clients then need a new snapshot)";
+        return false;
+      }
+      // A torn tail: moved aside (damaged/ in the data directory), then cut; segments after it
+      // (made but holding no whole frame) moved aside whole.
+      if (!keep_cut_bytes(opts_.dir, s.path, r.good_end, r.total, opts_.fsync, error)) return false;
+      if (::truncate(s.path.c_str(), static_cast<off_t>(r.good_end)) != 0) {
         error = "cannot truncate " + s.path.string() + ": " + std::strerror(errno);
         return false;
       }
       for (const auto& p : later) {
         std::error_code ec;
-        fs::remove(p, ec);
+        fs::rename(p, opts_.dir / "damaged" / (p.filename().string() + ".cut"), ec);
         if (ec) {
-          error = "cannot remove " + p.string() + ": " + ec.message();
+          error = "cannot move " + p.string() + " aside: " + ec.message();
           return false;
         }
       }
+      std::fprintf(stderr, "walgate: recovery: %s ended in a torn write (%zu bytes after its last whole transaction, "
+                           "no whole frame after them): cut at offset %zu, the bytes kept in %s\n",
+                   s.path.string().c_str(), r.total - r.good_end, r.good_end, (opts_.dir / "damaged").string().c_str());
       s.base = segments_.empty() ? 0 : segments_.back().base + segments_.back().bytes;
       segments_.push_back(std::move(s));
       break;
@@ -271,7 +474,10 @@ bool event_log::recover(std::string& error) {
 }
 
 bool event_log::set_origin(lsn l) {
-  if (origin_.valid() || next_seq_ != 0 || !l.valid()) return true;
+  // An empty log begins where its stream does, also after it had events (they were lost, or the
+  // segments removed by hand: sequence numbers restart at 0, and an id from before must not pass
+  // for one of this log's first events): moved up, never down.
+  if (next_seq_ != 0 || !l.valid() || (origin_.valid() && l <= origin_)) return true;
   std::string error;
   if (!write_position_file(opts_.dir, "ORIGIN", l, opts_.fsync, error)) {
     error_ = error;

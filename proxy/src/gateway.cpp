@@ -122,8 +122,9 @@ void gateway::on_stream_start(const stream_start_info& i) {
   assembler_ = std::make_unique<protocol::assembler>(opts, *this);
   log_.abort();   // a transaction cut off by the reconnect comes again, whole (clients never saw it)
   between_transactions_ = true;
-  // An empty log begins where this slot's stream does: ids from before belong to another log.
-  if (log_.next_seq() == 0 && !log_.origin().valid()) {
+  // An empty log begins where this slot's stream does: ids from before belong to another log
+  // (also when this log had events once and lost them: its origin moves up to here).
+  if (log_.next_seq() == 0) {
     protocol::lsn origin = i.consistent_point.valid() ? i.consistent_point : std::max(i.confirmed_flush, i.start);
     if (!log_.set_origin(origin)) log_failed();
   }

@@ -6,6 +6,7 @@
 
 #include <doctest/doctest.h>
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -316,7 +317,7 @@ TEST_CASE("a torn segment that is not the last: cut when nothing complete follow
   fs::resize_file(segs[0], fs::file_size(segs[0]) - 3);
   CHECK_FALSE(event_log::open(o, error));
   CHECK(error.find("is damaged at offset") != std::string::npos);
-  CHECK(error.find("1 later segment(s) hold complete transactions") != std::string::npos);
+  CHECK(error.find("whole, valid frames follow (in segment-") != std::string::npos);
   CHECK(segments(d.path).size() == 2);   // untouched
 }
 
@@ -417,4 +418,194 @@ TEST_CASE("resuming from the last event in the file when the next ones are only 
   auto r = log->resume_after({lsn{0x100}, 2});
   CHECK(r.error.empty());
   CHECK(*r.seq == 3);
+}
+
+namespace {
+/// Flips one bit of the file at offset.
+void flip(const fs::path& p, std::uint64_t offset, char mask = 0x10) {
+  std::fstream f(p, std::ios::binary | std::ios::in | std::ios::out);
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c = 0;
+  f.read(&c, 1);
+  c ^= mask;
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(&c, 1);
+}
+std::string file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+}  // namespace
+
+TEST_CASE("damage early in the newest segment, whole frames after it: refused and untouched, whatever the bit") {
+  temp_dir d;
+  std::string error;
+  auto o = options(d.path);
+  writer w;
+  std::uint64_t after_first = 0;
+  {
+    auto log = event_log::open(o, error);
+    REQUIRE(log);
+    w.whole(*log, 0x100, 3);
+    after_first = log->end_offset();
+    for (std::uint64_t i = 0; i < 200; ++i) w.whole(*log, 0x200 + i * 0x100, 50);   // 10,000 acknowledged events
+    REQUIRE(log->sync());
+  }
+  auto segs = segments(d.path);
+  REQUIRE(segs.size() == 1);
+  const std::string before = file_bytes(segs[0]);
+  // A bit in the payload, in the type byte, in the length (the frame then seems to end far past
+  // the file, or early), in the CRC: each time the whole frames after it are found.
+  for (std::uint64_t at : {after_first + 20, after_first, after_first + 1, after_first + 3, after_first + 4,
+                           after_first + 60}) {
+    for (char mask : {char(0x01), char(0x10), char(0x80)}) {
+      flip(segs[0], at, mask);
+      CHECK_FALSE(event_log::open(o, error));
+      CHECK_MESSAGE(error.find("whole, valid frames follow") != std::string::npos, at << ": " << error);
+      CHECK(file_bytes(segs[0]) == before.substr(0, at) + char(before[at] ^ mask) + before.substr(at + 1));
+      flip(segs[0], at, mask);
+    }
+  }
+  CHECK_FALSE(fs::exists(d.path / "damaged"));
+  auto log = event_log::open(o, error);   // undamaged again: everything there
+  REQUIRE_MESSAGE(log, error);
+  CHECK(log->visible_seq() == 3 + 200 * 50);
+}
+
+TEST_CASE("a torn tail — cut short, zeros after it, a garbage write — is cut and moved aside; an acknowledged one is refused") {
+  temp_dir d;
+  std::string error;
+  auto o = options(d.path);
+  writer w;
+  std::uint64_t whole_end = 0;
+  {
+    auto log = event_log::open(o, error);
+    REQUIRE(log);
+    w.whole(*log, 0x100, 3);
+    whole_end = log->end_offset();
+    w.whole(*log, 0x200, 40);
+    REQUIRE(log->sync());
+  }
+  auto seg = segments(d.path).at(0);
+  const std::string full = file_bytes(seg);
+  struct tail_case {
+    const char* what;
+    std::string bytes;
+  };
+  const std::vector<tail_case> cases = {
+      {"cut short in a frame", full.substr(0, full.size() - 11)},
+      {"cut short, then zeros (a crash after the size grew, before the data)", full.substr(0, full.size() - 400) + std::string(8192, '\0')},
+      {"cut short, then bytes that are no frame", full.substr(0, whole_end + 150) + std::string(3000, 'E')},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.what);
+    fs::remove_all(d.path / "damaged");
+    std::ofstream(seg, std::ios::binary | std::ios::trunc) << c.bytes;
+    auto log = event_log::open(o, error);
+    REQUIRE_MESSAGE(log, error);
+    CHECK(log->visible_seq() == 3);
+    CHECK(fs::file_size(seg) == whole_end);
+    const auto aside = d.path / "damaged" / (seg.filename().string() + "." + std::to_string(whole_end) + ".cut");
+    REQUIRE(fs::exists(aside));
+    CHECK(file_bytes(aside) == c.bytes.substr(whole_end));   // every byte cut, kept
+  }
+  // ACKED past the torn transaction's commit: it was on disk whole when that was stored, so the
+  // damage is no torn write. Refused, untouched.
+  {
+    auto log = event_log::open(o, error);
+    REQUIRE(log);
+    w.whole(*log, 0x300, 40);
+    REQUIRE(log->sync());
+  }
+  REQUIRE(event_log::store_acked(d.path, lsn{0x400}, false, error));
+  const auto size = fs::file_size(seg);
+  fs::resize_file(seg, size - 5);
+  CHECK_FALSE(event_log::open(o, error));
+  CHECK_MESSAGE(error.find("inside a transaction committed at 0/300, before the position walgate acknowledged (0/400") !=
+                    std::string::npos,
+                error);
+  CHECK(fs::file_size(seg) == size - 5);
+}
+
+TEST_CASE("a log that lost every segment begins where its stream does again: older ids are 410, not a silent gap") {
+  temp_dir d;
+  std::string error;
+  auto o = options(d.path);
+  writer w;
+  {
+    auto log = event_log::open(o, error);
+    REQUIRE(log);
+    REQUIRE(log->set_origin(lsn{0x50}));
+    w.whole(*log, 0x100, 3);
+    w.whole(*log, 0x200, 3);
+    REQUIRE(log->sync());
+  }
+  for (const auto& s : segments(d.path)) fs::remove(s);
+  auto log = event_log::open(o, error);
+  REQUIRE_MESSAGE(log, error);
+  CHECK(log->visible_seq() == 0);
+  // The stream starts again where the slot is (the gateway moves the origin of an empty log up).
+  REQUIRE(log->set_origin(lsn{0x300}));
+  CHECK(log->origin() == lsn{0x300});
+  REQUIRE(log->set_origin(lsn{0x280}));   // never down
+  CHECK(log->origin() == lsn{0x300});
+  w.whole(*log, 0x400, 2);   // sequence numbers start at 0 again
+  CHECK(log->visible_seq() == 2);
+  CHECK_FALSE(log->resume_after(event_id{lsn{0x100}, 1}).seq);   // 410: from before this log's events
+  CHECK_FALSE(log->resume_after(event_id{lsn{0x200}, 2}).seq);
+  CHECK(log->resume_after(event_id{}).seq == 0);                   // 0/0:0: the log's start
+  CHECK(log->resume_after(event_id{lsn{0x400}, 0}).seq == 1);
+  REQUIRE(log->set_origin(lsn{0x500}));   // holding events, the origin stays
+  CHECK(log->origin() == lsn{0x300});
+}
+
+TEST_CASE("restart memory is bounded by blocks, not by the segment: one transaction of 320 MiB") {
+  temp_dir d;
+  std::string error;
+  auto o = options(d.path);
+  o.memory_bytes = 16u << 20;
+  {
+    auto log = event_log::open(o, error);
+    REQUIRE(log);
+    // One transaction of 320 records of 1 MiB: one segment, however large.
+    protocol::transaction_info t;
+    t.commit_lsn = lsn{0x1000};
+    t.end_lsn = lsn{0x1008};
+    REQUIRE(log->begin(t.commit_lsn));
+    pg::cached_relation rel;
+    rel.oid = 1;
+    rel.nspname = "public";
+    rel.relname = "big";
+    rel.columns = {{"v", 25, -1, true}};
+    const std::string value((1u << 20) - 64, 'x');
+    std::vector<pg::tuple_column> row{{pg::column_kind::text, protocol::as_bytes(value)}};
+    for (std::uint32_t i = 0; i < 320; ++i) {
+      transform::change c;
+      c.txn = &t;
+      c.kind = transform::op::insert;
+      c.index = i;
+      c.relation = &rel;
+      c.after = row;
+      log->add(c);
+    }
+    log->commit(t.commit_lsn, t.end_lsn);
+    REQUIRE(log->sync());
+  }
+  REQUIRE(segments(d.path).size() == 1);
+  REQUIRE(fs::file_size(segments(d.path)[0]) > (320ull << 20) - (1u << 20));
+  // Opened in a child of its own: its peak RSS is what a restart needs.
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    std::string e;
+    auto log = event_log::open(o, e);
+    _exit(log && log->visible_seq() == 320 ? 0 : 1);
+  }
+  int status = 0;
+  rusage ru{};
+  REQUIRE(wait4(child, &status, 0, &ru) == child);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  MESSAGE("restart of a 320 MiB segment: peak RSS " << ru.ru_maxrss / 1024 << " MiB");
+  CHECK(ru.ru_maxrss < 96 * 1024);   // KiB: the old recovery read the segment whole (> 320 MiB)
 }

@@ -216,7 +216,7 @@ TEST_CASE("segments roll, retention drops the oldest, the memory tail stays boun
   CHECK_FALSE(log->seq_after(transform::event_id{lsn{0x1000}, 0}));   // dropped by retention
 }
 
-TEST_CASE("a frame whose checksum fails ends the log there; a log of another layout is refused") {
+TEST_CASE("a frame whose checksum fails with whole frames after it is refused, untouched; a log of another layout is refused") {
   temp_dir d;
   std::string error;
   log_options o;
@@ -246,12 +246,37 @@ TEST_CASE("a frame whose checksum fails ends the log there; a log of another lay
     f.seekp(static_cast<std::streamoff>(end_after_first + 20));
     f.write(&c, 1);
   }
+  const auto size = std::filesystem::file_size(seg);
+  {
+    // The second event and the commit after the damage are whole: damage inside history, not a
+    // torn last write. Refused, nothing cut (it used to be cut here, acknowledged events and all).
+    CHECK_FALSE(event_log::open(o, error));
+    CHECK_MESSAGE(error.find("is damaged at offset " + std::to_string(end_after_first)) != std::string::npos, error);
+    CHECK(error.find("whole, valid frames follow (in it at offset") != std::string::npos);
+    CHECK(std::filesystem::file_size(seg) == size);
+    CHECK_FALSE(std::filesystem::exists(d.path / "damaged"));
+  }
+  // Cut short instead (a crash in the middle of its write): the second transaction is a torn
+  // tail. Cut, the bytes kept aside; the first transaction stays.
+  {
+    std::fstream f(seg, std::ios::binary | std::ios::in | std::ios::out);
+    f.seekg(static_cast<std::streamoff>(end_after_first + 20));
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x10;
+    f.seekp(static_cast<std::streamoff>(end_after_first + 20));
+    f.write(&c, 1);   // (the flip undone)
+  }
+  std::filesystem::resize_file(seg, size - 7);
   {
     auto log = event_log::open(o, error);
     REQUIRE_MESSAGE(log, error);
     CHECK(log->next_seq() == 2);
     CHECK(log->durable_lsn().value == 0x108);
     CHECK(std::filesystem::file_size(seg) == end_after_first);
+    const auto aside = d.path / "damaged" / (seg.filename().string() + "." + std::to_string(end_after_first) + ".cut");
+    REQUIRE(std::filesystem::exists(aside));
+    CHECK(std::filesystem::file_size(aside) == size - 7 - end_after_first);
     // end_offset of an event read from disk is where its frame ends.
     auto events = log->read(0, 10);
     REQUIRE(events.size() == 2);

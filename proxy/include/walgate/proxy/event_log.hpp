@@ -134,8 +134,8 @@ class event_log final : public log_reader {
   /// log (a lost data directory, a new slot) and is not resumable here. Invalid: unknown (a log
   /// made before walgate stored it), then no bound.
   protocol::lsn origin() const override { return origin_; }
-  /// Stores the origin (ORIGIN file, synced) when the log has none and holds no event; false
-  /// with error() set when it cannot be stored.
+  /// Stores the origin (ORIGIN file, synced) while the log holds no event: set, or moved up
+  /// (never down); false with error() set when it cannot be stored.
   bool set_origin(protocol::lsn l);
 
   /// Events published to live clients: the in-memory tail, seq order.
@@ -232,8 +232,14 @@ class event_log final : public log_reader {
   bool sync_recovered(std::string& error);
   /// After recovery: the newest events (up to half the memory tail) back in memory.
   void prefill_tail();
-  /// Reads s; good_end is the offset after its last complete transaction, total its size.
-  bool scan_segment(segment& s, std::string& error, std::size_t& good_end, std::size_t& total);
+  /// What scanning a segment found: good_end is the offset after its last complete transaction,
+  /// stop where the scan stopped (the first frame that is not whole and valid, or total), total
+  /// the file's size.
+  struct scan_result {
+    std::size_t good_end = 0, stop = 0, total = 0;
+  };
+  /// Reads s in bounded blocks (memory does not grow with the segment or its records).
+  bool scan_segment(segment& s, std::string& error, scan_result& r);
   bool roll_segment();
   bool write_pending();   // write() what is pending (no fsync)
   bool write_frame_now(char type, std::string_view body);   // what is pending, then this frame

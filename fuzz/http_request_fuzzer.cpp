@@ -50,5 +50,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       origin.find("://") == std::string::npos)
     std::abort();
   walgate::proxy::loopback_host_allowed(host, none);
+  walgate::proxy::loopback_host_allowed(host, none, true);
   return 0;
 }

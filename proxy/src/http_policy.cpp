@@ -8,11 +8,35 @@
 
 namespace walgate::proxy {
 
-bool loopback_host_allowed(std::string_view host, const std::vector<std::string>& allowed) {
+namespace {
+// An address literal (a dotted quad, or what was between [ and ]): a DNS-rebinding page always
+// has a name, and a page at an address of the gateway's own is the gateway's own.
+bool address_literal(const std::string& name, bool bracketed) {
+  if (name.empty()) return false;
+  if (bracketed) return name.find_first_not_of("0123456789abcdef:.") == std::string::npos;
+  int parts = 0, value = -1;
+  for (char ch : name) {
+    if (ch == '.') {
+      if (value < 0) return false;
+      ++parts;
+      value = -1;
+    } else if (ch >= '0' && ch <= '9') {
+      value = (value < 0 ? 0 : value * 10) + (ch - '0');
+      if (value > 255) return false;
+    } else {
+      return false;
+    }
+  }
+  return parts == 3 && value >= 0;
+}
+}  // namespace
+
+bool loopback_host_allowed(std::string_view host, const std::vector<std::string>& allowed, bool any_address) {
   if (host.empty()) return true;
   // The name without its port: "[::1]:8080", "127.0.0.1:8080", "localhost".
   std::string name;
-  if (host.front() == '[') {
+  const bool bracketed = host.front() == '[';
+  if (bracketed) {
     auto close = host.find(']');
     if (close == std::string_view::npos) return false;
     name = std::string(host.substr(1, close - 1));
@@ -23,6 +47,7 @@ bool loopback_host_allowed(std::string_view host, const std::vector<std::string>
   if (!name.empty() && name.back() == '.') name.pop_back();   // "localhost." is localhost too
   if (name == "localhost" || (name.size() > 10 && name.ends_with(".localhost"))) return true;
   if (name == "::1" || name == "0:0:0:0:0:0:0:1") return true;
+  if (any_address && address_literal(name, bracketed)) return true;
   {  // 127.0.0.0/8 in dotted-quad form
     int parts = 0, value = -1;
     bool ok = name.rfind("127.", 0) == 0;

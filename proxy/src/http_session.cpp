@@ -222,13 +222,15 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
     bool keep = req.keep_alive();
     auto host_field = req[http::field::host];
     std::string_view host(host_field.data(), host_field.size());
-    if (core.loopback_listener && !loopback_host_allowed(host, opts.allowed_hosts)) {
+    if (core.check_host && !loopback_host_allowed(host, opts.allowed_hosts, !core.loopback_listener)) {
       ++core.rejected_origins;
       std::string name(host.substr(0, std::min<std::size_t>(host.size(), 200)));
       co_await write_simple(core, s, req.version(), http::status::forbidden, "application/json",
                             json_error("", "Host " + name +
-                                               " is not served on a loopback address (a DNS-rebinding page poses as "
-                                               "the gateway so): a reverse proxy that sends it needs --allow-host"),
+                                               (core.loopback_listener ? " is not served on a loopback address"
+                                                                       : " is not served without authentication") +
+                                               " (a DNS-rebinding page poses as the gateway so): a reverse proxy "
+                                               "or a name of this machine that sends it needs --allow-host"),
                             false);
       co_return std::nullopt;
     }

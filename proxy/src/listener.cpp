@@ -125,6 +125,10 @@ bool server::start(std::string& error) {
     if (!core.tls) return false;
   }
   core.loopback_listener = addr.is_loopback();
+  // Without authentication, whatever the address (0.0.0.0 in a container, published on
+  // 127.0.0.1): a page re-pointed at it by DNS rebinding would read every change through its
+  // visitor's browser. Host is checked then.
+  core.check_host = core.loopback_listener || !core.opts.auth;
   tcp::endpoint ep(addr, core.opts.port);
   acceptor.open(ep.protocol(), ec);
   if (!ec) acceptor.set_option(asio::socket_base::reuse_address(true), ec);

@@ -121,7 +121,8 @@ struct server_core {
   std::set<boost::asio::steady_timer*> waiters;
   std::array<std::size_t, 3> by_transport{};
   bool stopping = false;
-  bool loopback_listener = false;       // Host is checked (DNS rebinding)
+  bool loopback_listener = false;       // listening on a loopback address
+  bool check_host = false;              // Host is checked (DNS rebinding): loopback, or no authentication
   std::size_t connections = 0;          // open TCP connections
   std::size_t streams = 0;              // stream requests admitted (clients, or upgrading to one)
   std::uint64_t rejected_clients = 0;   // 503: over max_clients

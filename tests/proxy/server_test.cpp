@@ -925,6 +925,31 @@ TEST_CASE("client limits: a stream over --max-clients gets 503, accepting pauses
   CHECK(get_path(g.port(), "/metrics").second.find("walgate_accept_pauses_total 0") == std::string::npos);
 }
 
+TEST_CASE("DNS rebinding without authentication on any address: a name not served is 403, addresses and --allow-host names pass") {
+  setup_tables("rebind");
+  server_options so;
+  so.host = "0.0.0.0";   // the usual container set-up, published on 127.0.0.1; no --auth
+  so.allowed_hosts = {"gateway.internal"};
+  running_gateway g("rebind_slot", "rebind_pub", so);
+  auto status = [&](const std::string& host) {
+    return get(g.port(), "GET /v1/stream?from=0/0:0 HTTP/1.1\r\nHost: " + host + "\r\nConnection: close\r\n\r\n").first;
+  };
+  auto head = [&](const std::string& host) {
+    return get(g.port(), "GET /healthz HTTP/1.1\r\nHost: " + host + "\r\nConnection: close\r\n\r\n");
+  };
+  // A page of evil.example re-pointed at this machine: refused, saying why.
+  auto [code, body] = head("evil.example");
+  CHECK(code == 403);
+  CHECK_MESSAGE(body.find("is not served without authentication") != std::string::npos, body);
+  CHECK(head("evil.example:" + std::to_string(g.port())).first == 403);
+  CHECK(head("localhost.evil.example").first == 403);
+  // The machine's addresses (no rebinding page has one as its name), localhost, --allow-host.
+  for (const std::string& h : std::vector<std::string>{"127.0.0.1:" + std::to_string(g.port()), "10.1.2.3", "[::1]:80", "[fd00::5]", "localhost",
+                              "Gateway.Internal:8080"})
+    CHECK_MESSAGE(head(h).first == 200, h);
+  CHECK(status("evil.example") == 403);
+}
+
 TEST_CASE("cross-origin pages: the allowed ones get CORS headers, the others 403 (WebSocket too); DNS rebinding refused") {
   setup_tables("cors");
   server_options so;

@@ -129,6 +129,12 @@ TEST_CASE("Host names a loopback listener serves: localhost, loopback addresses,
   CHECK(loopback_host_allowed("gateway.example:443", proxy));
   CHECK_FALSE(loopback_host_allowed("other.example", proxy));
   CHECK(loopback_host_allowed("anything.example", any));
+  // Without authentication on another address: the machine's address literals pass too, names not.
+  for (const char* h : {"10.1.2.3", "10.1.2.3:8080", "[fd00::1]:80", "[2001:db8::1]", "192.168.0.255"})
+    CHECK_MESSAGE(loopback_host_allowed(h, none, true), h);
+  for (const char* h : {"10.1.2.3.evil.example", "10.1.2", "10.1.2.256", "1.2.3.4.5", "[fd00::1", "[evil]:80", "evil.example"})
+    CHECK_FALSE_MESSAGE(loopback_host_allowed(h, none, true), h);
+  CHECK_FALSE(loopback_host_allowed("10.1.2.3", none));   // (a loopback listener: loopback addresses only)
 }
 
 TEST_CASE("transactions=: true or false, unset by default; refused for formats without transaction records") {

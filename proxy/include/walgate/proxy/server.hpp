@@ -130,7 +130,7 @@ bool origin_allowed(std::string_view origin, std::string_view host, const std::v
 /// "localhost" (and *.localhost), a loopback IP (127.0.0.0/8, ::1), a name in `allowed` (any
 /// case; "*": any), or no Host at all. Anything else is a DNS-rebinding page posing as the
 /// gateway's own origin — or a reverse proxy passing its public name, which `allowed` lists.
-bool loopback_host_allowed(std::string_view host, const std::vector<std::string>& allowed);
+bool loopback_host_allowed(std::string_view host, const std::vector<std::string>& allowed, bool any_address = false);
 /// Writes the header of a server's WebSocket text frame (FIN, opcode 1, unmasked, RFC 6455 5.2)
 /// for a payload of n bytes into out; returns its length (2, 4 or 10). A message in fragments
 /// (5.4): the first frame is opcode 1 without FIN, the others continuation frames (opcode 0),

@@ -207,6 +207,14 @@ const std::vector<setting>& settings() {
                      &config::policy_file));
     s.push_back(text("jwt-issuer", "the iss tokens must have (empty: not checked)", &config::jwt_issuer));
     s.push_back(text("jwt-audience", "an aud tokens must have (empty: not checked)", &config::jwt_audience));
+    s.push_back(text("metrics-claim",
+                     "NAME=VALUE: the claim a token needs for /metrics with --auth jwt (a JSON true matches true)",
+                     &config::metrics_claim, on_serve, [](const std::string& v) -> std::string {
+                       return v.find('=') != std::string::npos && v.front() != '='
+                                  ? std::string()
+                                  : source_names("metrics-claim") + ": '" + v +
+                                        "' is not NAME=VALUE (a claim and the value it must have: walgate_admin=true)";
+                     }));
     s.push_back(number("jwt-leeway", "clock skew allowed on exp, nbf and iat, s (0-3600)", &config::jwt_leeway_s, 0, 3600,
                        on_serve, " s"));
     s.push_back(choice<bool>("jwt-exp", "required: a token without exp is refused; optional", &config::jwt_require_exp,
@@ -498,8 +506,10 @@ load_result load(config& c, int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // --help and --version: 0. Any other (an unknown flag, a value missing or not taken): CLI11's
+    // message on stderr, and 2 as for every wrong setting (not CLI11's own codes, 105-115).
     r.cmd = command::exit_now;
-    r.exit_code = app.exit(e);
+    r.exit_code = app.exit(e) == static_cast<int>(CLI::ExitCodes::Success) ? 0 : 2;
     return r;
   }
   for (auto& g : flags) {
@@ -549,6 +559,8 @@ std::string check(const config& c, command cmd) {
     if (!c.auth_jwt && (!c.jwt_secret_file.empty() || !c.jwks_file.empty() || !c.jwt_issuer.empty() ||
                         !c.jwt_audience.empty() || !c.policy_file.empty()))
       return "--jwt-secret-file, --jwks-file, --jwt-issuer, --jwt-audience and --policy go with --auth jwt";
+    if (!c.auth_jwt && c.metrics_claim != config{}.metrics_claim)
+      return "--metrics-claim goes with --auth jwt (without it /metrics needs no token)";
     if (!listens_on_loopback(c) && !c.auth_jwt && !c.allow_unauthenticated)
       return "--listen " + c.listen +
              " is not a loopback address and authentication is not configured: use --auth jwt, or pass "

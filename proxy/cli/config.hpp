@@ -25,6 +25,7 @@ struct config {
   bool auth_jwt = false;                ///< --auth jwt: stream clients need a bearer token (a JWT)
   std::string jwt_secret_file, jwks_file, jwt_issuer, jwt_audience;
   std::string policy_file;              ///< --policy: the grants (tables, ops) tokens' claims give
+  std::string metrics_claim = "walgate_admin=true";   ///< NAME=VALUE a token needs for /metrics (with --auth jwt)
   std::size_t jwt_leeway_s = 30;
   bool jwt_require_exp = true;
   std::string tls_cert, tls_key;
@@ -69,7 +70,7 @@ enum class command { serve, demo, stream, edge, print_config, exit_now };
 
 struct load_result {
   command cmd = command::serve;
-  int exit_code = 0;      ///< for exit_now (--help, --version, a parse error: already printed)
+  int exit_code = 0;      ///< for exit_now: 0 (--help, --version) or 2 (a parse error), already printed
   std::string error;      ///< one line; exit 2
 };
 

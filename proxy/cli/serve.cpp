@@ -239,13 +239,22 @@ bool server_options_of(const config& s, const std::string& database, proxy::serv
     ao.claims.leeway = std::chrono::seconds(s.jwt_leeway_s);
     ao.claims.require_exp = s.jwt_require_exp;
     so.auth = std::make_shared<proxy::authenticator>(ao);
+    const auto eq = s.metrics_claim.find('=');   // (NAME=VALUE: checked as the setting was read)
+    so.metrics_claim = s.metrics_claim.substr(0, eq);
+    so.metrics_claim_value = s.metrics_claim.substr(eq + 1);
     if (!so.auth->reload(error)) {
       log_line("--auth jwt: " + error);
       return false;
     }
     log_line("authentication: bearer tokens (JWT), " + std::to_string(so.auth->keys()) + " key(s)" +
              (s.policy_file.empty() ? "" : ", " + std::to_string(so.auth->policy_grants()) + " grant(s)") +
-             (s.jwt_issuer.empty() ? "" : ", iss " + s.jwt_issuer) + (s.jwt_audience.empty() ? "" : ", aud " + s.jwt_audience));
+             (s.jwt_issuer.empty() ? "" : ", iss " + s.jwt_issuer) + (s.jwt_audience.empty() ? "" : ", aud " + s.jwt_audience) +
+             "; /metrics for tokens with " + s.metrics_claim);
+    // Without an audience, a token the keys' issuer signed for any of its applications is a
+    // token for walgate too (an identity provider's keys usually sign for all of them).
+    if (s.jwt_audience.empty())
+      log_line("WARNING: --auth jwt without --jwt-audience: any token signed by these keys is accepted, whichever "
+               "application it was issued for; set --jwt-audience to the aud walgate's tokens carry");
   }
   so.max_streams_per_subject = s.max_streams_per_subject;
   so.max_streams_per_address = s.max_streams_per_address;

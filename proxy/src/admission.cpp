@@ -93,29 +93,47 @@ std::size_t admission::streams_of_address(std::string_view address) const {
   return it == addresses_.end() ? 0 : it->second;
 }
 
-std::optional<std::int64_t> admission::blocked(std::string_view address, std::chrono::steady_clock::time_point now) const {
+std::optional<std::int64_t> admission::wait(const tally& t, std::string_view address,
+                                            std::chrono::steady_clock::time_point now) const {
   if (!opts_.auth_failures) return std::nullopt;
-  auto it = failures_.find(std::string(address));
-  if (it == failures_.end() || it->second.n < opts_.auth_failures) return std::nullopt;
+  auto it = t.by_address.find(std::string(address));
+  if (it == t.by_address.end() || it->second.n < opts_.auth_failures) return std::nullopt;
   const auto end = it->second.since + opts_.window;
   if (now >= end) return std::nullopt;
   return std::chrono::ceil<std::chrono::seconds>(end - now).count();
 }
 
-void admission::failed(std::string_view address, std::chrono::steady_clock::time_point now) {
+std::optional<std::int64_t> admission::blocked(std::string_view address, std::chrono::steady_clock::time_point now,
+                                               count_kind* which) const {
+  const auto invalid = wait(failures_, address, now), claims = wait(claims_, address, now);
+  if (!invalid && !claims) return std::nullopt;
+  const bool by_claims = claims && (!invalid || *claims > *invalid);
+  if (which) *which = by_claims ? count_kind::refused_claims : count_kind::invalid_tokens;
+  return by_claims ? claims : invalid;
+}
+
+void admission::count(tally& t, std::string_view address, std::chrono::steady_clock::time_point now) {
   if (!opts_.auth_failures) return;
   std::string k(address);
-  auto it = failures_.find(k);
-  if (it == failures_.end()) {
-    if (failures_.size() >= opts_.max_tracked && now - swept_ >= std::chrono::seconds(1)) {
-      swept_ = now;
-      std::erase_if(failures_, [&](const auto& f) { return now >= f.second.since + opts_.window; });
+  auto it = t.by_address.find(k);
+  if (it == t.by_address.end()) {
+    if (t.by_address.size() >= opts_.max_tracked && now - t.swept >= std::chrono::seconds(1)) {
+      t.swept = now;
+      std::erase_if(t.by_address, [&](const auto& f) { return now >= f.second.since + opts_.window; });
     }
-    if (failures_.size() >= opts_.max_tracked) return;
-    it = failures_.emplace(std::move(k), failures{now, 0}).first;
+    if (t.by_address.size() >= opts_.max_tracked) return;
+    it = t.by_address.emplace(std::move(k), failures{now, 0}).first;
   }
   if (now >= it->second.since + opts_.window) it->second = {now, 0};   // a new window
   ++it->second.n;
+}
+
+void admission::failed(std::string_view address, std::chrono::steady_clock::time_point now) {
+  count(failures_, address, now);
+}
+
+void admission::claims_refused(std::string_view address, std::chrono::steady_clock::time_point now) {
+  count(claims_, address, now);
 }
 
 void admission::refused(reason why, unsigned status, std::string_view path, std::string_view address,

@@ -8,11 +8,16 @@
 //     an unknown kid, a bad signature — not one refused for its claims, as an expired one) in a
 //     fixed window: past the limit, that address's stream requests are refused (429,
 //     Retry-After: the rest of the window) before any token is verified;
+//   - the same, counted apart with the same limit, for genuine tokens refused for their claims
+//     (expired, not yet valid, another issuer or audience): each cost a signature verification
+//     on the event loop (RSA-8192 the dearest), which one leaked expired token would otherwise
+//     buy without end. A count of its own: a forger's tokens and a client's retried expired one
+//     do not add up;
 //   - one log line per refused request (status, address, subject when known, reason — never
 //     the token), at most log_per_second lines a second (then one line counting the rest).
 //
 // A peer's address is its IPv4 address, or its IPv6 /64 (one host's usual share of addresses).
-// The maps are bounded: at most max_tracked addresses with failures (when full, the expired
+// The maps are bounded: at most max_tracked addresses in each count (when full, the expired
 // ones go, looked for at most once a second; then the new address is not tracked).
 #pragma once
 
@@ -37,9 +42,11 @@ class admission {
   struct options {
     std::size_t per_subject = 0;        ///< streams of one subject at once (0: no limit)
     std::size_t per_address = 0;        ///< streams of one address at once (0: no limit)
-    std::size_t auth_failures = 0;      ///< failed authentications of an address per window (0: no limit)
+    /// Failed authentications of an address per window, and (counted apart) its tokens refused
+    /// for their claims (0: no limit).
+    std::size_t auth_failures = 0;
     std::chrono::seconds window{60};
-    std::size_t max_tracked = 65536;    ///< addresses with failures remembered
+    std::size_t max_tracked = 65536;    ///< addresses with failures remembered (in each count)
     std::size_t log_per_second = 20;
   };
   /// Why a request was refused: the label of walgate_refused_total.
@@ -77,10 +84,21 @@ class admission {
   std::size_t streams_of_subject(std::string_view subject) const;
   std::size_t streams_of_address(std::string_view address) const;
 
-  /// Seconds until address may try to authenticate again; nullopt: it may now.
-  std::optional<std::int64_t> blocked(std::string_view address, std::chrono::steady_clock::time_point now) const;
-  /// address failed to authenticate.
+  /// The count that makes an address wait.
+  enum class count_kind : std::uint8_t {
+    invalid_tokens,    ///< tokens whose signature did not hold (failed())
+    refused_claims     ///< genuine tokens refused for their claims (claims_refused())
+  };
+  /// Seconds until address may try to authenticate again; nullopt: it may now. which (when
+  /// given, and not nullopt): the count over the limit (of two, the one with the longer wait).
+  std::optional<std::int64_t> blocked(std::string_view address, std::chrono::steady_clock::time_point now,
+                                      count_kind* which = nullptr) const;
+  /// address failed to authenticate: a token whose signature did not hold (malformed, an unknown
+  /// kid, a bad signature).
   void failed(std::string_view address, std::chrono::steady_clock::time_point now);
+  /// address sent a genuine token (its signature held) refused for its claims: expired, not yet
+  /// valid, another issuer or audience. Counted apart from failed(), with the same limit.
+  void claims_refused(std::string_view address, std::chrono::steady_clock::time_point now);
 
   /// Counts a refusal and logs its line: "refused <status> <path> from <address> (subject
   /// <sub>): <message>".
@@ -96,11 +114,19 @@ class admission {
     std::chrono::steady_clock::time_point since;
     std::size_t n = 0;
   };
-  std::unordered_map<std::string, failures> failures_;
+  /// One count per address, in fixed windows (each address's from its first failure).
+  struct tally {
+    std::unordered_map<std::string, failures> by_address;
+    std::chrono::steady_clock::time_point swept{};   // the last sweep (at most one a second)
+  };
+  void count(tally& t, std::string_view address, std::chrono::steady_clock::time_point now);
+  std::optional<std::int64_t> wait(const tally& t, std::string_view address,
+                                   std::chrono::steady_clock::time_point now) const;
+  tally failures_;   // tokens whose signature did not hold
+  tally claims_;     // genuine tokens refused for their claims
   std::array<std::uint64_t, static_cast<std::size_t>(reason::count_)> counts_{};
   std::chrono::steady_clock::time_point log_second_{};
   std::size_t logged_ = 0, unlogged_ = 0;
-  std::chrono::steady_clock::time_point swept_{};   // the failures' last sweep (at most one a second)
 };
 
 }  // namespace walgate::proxy

@@ -161,6 +161,24 @@ bool offers_subprotocol(std::string_view list, std::string_view protocol) {
   return false;
 }
 
+bool claim_equals(const identity& who, std::string_view name, std::string_view value) {
+  const boost::json::value* claim = who.claims.if_contains(name);
+  if (!claim) return false;
+  auto equal = [value](const boost::json::value& v) {
+    if (v.is_string()) return std::string_view(v.get_string()) == value;
+    if (v.is_bool()) return value == (v.get_bool() ? "true" : "false");
+    if (v.is_int64()) return value == std::to_string(v.get_int64());
+    if (v.is_uint64()) return value == std::to_string(v.get_uint64());
+    return false;   // (a fraction, null, an object: never)
+  };
+  if (claim->is_array()) {
+    for (const auto& item : claim->get_array())
+      if (equal(item)) return true;
+    return false;
+  }
+  return equal(*claim);
+}
+
 bearer find_bearer(std::string_view authorization, std::string_view query_token, std::string_view subprotocols) {
   bearer b;
   int places = 0;

@@ -283,14 +283,22 @@ void encoding_cache::encode_into(const logged_event& e, encoding enc, const tran
   log_.account_encoding(e, slot->memory());
 }
 
-std::string encoding_cache::schema_signature(const logged_event& e) {
+std::string encoding_cache::schema_signature(const logged_event& e, const std::string* mask) {
   std::string out;
   if (transform::read_record(protocol::as_bytes(e.record), record_scratch_)) {
     const auto& c = record_scratch_.get();
-    if (c.relation)
-      for (const auto& col : c.relation->columns)
+    if (c.relation) {
+      const auto& cols = c.relation->columns;
+      // A mask that is not of this definition: the event cannot be encoded with it either
+      // (get_masked fails, the client is closed); its every column then, never fewer.
+      const bool masked = mask && mask->size() == cols.size();
+      for (std::size_t i = 0; i < cols.size(); ++i) {
+        if (masked && (*mask)[i] != '1') continue;   // (hidden: nothing of it in the signature)
+        const auto& col = cols[i];
         out += col.name + '\x1f' + std::to_string(col.type_oid) + '\x1f' + std::to_string(col.type_modifier) +
                (col.key ? "k" : "") + '\x1e';
+      }
+    }
   }
   return out;
 }

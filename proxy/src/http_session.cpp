@@ -56,6 +56,7 @@ struct auth_outcome {
   std::string parameter, message, challenge;
   admission::reason why = admission::reason::invalid_request;
   bool forged = false;   // refused before its signature held (malformed, unknown kid, bad signature)
+  bool claims = false;   // genuine (its signature held), refused for its claims: expired, not yet valid, aud…
 };
 
 /// A reason as an auth-param's quoted-string: no quote, backslash or control character.
@@ -92,6 +93,7 @@ auth_outcome authenticate(server_core& core, const http::request<http::empty_bod
     if (!v) {
       out.why = admission::reason::invalid_token;
       out.forged = !signed_ok;
+      out.claims = signed_ok;
       out.status = 401;
       out.message = "invalid token: " + why;
       out.challenge = "Bearer realm=\"walgate\", error=\"invalid_token\", error_description=" + auth_param(why);
@@ -164,7 +166,7 @@ std::string peer_of(Stream& s) {
 }
 
 template <class Stream>
-awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s) {
+awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s, const std::string& address) {
   const auto& opts = core.opts;
   beast::flat_buffer buffer;
   const std::string peer = peer_of(s);
@@ -175,24 +177,37 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
   // Before a token is verified: an address that failed too often waits (429).
   auto failing = [&](std::string& message) -> std::string {
     if (!core.opts.auth) return {};
-    auto wait = core.admit.blocked(peer, std::chrono::steady_clock::now());
+    auto which = admission::count_kind::invalid_tokens;
+    auto wait = core.admit.blocked(peer, std::chrono::steady_clock::now(), &which);
     if (!wait) return {};
-    message = "too many failed authentications from this address (limit " + std::to_string(opts.auth_failures_per_minute) +
-              " a minute, --auth-failures-per-minute); try again in " + std::to_string(*wait) + " s";
+    const std::string limit = "limit " + std::to_string(opts.auth_failures_per_minute) + " a minute, --auth-failures-per-minute";
+    message = "too many failed authentications from this address " +
+              (which == admission::count_kind::refused_claims
+                   ? "(genuine tokens refused for their claims: expired, not yet valid, another audience; " + limit +
+                         "); get a fresh token and try again in "
+                   : "(" + limit + "); try again in ") +
+              std::to_string(*wait) + " s";
     return std::to_string(*wait);
   };
-  // A refused authentication: counted, logged, and a forged token (not one refused for its
-  // claims: expired…) counts against the address.
+  // A refused authentication: counted, logged, and a token counts against the address — a
+  // forged one as a failure, a genuine one refused for its claims (expired…) in a count of its
+  // own (each cost a signature verification). No token, or a malformed request, does not count.
   auto unauthenticated = [&](const auth_outcome& a, std::string_view path) {
     refused(a.why, a.status, path, nullptr, a.message);
     if (a.forged) core.admit.failed(peer, std::chrono::steady_clock::now());
+    else if (a.claims) core.admit.claims_refused(peer, std::chrono::steady_clock::now());
   };
   while (!core.stopping) {
     http::request_parser<http::empty_body> parser;
     parser.header_limit(static_cast<std::uint32_t>(opts.header_limit + opts.url_limit));
     parser.body_limit(0);
     beast::get_lowest_layer(s).expires_after(opts.header_timeout);
+    // Waiting for a request's head (an idle keep-alive too): another connection may take this
+    // one's place meanwhile (server_core::make_room closes it).
+    std::optional<waiting_mark> waiting;
+    waiting.emplace(core, address, [&s] { beast::get_lowest_layer(s).close(); });
     auto [ec, n] = co_await http::async_read(s, buffer, parser, use_tuple);
+    waiting.reset();
     if (ec == http::error::header_limit) {
       co_await write_simple(core, s, 11, http::status::request_header_fields_too_large, "application/json",
                             json_error("", "request header fields too large"), false);
@@ -281,6 +296,34 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
       co_await write_simple(core, s, req.version(), ready ? http::status::ok : http::status::service_unavailable,
                             "application/json", std::move(body), keep, {}, cors);
     } else if (path == "/metrics") {
+      // With --auth jwt: a token in the Authorization header that carries the claim
+      // --metrics-claim names (the figures tell WAL positions and every client's activity).
+      if (opts.auth) {
+        const std::string claim = opts.metrics_claim + "=" + opts.metrics_claim_value;
+        std::string wait_message;
+        if (auto wait = failing(wait_message); !wait.empty()) {
+          refused(admission::reason::auth_rate_limit, 429, path, nullptr, wait_message);
+          co_await write_simple(core, s, req.version(), http::status::too_many_requests, "application/json",
+                                json_error("", wait_message), false, wait, cors);
+          co_return std::nullopt;
+        }
+        auto a = authenticate(core, req, {});
+        if (a.why == admission::reason::no_token && a.status == 401)
+          a.message = "/metrics needs a bearer token with the claim " + claim + ": Authorization: Bearer <token>";
+        if (a.status) {
+          unauthenticated(a, path);
+          co_await write_simple(core, s, req.version(), static_cast<http::status>(a.status), "application/json",
+                                json_error(a.parameter, a.message), false, {}, cors, a.challenge);
+          co_return std::nullopt;
+        }
+        if (!claim_equals(*a.who, opts.metrics_claim, opts.metrics_claim_value)) {
+          const std::string message = "this token does not carry the claim " + claim + " that /metrics needs (--metrics-claim)";
+          refused(admission::reason::forbidden, 403, path, a.who.get(), message);
+          co_await write_simple(core, s, req.version(), http::status::forbidden, "application/json",
+                                json_error("", message), false, {}, cors);
+          co_return std::nullopt;
+        }
+      }
       co_await write_simple(core, s, req.version(), http::status::ok, "text/plain; version=0.0.4", core.metrics.render(),
                             keep, {}, cors);
     } else if (path == "/") {
@@ -412,7 +455,8 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
       if (start.request.snapshot && !start.request.from) {
         unsigned code = 0;
         std::string why;
-        auto job = core.snapshots.admit(start.request, core.encodings.encoder(), code, why);
+        auto job = core.snapshots.admit(start.request, core.encodings.encoder(), code, why, peer,
+                                        start.who ? std::string_view(start.who->subject) : std::string_view{});
         if (job) {
           asio::steady_timer t(core.executor);
           job->set_wake([&t] { t.cancel(); });
@@ -445,7 +489,7 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
         }
         if (!job) {
           co_await write_simple(core, s, req.version(), static_cast<http::status>(code), "application/json",
-                                json_error("snapshot", why), false, code == 503 ? "5" : "", cors);
+                                json_error("snapshot", why), false, code == 503 ? "5" : code == 429 ? "60" : "", cors);
           co_return std::nullopt;
         }
         start.seq = job->start_seq();
@@ -473,10 +517,12 @@ awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s
 }
 
 template <class Stream>
-awaitable<void> serve_connection(server_core& core, asio::ip::tcp::socket socket, std::shared_ptr<void> keep) {
+awaitable<void> serve_connection(server_core& core, asio::ip::tcp::socket socket, std::shared_ptr<void> keep,
+                                 std::string address) {
   // Counted, the server kept, and the TLS context it began with (a reload replaces core.tls),
-  // while the connection lives.
+  // while the connection lives; and its place among those that are not streams until it is one.
   connection_hold hold{counted(core.connections), std::move(keep), {}, std::nullopt, std::nullopt};
+  non_stream_place place(core, std::move(address));
   constexpr bool tls = !std::is_same_v<Stream, beast::tcp_stream>;
   auto make = [&] {
     if constexpr (tls) {
@@ -490,11 +536,13 @@ awaitable<void> serve_connection(server_core& core, asio::ip::tcp::socket socket
   Stream& s = *held;
   if constexpr (tls) {
     beast::get_lowest_layer(s).expires_after(core.opts.header_timeout);
+    waiting_mark waiting(core, place.address(), [&s] { beast::get_lowest_layer(s).close(); });
     auto [ec] = co_await s.async_handshake(asio::ssl::stream_base::server, use_tuple);
     if (ec) co_return;
   }
-  auto h = co_await serve_http(core, s);
+  auto h = co_await serve_http(core, s, place.address());
   if (!h) co_return;
+  place.release();   // a stream now: --max-clients and the stream limits count it
   // Every stream is served by a coroutine of its own, which takes the connection over (this
   // one, its frame and the request's state, ends here). It takes, over TLS, its stream, else
   // the bare socket — the Beast stream (its body and timers) is freed here, not kept idle for
@@ -541,8 +589,9 @@ awaitable<void> serve_connection(server_core& core, asio::ip::tcp::socket socket
   }
 }
 
-template awaitable<void> serve_connection<beast::tcp_stream>(server_core&, asio::ip::tcp::socket, std::shared_ptr<void>);
+template awaitable<void> serve_connection<beast::tcp_stream>(server_core&, asio::ip::tcp::socket, std::shared_ptr<void>,
+                                                             std::string);
 template awaitable<void> serve_connection<beast::ssl_stream<beast::tcp_stream>>(server_core&, asio::ip::tcp::socket,
-                                                                                std::shared_ptr<void>);
+                                                                                std::shared_ptr<void>, std::string);
 
 }  // namespace walgate::proxy

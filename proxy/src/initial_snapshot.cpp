@@ -480,15 +480,24 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
 void initial_snapshot::register_metrics(metrics_registry& r) {
   r.add_value("walgate_initial_snapshot_running", "gauge", "1 while the initial snapshot is being copied into the log.",
               [this] { return running_ ? 1 : 0; });
-  r.add("walgate_initial_snapshot_rows", "gauge", "Rows of each table copied by the initial snapshot.", [this](auto& out) {
+  // Per table while the copy runs (what its progress is followed by); then only the totals, with
+  // no table label: /metrics does not name the published tables for the life of the process.
+  auto per_table = [this](std::vector<metrics_registry::sample>& out, auto figure) {
     if (!st_->plan_seen) return;
-    for (const auto& p : st_->progress) out.push_back({"{table=" + label(p->name) + "}", std::to_string(p->rows.load())});
-  });
+    if (running_) {
+      for (const auto& p : st_->progress) out.push_back({"{table=" + label(p->name) + "}", std::to_string(figure(*p))});
+      return;
+    }
+    std::uint64_t total = 0;
+    for (const auto& p : st_->progress) total += figure(*p);
+    out.push_back({"", std::to_string(total)});
+  };
+  r.add("walgate_initial_snapshot_rows", "gauge",
+        "Rows copied by the initial snapshot: per table while it runs, then in all (no table label).",
+        [per_table](auto& out) { per_table(out, [](const table_progress& p) { return p.rows.load(); }); });
   r.add("walgate_initial_snapshot_rows_estimated", "gauge",
-        "Rows of each table the initial snapshot expects (the catalog's statistics; 0: unknown).", [this](auto& out) {
-          if (!st_->plan_seen) return;
-          for (const auto& p : st_->progress) out.push_back({"{table=" + label(p->name) + "}", std::to_string(p->estimate)});
-        });
+        "Rows the initial snapshot expects (the catalog's statistics; 0: unknown): per table while it runs, then in all.",
+        [per_table](auto& out) { per_table(out, [](const table_progress& p) { return p.estimate; }); });
 }
 
 }  // namespace walgate::proxy

@@ -141,8 +141,8 @@ struct jetstream_publisher::impl {
   std::string fail_text;
 
   // For /metrics (written by the thread, read on the executor).
-  std::atomic<std::uint64_t> confirmed_seq{0};      // the log seq after the last event confirmed
-  std::atomic<std::uint64_t> confirmed_offset{0};   // its end offset
+  std::atomic<std::uint64_t> confirmed_seq{0};      // the log seq after the last event confirmed (written on the executor)
+  std::atomic<std::uint64_t> confirmed_offset{0};   // where in the log what it confirmed ends (written on the executor)
   std::atomic<std::uint64_t> published{0}, resyncs{0}, stream_last{0};
   std::atomic<bool> connected{false}, synced{false};
   std::atomic<bool> link_up{false};   // the connection is up (nats.c's disconnected/reconnected callbacks)
@@ -188,6 +188,22 @@ struct jetstream_publisher::impl {
     if (s == last_state) return;
     last_state = s;
     if (!s.empty()) say("JetStream: " + s);
+  }
+
+  /// (On the executor.) Every event before next is in the stream: the lag gauges count from
+  /// there. end_offset is where the last of them ends in the log (0: not known), txn_end whether
+  /// it is its transaction's last (then the transaction's commit frame is not lag either).
+  void confirm(std::uint64_t next, std::uint64_t end_offset, bool txn_end) {
+    if (next >= log.visible_seq()) {
+      end_offset = log.visible_offset();   // (nothing after it: all of the log, its last commit frame too)
+    } else if (next > 0) {
+      if (!end_offset) {
+        if (auto e = log.in_memory(next - 1)) end_offset = e->end_offset;
+      }
+      if (txn_end) end_offset = std::max(end_offset, log.transaction_end_offset(next - 1));
+    }
+    if (end_offset) confirmed_offset = end_offset;   // (not known: counted from where it was)
+    confirmed_seq = next;
   }
 
   // --- the connection and the stream ----------------------------------------------------------
@@ -517,6 +533,8 @@ struct jetstream_publisher::impl {
       post([this, from] { log.hold_from(from); });
     };
     hold(p.seq, expected_last == 0);
+    // Everything before p.seq is in the stream (after a restart: all the log holds, when caught up).
+    post([this, next = p.seq] { confirm(next, 0, false); });
     const std::size_t max_payload = static_cast<std::size_t>(std::max<int64_t>(natsConnection_GetMaxPayload(nc), 0));
     while (!stopped()) {
       auto r = on_loop([this, seq = p.seq] { return read_batch(seq); });
@@ -546,16 +564,18 @@ struct jetstream_publisher::impl {
       std::uint64_t sent = 0, last_seq = p.seq;
       std::string last_id;
       std::uint64_t last_offset = 0;
+      bool last_txn_end = false;
       std::string stop_reason;
       for (std::size_t i = 0; i < n; ++i) {
         const auto& e = r->events[i];
+        const bool txn_end = i + 1 < n ? r->events[i + 1]->id.commit_lsn != e->id.commit_lsn : r->next_is_other_txn;
         if (p.skip_through && !(*p.skip_through < e->id)) {   // in the stream already
           last_seq = e->seq;
           last_offset = e->end_offset;
+          last_txn_end = txn_end;
           continue;
         }
         p.skip_through.reset();
-        const bool txn_end = i + 1 < n ? r->events[i + 1]->id.commit_lsn != e->id.commit_lsn : r->next_is_other_txn;
         natsStatus s = publish_one(*e, txn_end, r->origin, expected_last + sent, max_payload, stop_reason);
         if (s != NATS_OK) {
           if (stop_reason.empty()) stop_reason = nats_error(s);
@@ -563,6 +583,7 @@ struct jetstream_publisher::impl {
         }
         last_seq = e->seq;
         last_offset = e->end_offset;
+        last_txn_end = txn_end;
         ++sent;
         last_id = e->id.to_string();
       }
@@ -597,8 +618,7 @@ struct jetstream_publisher::impl {
       published += sent;
       stream_last = expected_last;
       p.seq = last_seq + 1;
-      confirmed_seq = p.seq;
-      confirmed_offset = last_offset;
+      post([this, next = p.seq, last_offset, last_txn_end] { confirm(next, last_offset, last_txn_end); });
       if (sent) {
         confirmed = std::make_pair(expected_last, last_id);
         cursor_dirty = true;
@@ -717,9 +737,13 @@ void jetstream_publisher::register_metrics(metrics_registry& r) {
                 return v > c ? v - c : 0;
               });
   r.add_value("walgate_nats_publish_lag_bytes", "gauge",
-              "Event log bytes between the last event JetStream confirmed and the log's head.", [p] {
+              "Event log bytes of the committed events JetStream has not confirmed (with their commit frames); 0 when it has them all.",
+              [p] {
+                // (nothing to publish is no lag, whatever the log holds after the last event: its
+                // commit frame, empty transactions)
+                if (p->log.visible_seq() <= p->confirmed_seq.load()) return std::uint64_t{0};
                 const auto v = p->log.visible_offset(), c = p->confirmed_offset.load();
-                return v > c ? v - c : 0;
+                return v > c ? v - c : std::uint64_t{0};
               });
   r.add_value("walgate_nats_stream_last_seq", "gauge", "The stream sequence of the last event confirmed.",
               [p] { return p->stream_last.load(); });

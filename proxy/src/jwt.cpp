@@ -83,10 +83,20 @@ EVP_PKEY* from_params(const char* name, OSSL_PARAM_BLD* bld) {
   return pkey;
 }
 
-bool public_check(EVP_PKEY* pkey) {
+/// OpenSSL's check of a public key (EVP_PKEY_public_check): an EC point on its curve and not at
+/// infinity; an RSA n odd, without a factor under 752, not a prime or a prime's power, and e odd
+/// and above 1 (SP 800-56B 6.4.2.1, OpenSSL 3's non-FIPS bounds). False with reason (when given)
+/// OpenSSL's reason for the refusal, or empty when it gave none.
+bool public_check(EVP_PKEY* pkey, std::string* reason = nullptr) {
+  ERR_clear_error();   // (the reason read below is this check's, not an earlier key's)
   EVP_PKEY_CTX* ctx = EVP_PKEY_CTX_new_from_pkey(nullptr, pkey, nullptr);
   const bool ok = ctx && EVP_PKEY_public_check(ctx) == 1;
   EVP_PKEY_CTX_free(ctx);
+  if (!ok && reason) {
+    const unsigned long e = ERR_peek_last_error();
+    const char* r = e ? ERR_reason_error_string(e) : nullptr;
+    *reason = r ? r : "";
+  }
   return ok;
 }
 
@@ -246,6 +256,21 @@ std::optional<key_set> key_set::from_jwks(std::string_view text, std::string& er
         return fail("an RSA key of " + std::to_string(EVP_PKEY_get_bits(k->pkey)) + " bits: at least 2048 are needed");
       if (EVP_PKEY_get_bits(k->pkey) > 8192)
         return fail("an RSA key of " + std::to_string(EVP_PKEY_get_bits(k->pkey)) + " bits: at most 8192");
+      // The public exponent, which OpenSSL's import does not check: with e = 1 a message's padded
+      // encoding is its own signature (anyone forges any token), an even e is no RSA key, and one
+      // over 256 bits (SP 800-56B's bound; 65537 is usual) only makes each verification dearer,
+      // up to a signing's cost. (be is set: the key was built from it.)
+      if (const int e_bits = BN_num_bits(be.get()); e_bits > 256)
+        return fail("e (the public exponent) has " + std::to_string(e_bits) + " bits: at most 256");
+      if (!BN_is_odd(be.get()) || BN_is_one(be.get()))
+        return fail("e (the public exponent) is " +
+                    (BN_num_bits(be.get()) <= 32 ? std::to_string(BN_get_word(be.get())) : std::string("even")) +
+                    ": it must be odd and at least 3 (65537 is usual)");
+      // Then OpenSSL's own check of n and e (after the size bounds: its primality test of n costs
+      // a modular exponentiation of n's size, paid once per key and reload).
+      if (std::string why; !public_check(k->pkey, &why))
+        return fail("n and e are not an RSA public key" + (why.empty() ? std::string() : " (" + why + ")") +
+                    ": EVP_PKEY_public_check refused them");
     } else if (*ty == "EC") {
       k->type = kty::ec;
       const auto* crv = string_member(*o, "crv");

@@ -29,6 +29,23 @@ using asio::awaitable;
 namespace {
 constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
 
+/// The peer's address as the admission limits key it (admission.hpp's peer_key).
+std::string address_of(const tcp::socket& socket) {
+  boost::system::error_code ec;
+  auto ep = socket.remote_endpoint(ec);
+  if (ec) return "unknown";
+  std::array<unsigned char, 16> b{};
+  const auto a = ep.address();
+  if (a.is_v4()) {
+    auto v4 = a.to_v4().to_bytes();
+    std::copy(v4.begin(), v4.end(), b.begin());
+    return peer_key(false, b);
+  }
+  auto v6 = a.to_v6().to_bytes();
+  std::copy(v6.begin(), v6.end(), b.begin());
+  return peer_key(true, b);
+}
+
 /// The listener's TLS: TLS 1.2 at least, and for 1.2 only forward-secret AEAD suites (Mozilla's
 /// "intermediate" list, without DHE); TLS 1.3's suites are OpenSSL's. No renegotiation, no
 /// compression. nullptr with error when the certificate or key cannot be used.
@@ -78,7 +95,8 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
     };
     while (!core.stopping) {
       // At the connection limit, new connections wait in the listen backlog until one closes.
-      if (core.connections >= core.opts.max_clients + core.opts.max_other_connections) {
+      // (Unless a waiting connection may give its place: the newcomer takes it, make_room.)
+      if (core.connections >= core.opts.max_clients + core.opts.max_other_connections && !core.any_replaceable()) {
         co_await wait(std::chrono::milliseconds(50));
         continue;
       }
@@ -92,6 +110,23 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
           co_await wait(std::chrono::milliseconds(100));
         continue;
       }
+      // Its place among the connections that are not streams: another of its address (or, at
+      // 256 in all, of any) that waits may be closed for it; with none waiting, 429.
+      std::string address = address_of(socket);
+      if (!core.make_room(address)) {
+        ++core.connections_refused_address;
+        const std::string body = "{\"error\":\"too many connections from this address, each busy with a request (limit " +
+                                 std::to_string(core.opts.max_connections_per_address) +
+                                 ", --max-connections-per-address); try again\"}\n";
+        const std::string refused = "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+                                    "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+        boost::system::error_code wec;
+        socket.non_blocking(true, wec);
+        socket.write_some(asio::buffer(refused.data(), refused.size()), wec);   // (best effort: a fresh socket takes it)
+        socket.shutdown(tcp::socket::shutdown_send, wec);
+        socket.close(wec);
+        continue;
+      }
       // Events are written as they come, in small batches: no Nagle delay behind an
       // unacknowledged segment (it meets the client's delayed ACK: 40 ms stalls).
       boost::system::error_code nec;
@@ -99,8 +134,9 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
       // The connection's one coroutine (its frame is what an idle client costs, with its
       // stream and subscription): the server's state is kept alive while it runs.
       asio::co_spawn(core.executor,
-                     core.tls ? serve_connection<beast::ssl_stream<beast::tcp_stream>>(core, std::move(socket), self)
-                              : serve_connection<beast::tcp_stream>(core, std::move(socket), self),
+                     core.tls ? serve_connection<beast::ssl_stream<beast::tcp_stream>>(core, std::move(socket), self,
+                                                                                       std::move(address))
+                              : serve_connection<beast::tcp_stream>(core, std::move(socket), self, std::move(address)),
                      asio::detached);
     }
   }

@@ -170,7 +170,8 @@ function chart(lag) {
 async function metrics() {
   let lag = 0;
   try {
-    const text = await (await fetch('/metrics')).text();
+    // (with --auth jwt, /metrics answers a token with the admin claim, in the header only)
+    const text = await (await fetch('/metrics', token ? { headers: { Authorization: 'Bearer ' + token } } : {})).text();
     const get = (n) => (text.match(new RegExp('^' + n + ' (\\S+)', 'm')) || [])[1] || '?';
     document.getElementById('inout').textContent = get('walgate_events_in_total') + ' / ' + get('walgate_events_out_total');
     lag = Number(get('walgate_lag_bytes')) || 0;

@@ -697,6 +697,24 @@ std::optional<std::string> equality_key(std::uint32_t type_oid, std::string_view
   }
 }
 
+std::size_t cost(const node& n) {
+  switch (n.k) {
+    case node::kind::all:
+    case node::kind::any: {
+      std::size_t c = 0;
+      for (const auto& child : n.children) c += cost(child);
+      return c;
+    }
+    case node::kind::compare: {
+      std::size_t c = 1;
+      c += n.c.rhs.size();   // (a claim counts as one: what it holds is the token's, bounded by its size)
+      return c;
+    }
+    case node::kind::constant: return 0;
+  }
+  return 0;
+}
+
 std::vector<std::string> columns(const node& n) {
   std::vector<std::string> out;
   auto walk = [&out](const node& x, auto&& self) -> void {

@@ -128,19 +128,25 @@ server_core::server_core(boost::asio::any_io_executor ex, server_options o, gate
       out.push_back({std::string("{transport=\"") + transport_name(t) + "\"}",
                      std::to_string(by_transport[static_cast<std::size_t>(t)])});
   });
-  metrics.add("walgate_client_lag_events", "gauge", "Events between a client's position and the head.", [this](auto& out) {
-    std::size_t i = 0;
-    for (auto* c : clients)
-      out.push_back({"{client=\"" + std::to_string(i++) + "\",transport=\"" + transport_name(c->kind) + "\"}",
-                     std::to_string(c->sub.lag_events())});
-  });
+  // One sample per client: collected at most once in opts.metrics_cache (N scrapes a second
+  // cost one pass over the clients).
+  metrics.add(
+      "walgate_client_lag_events", "gauge", "Events between a client's position and the head.",
+      [this](auto& out) {
+        std::size_t i = 0;
+        for (auto* c : clients)
+          out.push_back({"{client=\"" + std::to_string(i++) + "\",transport=\"" + transport_name(c->kind) + "\"}",
+                         std::to_string(c->sub.lag_events())});
+      },
+      opts.metrics_cache);
   metrics.add("walgate_client_lag_bytes", "gauge", "Bytes of event log between a client's position and the head.",
               [this](auto& out) {
                 std::size_t i = 0;
                 for (auto* c : clients)
                   out.push_back({"{client=\"" + std::to_string(i++) + "\",transport=\"" + transport_name(c->kind) + "\"}",
                                  std::to_string(c->sub.lag_bytes())});
-              });
+              },
+              opts.metrics_cache);
   metrics.add_value("walgate_clients_disconnected_slow_total", "counter", "Clients disconnected for being too slow.",
                     [this] { return disconnected_slow; });
   metrics.add_value("walgate_clients_rejected_total", "counter", "Stream requests answered 503: over --max-clients.",
@@ -150,6 +156,14 @@ server_core::server_core(boost::asio::any_io_executor ex, server_options o, gate
                     [this] { return rejected_origins; });
   metrics.add_value("walgate_connections", "gauge", "Open HTTP connections (stream clients included).",
                     [this] { return connections; });
+  metrics.add_value("walgate_connections_replaced_total", "counter",
+                    "Waiting connections that were not streams (idle keep-alive, a request head not yet whole) "
+                    "closed to make room for a new one (--max-connections-per-address, 256 in all).",
+                    [this] { return connections_replaced; });
+  metrics.add_value("walgate_connections_refused_total", "counter",
+                    "Connections refused at accept (429): every connection of that address that is not a stream busy "
+                    "with a request, at --max-connections-per-address.",
+                    [this] { return connections_refused_address; });
   metrics.add_value("walgate_accept_pauses_total", "counter",
                     "Times accepting paused (connection limit reached, or out of file descriptors).",
                     [this] { return accept_pauses; });
@@ -178,7 +192,7 @@ server_core::server_core(boost::asio::any_io_executor ex, server_options o, gate
     metrics.add_value("walgate_auth_tokens_refused_total", "counter",
                       "Bearer tokens refused (bad signature, expired, wrong audience…).", [a = opts.auth] { return a->refused(); });
     metrics.add_value("walgate_auth_unauthorized_total", "counter",
-                      "Stream requests refused for their token: 401, or 400 for one sent in more than one way.",
+                      "Stream requests (and /metrics) refused for their token: 401, or 400 for one sent in more than one way.",
                       [this] { return unauthorized; });
     metrics.add_value("walgate_auth_forbidden_total", "counter",
                       "Stream requests and /v1/mux subscriptions refused (403): outside their token's grants (--policy).",
@@ -191,7 +205,8 @@ server_core::server_core(boost::asio::any_io_executor ex, server_options o, gate
                       "Key file reads that failed (the keys in use stayed).", [a = opts.auth] { return a->reload_failures(); });
   }
   metrics.add("walgate_refused_total", "counter",
-              "Stream requests (and /v1/mux subscriptions) refused, by reason: no_token, invalid_token, invalid_request "
+              "Stream requests (and /v1/mux subscriptions, and /metrics with --auth jwt) refused, by reason: no_token, "
+              "invalid_token, invalid_request "
               "(401/400), forbidden (403), subject_limit, address_limit, auth_rate_limit (429), too_many_clients (503).",
               [this](std::vector<metrics_registry::sample>& out) {
                 for (std::size_t r = 0; r < static_cast<std::size_t>(admission::reason::count_); ++r)
@@ -228,6 +243,41 @@ void server_core::detach() {
   snapshots.stop();
   expiries_.clear();   // (the streams end with the server; nothing waits for their tokens)
   if (expiry_timer_) expiry_timer_->cancel();
+}
+
+bool server_core::make_room(const std::string& address) {
+  // Assumption written down: a connection that is not a stream costs a place only while it is
+  // busy; one that waits (for a handshake, a request's head: an idle keep-alive, a trickler) may
+  // be closed for a newcomer, oldest first — so whoever opens connections and leaves them idle
+  // never keeps others out, and one address never takes more than its share.
+  const auto waited = std::chrono::steady_clock::now() - waiting_grace;
+  auto replace = [&](const std::string* of) {
+    for (auto& w : waiting)
+      if (!w.closing && w.since <= waited && (!of || w.address == *of)) {
+        w.closing = true;
+        ++connections_replaced;
+        if (w.close) w.close();
+        return true;
+      }
+    return false;
+  };
+  std::size_t closing = 0, closing_here = 0;
+  for (const auto& w : waiting)
+    if (w.closing) {
+      ++closing;
+      closing_here += w.address == address;
+    }
+  if (const std::size_t limit = opts.max_connections_per_address) {
+    auto it = non_stream_by_address.find(address);
+    const std::size_t mine = it == non_stream_by_address.end() ? 0 : it->second - std::min(it->second, closing_here);
+    if (mine >= limit) {
+      // None of its own has waited a second (a burst): let it in, up to what all may hold.
+      if (replace(&address)) ++closing;
+      else if (mine >= opts.max_other_connections) return false;
+    }
+  }
+  if (non_stream - std::min(non_stream, closing) >= opts.max_other_connections) replace(nullptr);
+  return true;
 }
 
 subscription::limits server_core::limits() const {

@@ -34,6 +34,7 @@
 
 #include <array>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -124,6 +125,33 @@ struct server_core {
   bool loopback_listener = false;       // listening on a loopback address
   bool check_host = false;              // Host is checked (DNS rebinding): loopback, or no authentication
   std::size_t connections = 0;          // open TCP connections
+  /// Connections not handed to a stream (yet), in all and by address, and those of them waiting
+  /// to read (a TLS handshake, a request's head): the ones another connection may take the
+  /// place of, oldest first (make_room).
+  struct waiting_connection {
+    std::string address;
+    std::function<void()> close;
+    bool closing = false;   // closed to make room; it leaves the list when its coroutine sees it
+    std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
+  };
+  /// A connection waits this long before it may be closed for another: a burst of new ones (a
+  /// page's, a proxy's) is not mistaken for idle ones.
+  static constexpr std::chrono::seconds waiting_grace{1};
+  std::size_t non_stream = 0;
+  std::unordered_map<std::string, std::size_t> non_stream_by_address;
+  std::list<waiting_connection> waiting;
+  std::uint64_t connections_replaced = 0;        // waiting connections closed for a new one
+  std::uint64_t connections_refused_address = 0; // 429 at accept: an address's connections all busy
+  /// Room for a new connection from address (see server_options::max_connections_per_address):
+  /// false when it must be refused.
+  bool make_room(const std::string& address);
+  /// A waiting connection make_room may close (past waiting_grace, not closing already).
+  bool any_replaceable() const {
+    const auto waited = std::chrono::steady_clock::now() - waiting_grace;
+    for (const auto& w : waiting)
+      if (!w.closing && w.since <= waited) return true;
+    return false;
+  }
   std::size_t streams = 0;              // stream requests admitted (clients, or upgrading to one)
   std::uint64_t rejected_clients = 0;   // 503: over max_clients
   std::uint64_t rejected_origins = 0;   // 403: an origin not allowed, or a Host a loopback listener refuses
@@ -254,14 +282,55 @@ struct stream_handoff {
 // beast::ssl_stream<beast::tcp_stream>.
 template <class Stream>
 boost::asio::awaitable<void> serve_connection(server_core& core, boost::asio::ip::tcp::socket socket,
-                                              std::shared_ptr<void> keep);
+                                              std::shared_ptr<void> keep, std::string address);
 template <class Stream>
-boost::asio::awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s);
+boost::asio::awaitable<std::optional<stream_handoff>> serve_http(server_core& core, Stream& s, const std::string& address);
 /// What a connection holds while it is served: its place in core.connections, the server's
 /// state (kept alive), over TLS the context it began with, and its stream's places under the
 /// limits. The coroutine of the stream it turns into (WebSocket, multiplexed, NDJSON or SSE)
 /// takes it over, so that the connection's own coroutine (and its frame: the request's state)
 /// ends at the hand-off.
+/// A connection's place among those not handed to a stream: taken at accept, given back when
+/// it becomes a stream or closes.
+class non_stream_place {
+ public:
+  non_stream_place(server_core& core, std::string address) : core_(&core), address_(std::move(address)) {
+    ++core_->non_stream;
+    ++core_->non_stream_by_address[address_];
+  }
+  non_stream_place(const non_stream_place&) = delete;
+  non_stream_place& operator=(const non_stream_place&) = delete;
+  ~non_stream_place() { release(); }
+  void release() {
+    if (!core_) return;
+    --core_->non_stream;
+    auto it = core_->non_stream_by_address.find(address_);
+    if (it != core_->non_stream_by_address.end() && --it->second == 0) core_->non_stream_by_address.erase(it);
+    core_ = nullptr;
+  }
+  const std::string& address() const { return address_; }
+
+ private:
+  server_core* core_;
+  std::string address_;
+};
+
+/// While it lives, the connection waits to read (a TLS handshake, a request's head) and may be
+/// closed to make room for another (server_core::make_room).
+class waiting_mark {
+ public:
+  waiting_mark(server_core& core, const std::string& address, std::function<void()> close) : core_(core) {
+    it_ = core_.waiting.insert(core_.waiting.end(), {address, std::move(close), false, std::chrono::steady_clock::now()});
+  }
+  waiting_mark(const waiting_mark&) = delete;
+  waiting_mark& operator=(const waiting_mark&) = delete;
+  ~waiting_mark() { core_.waiting.erase(it_); }
+
+ private:
+  server_core& core_;
+  std::list<server_core::waiting_connection>::iterator it_;
+};
+
 struct connection_hold {
   counted open;
   std::shared_ptr<void> keep;

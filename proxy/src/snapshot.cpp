@@ -15,6 +15,7 @@
 #include <libpq-fe.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <set>
 #include <thread>
@@ -386,15 +387,65 @@ void snapshot_service::stop() {
   for (auto& w : running_)
     if (auto j = w.lock()) j->cancel();
   queue_.clear();
-  pool_->join();
+  // Not a plain join: a worker inside libpq whose backend answers nothing (stopped, or a network
+  // that drops packets while keepalives and tcp_user_timeout count down) would hold the process
+  // past SIGTERM. Cancelled above; given stop_wait to end; else left behind, its pool released.
+  std::unique_lock lock(in_pool_->m);
+  in_pool_->stopped = true;
+  const bool ended = in_pool_->cv.wait_for(lock, stop_wait, [p = in_pool_.get()] { return p->n == 0; });
+  lock.unlock();
+  if (ended) {
+    pool_->join();
+  } else {
+    std::fprintf(stderr, "walgate: a snapshot connection did not end within %lld s of its cancel: not waited for\n",
+                 static_cast<long long>(stop_wait.count()));
+    (void)pool_.release();   // (its threads go with the process)
+  }
+}
+
+std::string snapshot_service::rate_refusal(std::string_view who, std::size_t per_minute,
+                                           std::chrono::steady_clock::duration left) {
+  return "too many snapshots begun by this " + std::string(who) + " (limit " + std::to_string(per_minute) +
+         " a minute); try again in " + std::to_string(std::chrono::duration_cast<std::chrono::seconds>(left).count() + 1) +
+         " s";
 }
 
 std::shared_ptr<snapshot_job> snapshot_service::admit(const stream_request& r, const transform::encoder_options& enc,
-                                                      unsigned& status, std::string& refusal) {
+                                                      unsigned& status, std::string& refusal, std::string_view address,
+                                                      std::string_view subject) {
   if (opts_.conninfo.empty()) {
     status = 501;
     refusal = "snapshots are not configured on this gateway";
     return nullptr;
+  }
+  // Each snapshot is a PostgreSQL session: begun at most per_minute times a minute by one
+  // address and by one subject, whatever the connections and subscriptions they come through.
+  {
+    const auto now = std::chrono::steady_clock::now();
+    const auto minute_ago = now - std::chrono::minutes(1);
+    if (recent_starts_.size() >= 65536)
+      std::erase_if(recent_starts_, [&](const auto& kv) { return kv.second.empty() || kv.second.back() <= minute_ago; });
+    std::vector<std::deque<std::chrono::steady_clock::time_point>*> keys;
+    struct limit {
+      const char* prefix;
+      std::string_view key;
+      std::size_t per_minute;
+      const char* who;
+    };
+    for (const auto& l : {limit{"a:", address, opts_.per_address_minute, "address"},
+                          limit{"s:", subject, opts_.per_subject_minute, "token's subject"}}) {
+      if (l.key.empty() || !l.per_minute) continue;
+      auto& q = recent_starts_[std::string(l.prefix) + std::string(l.key)];
+      while (!q.empty() && q.front() <= minute_ago) q.pop_front();
+      if (q.size() >= l.per_minute) {
+        ++rate_limited_;
+        status = 429;
+        refusal = rate_refusal(l.who, l.per_minute, q.front() - minute_ago);
+        return nullptr;
+      }
+      keys.push_back(&q);
+    }
+    for (auto* q : keys) q->push_back(now);
   }
   std::erase_if(queue_, [](const auto& w) { return w.expired(); });
   if (stopped_ || (running_count_ >= opts_.max_running && queue_.size() >= opts_.max_queued)) {
@@ -429,8 +480,23 @@ void snapshot_service::dispatch() {
     j->on_taken_ = [this, w = std::weak_ptr<snapshot_job>(j), alive = alive_] {
       if (auto j = w.lock(); j && *alive) on_taken(j);
     };
-    asio::post(*pool_, [this, j, alive = alive_] {
+    {
+      std::lock_guard lock(in_pool_->m);
+      ++in_pool_->n;
+    }
+    asio::post(*pool_, [this, j, alive = alive_, in = in_pool_] {
       j->run();
+      std::unique_lock lock(in->m);
+      struct done {
+        std::unique_lock<std::mutex>& lock;
+        in_pool& in;
+        ~done() {
+          --in.n;
+          lock.unlock();
+          in.cv.notify_all();
+        }
+      } end{lock, *in};
+      if (in->stopped) return;   // (the loop may be gone: nothing posted to it)
       asio::post(loop_, [this, j, alive] {
         if (!*alive) return;
         --running_count_;
@@ -477,6 +543,9 @@ void snapshot_service::register_metrics(metrics_registry& m) {
               [this] { return failed_; });
   m.add_value("walgate_snapshot_rows_total", "counter", "Rows sent by finished per-client snapshots.",
               [this] { return rows_; });
+  m.add_value("walgate_snapshots_rate_limited_total", "counter",
+              "Per-client snapshots refused (429): their address, their token's subject or their /v1/mux connection began too many in the last minute.",
+              [this] { return rate_limited_; });
 }
 
 }  // namespace walgate::proxy

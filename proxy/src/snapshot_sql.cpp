@@ -58,8 +58,13 @@ std::optional<std::unique_ptr<result_guard>> exec(PGconn* c, const std::string& 
 
 PGconn* connect(const std::string& conninfo, const char* application_name, long statement_timeout_ms,
                 std::string& error) {
-  const char* keys[] = {"dbname", "application_name", "client_encoding", "connect_timeout", nullptr};
-  const char* values[] = {conninfo.c_str(), application_name, "UTF8", "10", nullptr};
+  // TCP keepalives and tcp_user_timeout first (the conninfo may set its own): a server or a
+  // network that goes silent mid-copy ends the connection within about a minute, instead of a
+  // worker waiting in libpq for ever (and a shutdown waiting for the worker).
+  const char* keys[] = {"keepalives",       "keepalives_idle",  "keepalives_interval", "keepalives_count",
+                        "tcp_user_timeout", "dbname",           "application_name",    "client_encoding",
+                        "connect_timeout",  nullptr};
+  const char* values[] = {"1", "30", "10", "3", "60000", conninfo.c_str(), application_name, "UTF8", "10", nullptr};
   PGconn* c = PQconnectdbParams(keys, values, 1);
   if (!c || PQstatus(c) != CONNECTION_OK) {
     error = "cannot connect to PostgreSQL: " + one_line(c ? PQerrorMessage(c) : "out of memory");

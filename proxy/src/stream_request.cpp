@@ -219,6 +219,12 @@ std::optional<stream_request> parse_stream_query(std::string_view target, reques
         error = {"where", why};
         return std::nullopt;
       }
+      // Evaluated on every event the client passes over, on the event loop: bounded.
+      if (const std::size_t c = predicate::cost(*n); c > predicate::max_where_cost) {
+        error = {"where", "where is too complex: " + std::to_string(c) + " comparisons and list items, at most " +
+                              std::to_string(predicate::max_where_cost)};
+        return std::nullopt;
+      }
       r.where = std::make_shared<const predicate::node>(std::move(*n));
     } else if (key == "access_token") {
       if (!r.access_token.empty()) {
@@ -343,7 +349,9 @@ bool glob_match(std::string_view g, std::string_view t) {
 }
 
 bool matches(const stream_request& r, const logged_event& e) {
-  if (r.ops && !(r.ops & (1u << (static_cast<char>(e.kind) - 'a')))) return false;
+  // A read (a row of the initial snapshot) is an insert to ops=, as to grants.
+  const char op = e.kind == transform::op::read ? 'c' : static_cast<char>(e.kind);
+  if (r.ops && !(r.ops & (1u << (op - 'a')))) return false;
   if (r.granted && !r.granted->allows(e.schema, e.table, static_cast<char>(e.kind))) return false;
   if (r.tables.empty()) return true;
   if (e.table.empty()) return false;   // messages have no table

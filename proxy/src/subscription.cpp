@@ -157,6 +157,24 @@ bool router_decides(const stream_request& r, const std::vector<row_router::inter
   return true;
 }
 
+/// empty_transactions=true: whether e makes its transaction one the client of r may know of
+/// (its empty records, when it is sent none of it): e is of a table its token may see — the
+/// table and e's op granted (--policy), whatever rows its grants hold — that it asked for
+/// (tables=), or a logical message it may receive (granted; by prefixes=, or with no tables=),
+/// whatever its ops=, where= and row grants then leave of it. A transaction of tables (or
+/// messages) outside its grants or tables= alone is another's: its xid, commit LSN, time and
+/// origin are not sent. (Assumption: a grant of the table for other ops than e's does not make
+/// e's transaction known — the token may not see that op of it.)
+bool known_to(const stream_request& r, const logged_event& e, std::string_view prefix) {
+  if (r.granted && !r.granted->allows(e.schema, e.table, static_cast<char>(e.kind))) return false;
+  if (e.kind == transform::op::message && !r.prefixes.empty())
+    return std::any_of(r.prefixes.begin(), r.prefixes.end(), [&](const std::string& g) { return glob_match(g, prefix); });
+  if (r.tables.empty()) return true;
+  if (e.table.empty()) return false;   // (a message, with tables= and no prefixes=: not asked for)
+  return std::any_of(r.tables.begin(), r.tables.end(),
+                     [&](const table_pattern& t) { return t.schema == e.schema && (t.any || t.table == e.table); });
+}
+
 }  // namespace
 
 void resume_in_transaction(const log_reader& log, const stream_request& r, std::uint64_t& seq,
@@ -185,6 +203,7 @@ subscription::subscription(const log_reader& log, encoding_cache& encodings, str
       router_(router) {
   // (empty_transactions=true follows every transaction: it reads every event, never routed)
   if (router_ && !request_.empty_transactions) interests_ = interests_of(request_);
+  if (request_.where) event_cost_ = 1 + predicate::cost(*request_.where);
   exact_ = interests_ && router_decides(request_, *interests_);
   if (snapshot_) phase_ = phase::rows;
   // Where it resumes, should it end before an event: the id it started after.
@@ -239,8 +258,9 @@ void subscription::next_batch(std::vector<item>& out) {
   }
   waiting_ = false;
   int reads = 0;
+  work_ = 0;
   do read_some(out);
-  while (out.empty() && !ended() && !waiting_ && cursor_ < log_.visible_seq() && ++reads < 8);
+  while (out.empty() && !ended() && !waiting_ && cursor_ < log_.visible_seq() && ++reads < 8 && work_ < work_budget);
 }
 
 void subscription::read_some(std::vector<item>& out) {
@@ -288,6 +308,10 @@ void subscription::read_some(std::vector<item>& out) {
   out.reserve(out.size() + batch.size());   // (one allocation for the batch, not one per doubling)
   for (const auto& e : batch) {
     if (e->seq >= limit) break;
+    // The call's work is bounded by what its filters cost, not only by what it sends: a where=
+    // that matches nothing must not hold the event loop for a whole read of events.
+    if (work_ >= work_budget) break;
+    work_ += event_cost_;
     cursor_ = e->seq + 1;
     offset_ = e->end_offset;
     if (!take(e, out, bytes, window)) break;
@@ -483,11 +507,10 @@ bool subscription::take(const event_ptr& e, std::vector<item>& out, std::size_t&
     }
   }
   // empty_transactions=true: every transaction is followed, whatever this client is sent of it
-  // (one the snapshot saw is not: its rows are).
-  if (in_txn && request_.empty_transactions && !(window && snapshot_->covers(*e))) {
-    if (!txn_ && !open_txn(e, window ? kind::snapshot_change : kind::event, out)) return false;
-    if (!silent) txn_->fresh = true;
-  }
+  // (one the snapshot saw is not: its rows are); it has records of its own only if it is one
+  // this client may know of (fresh: below, once a message's prefix is known).
+  const bool follows = in_txn && request_.empty_transactions && !(window && snapshot_->covers(*e));
+  if (follows && !txn_ && !open_txn(e, window ? kind::snapshot_change : kind::event, out)) return false;
   // prefixes=: a logical message by its prefix, whatever tables= says (the record is read for it).
   std::string error;
   std::string_view prefix;
@@ -501,6 +524,7 @@ bool subscription::take(const event_ptr& e, std::vector<item>& out, std::size_t&
     prefix = c->message->prefix;   // (a view into the decoded record: copied below before the next decode)
   }
   std::string prefix_copy(prefix);
+  if (follows && !silent && known_to(request_, *e, prefix_copy)) txn_->fresh = true;
   if (e->kind == transform::op::message && !request_.prefixes.empty()) {
     if (request_.ops && !(request_.ops & (1u << ('m' - 'a')))) return true;
     if (request_.granted && !request_.granted->allows(e->schema, e->table, 'm')) return true;
@@ -542,8 +566,10 @@ bool subscription::take(const event_ptr& e, std::vector<item>& out, std::size_t&
   std::string signature;
   if (enc_ == encoding::pgoutput2json_compact) {
     sent = &schemas_sent_[e->schema + "." + e->table];
-    signature = encodings_.schema_signature(*e);
-    if (mask) signature += '\x1d' + *mask;   // (other columns: another "s")
+    // The signature of what its "s" shows: the columns of the mask alone (a hidden column's
+    // change sends no new "s"; other columns shown, another). Never empty, the mark of none sent
+    // (not even when every column is hidden).
+    signature = '\x1d' + encodings_.schema_signature(*e, mask);
     if (*sent != signature) want = encoding::pgoutput2json_schema;
   }
   auto p = mask ? encodings_.get_masked(*e, want, moved ? as : e->kind, *mask, error)

@@ -107,6 +107,7 @@ struct mux_session : session<Stream> {
   std::size_t next = 0;            // whose batch comes first in the next round
   std::shared_ptr<const identity> who;   // the connection's token (authentication on): its subscriptions'
   std::string peer;                // the client's address (the per-address limit)
+  std::deque<std::chrono::steady_clock::time_point> snapshots_begun;   // in the last minute (the per-connection limit)
   bool expired = false;            // the token expired: every subscription ends, then the connection (4001)
 
   mux_sub* find(std::string_view name) {
@@ -286,13 +287,27 @@ void on_client_message(mux_session<Stream>& m, std::string_view text, Send&& sen
   auto s = std::make_unique<mux_sub>(core, name);
   s->slot = std::move(slot);
   if (start.request.snapshot && !start.request.from) {
+    // subscribe/unsubscribe churn on one connection: at most per_connection_minute snapshots
+    // begun a minute (each a PostgreSQL session), besides the address's and the subject's.
+    const auto now = std::chrono::steady_clock::now();
+    while (!m.snapshots_begun.empty() && m.snapshots_begun.front() <= now - std::chrono::minutes(1))
+      m.snapshots_begun.pop_front();
+    if (const std::size_t per = core.snapshots.options().per_connection_minute; per && m.snapshots_begun.size() >= per) {
+      core.snapshots.count_rate_limited();
+      send(error_message(&name_json, 429, "snapshot",
+                         snapshot_service::rate_refusal("connection", per,
+                                                        m.snapshots_begun.front() - (now - std::chrono::minutes(1)))));
+      return;
+    }
     unsigned code = 0;
     std::string why;
-    auto job = core.snapshots.admit(start.request, core.encodings.encoder(), code, why);
+    auto job = core.snapshots.admit(start.request, core.encodings.encoder(), code, why, m.peer,
+                                    m.who ? std::string_view(m.who->subject) : std::string_view{});
     if (!job) {
       send(error_message(&name_json, code, "snapshot", why));
       return;
     }
+    m.snapshots_begun.push_back(now);
     job->set_wake([w = &m.wake] { w->cancel(); });
     s->job = std::move(job);
     s->start = std::move(start);

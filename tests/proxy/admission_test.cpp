@@ -83,6 +83,48 @@ TEST_CASE("admission: failed authentications of an address in a window, then a w
   CHECK(a.blocked("10.0.0.3", t0 + std::chrono::seconds(201)) == 59);
 }
 
+TEST_CASE("admission: genuine tokens refused for their claims, counted apart from failures with the same limit and window") {
+  admission::options o;
+  o.auth_failures = 3;
+  o.window = std::chrono::seconds(60);
+  admission a(o);
+  const auto t0 = clock_type::now();
+  // Two of each from one address: neither count is at the limit, and they do not add up.
+  for (int i = 0; i < 2; ++i) {
+    a.failed("10.0.0.1", t0);
+    a.claims_refused("10.0.0.1", t0 + std::chrono::seconds(i));
+  }
+  CHECK_FALSE(a.blocked("10.0.0.1", t0 + std::chrono::seconds(2)));
+  // A third expired token: the address waits until the window of its first one ends, and the
+  // count that is over is named.
+  a.claims_refused("10.0.0.1", t0 + std::chrono::seconds(5));
+  auto which = admission::count_kind::invalid_tokens;
+  auto wait = a.blocked("10.0.0.1", t0 + std::chrono::seconds(10), &which);
+  REQUIRE(wait);
+  CHECK(*wait == 50);
+  CHECK(which == admission::count_kind::refused_claims);
+  CHECK(a.blocked("10.0.0.1", t0 + std::chrono::milliseconds(59'001)) == 1);
+  CHECK_FALSE(a.blocked("10.0.0.1", t0 + std::chrono::seconds(60)));
+  CHECK_FALSE(a.blocked("10.0.0.2", t0 + std::chrono::seconds(10)));   // another address
+  // Both counts over: the longer wait, and its count.
+  for (int i = 0; i < 3; ++i) {
+    a.failed("10.0.0.3", t0);
+    a.claims_refused("10.0.0.3", t0 + std::chrono::seconds(30));
+    a.claims_refused("10.0.0.4", t0);
+    a.failed("10.0.0.4", t0 + std::chrono::seconds(30));
+  }
+  CHECK(a.blocked("10.0.0.3", t0 + std::chrono::seconds(40), &which) == 50);
+  CHECK(which == admission::count_kind::refused_claims);
+  CHECK(a.blocked("10.0.0.4", t0 + std::chrono::seconds(40), &which) == 50);
+  CHECK(which == admission::count_kind::invalid_tokens);
+  CHECK(a.blocked("10.0.0.3", t0 + std::chrono::seconds(70), &which) == 20);   // (the failures' window is over)
+  CHECK(which == admission::count_kind::refused_claims);
+  // No limit: nothing is counted.
+  admission none;
+  for (int i = 0; i < 10; ++i) none.claims_refused("10.0.0.1", t0);
+  CHECK_FALSE(none.blocked("10.0.0.1", t0));
+}
+
 TEST_CASE("admission: one log line per refusal, at most log_per_second a second, then one counting the rest") {
   admission::options o;
   o.log_per_second = 2;

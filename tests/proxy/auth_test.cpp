@@ -58,15 +58,26 @@ struct auth_setup {
 const char* upgrade_headers = "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
                               "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n";
 
+/// A socket to the gateway on 127.0.0.1 from the local address from (empty: any). Another
+/// loopback address than 127.0.0.1 (Linux routes all of 127.0.0.0/8 to lo) is another client
+/// address to the gateway's per-address limits.
+void connect_from(tcp::socket& s, std::uint16_t port, const std::string& from) {
+  if (!from.empty()) {
+    s.open(tcp::v4());
+    s.bind({asio::ip::make_address(from), 0});
+  }
+  s.connect({asio::ip::make_address("127.0.0.1"), port});
+}
+
 /// A request's status, WWW-Authenticate and body.
 struct answer {
   unsigned status = 0;
   std::string challenge, body, retry_after;
 };
-answer request(std::uint16_t port, const std::string& target, const std::string& headers = "") {
+answer request(std::uint16_t port, const std::string& target, const std::string& headers = "", const std::string& from = "") {
   asio::io_context io;
   tcp::socket s(io);
-  s.connect({asio::ip::make_address("127.0.0.1"), port});
+  connect_from(s, port, from);
   set_timeout(s, 10000);
   asio::write(s, asio::buffer("GET " + target + " HTTP/1.1\r\nHost: localhost\r\n" + headers + "\r\n"));
   beast::flat_buffer b;
@@ -74,6 +85,36 @@ answer request(std::uint16_t port, const std::string& target, const std::string&
   boost::system::error_code ec;
   http::read(s, b, res, ec);
   return {res.result_int(), std::string(res[http::field::www_authenticate]), res.body(), std::string(res[http::field::retry_after])};
+}
+
+/// The status of a request from the local address from, its header alone read: a stream's 200
+/// is seen without waiting for a body that does not end (the connection closes on return).
+unsigned status_from(std::uint16_t port, const std::string& target, const std::string& headers, const std::string& from) {
+  asio::io_context io;
+  tcp::socket s(io);
+  connect_from(s, port, from);
+  set_timeout(s, 10000);
+  asio::write(s, asio::buffer("GET " + target + " HTTP/1.1\r\nHost: localhost\r\n" + headers + "\r\n"));
+  beast::flat_buffer b;
+  http::response_parser<http::string_body> p;
+  boost::system::error_code ec;
+  http::read_header(s, b, p, ec);
+  return ec ? 0 : p.get().result_int();
+}
+
+/// /metrics as an operator reads it with --auth jwt: with a token that carries the admin claim
+/// (the default --metrics-claim, walgate_admin=true); from: as request()'s.
+std::string admin_metrics(std::uint16_t port, const std::string& token, const std::string& from = "") {
+  auto a = request(port, "/metrics", "Authorization: Bearer " + token + "\r\n", from);
+  REQUIRE_MESSAGE(a.status == 200, a.body);
+  return a.body;
+}
+/// The value of an unlabelled metric in admin_metrics() (required to be there).
+long long admin_metric(std::uint16_t port, const std::string& token, const std::string& name) {
+  const auto m = admin_metrics(port, token);
+  auto at = m.find("\n" + name + " ");
+  REQUIRE_MESSAGE(at != std::string::npos, name << " not in /metrics");
+  return std::atoll(m.c_str() + at + name.size() + 2);
 }
 
 /// A WebSocket client that offers subprotocols (and sends headers) of its choice.
@@ -181,6 +222,25 @@ TEST_CASE("bearer tokens on every stream endpoint: none, a bad one, one in two p
     CHECK(reply.at("parameter") == "access_token");
   }
 
+  // Tokens up to 16 KiB, by every carrier (the request limits leave room for them); past it, the
+  // token's own refusal (never 414 or 431 first).
+  {
+    std::string pad(11'500, 'p');
+    const std::string big = test::token(key, R"("pad":")" + pad + "\"", "k1");
+    REQUIRE(big.size() > 15'000);
+    REQUIRE(big.size() <= 16 * 1024);
+    stream_client h(g.port(), "/v1/stream", {{"Authorization", "Bearer " + big}});
+    CHECK(h.status() == 200);
+    stream_client q(g.port(), "/v1/stream?format=native&access_token=" + big);
+    CHECK(q.status() == 200);
+    ws_with w(g.port(), "/v1/ws", "walgate, bearer." + big);
+    CHECK_FALSE(w.ec);
+    const std::string over = test::token(key, R"("pad":")" + std::string(12'600, 'p') + "\"", "k1");
+    auto a = request(g.port(), "/v1/stream", "Authorization: Bearer " + over + "\r\n");
+    CHECK(a.status == 401);
+    CHECK(a.body.find("the token is longer than 16384 bytes") != std::string::npos);
+    CHECK(request(g.port(), "/v1/stream?access_token=" + over).status == 401);
+  }
   // A good token from each place: the stream.
   stream_client ndjson(g.port(), "/v1/stream", {{"Authorization", "Bearer " + good}});
   REQUIRE(ndjson.status() == 200);
@@ -205,8 +265,8 @@ TEST_CASE("bearer tokens on every stream endpoint: none, a bad one, one in two p
   CHECK(json::parse(ws.next()).at("after").at("v") == "one");
   CHECK(json::parse(ws_header.next()).at("after").at("v") == "one");
   CHECK(json::parse(mux.next()).at("data").at("after").at("v") == "one");
-  auto m = get_path(g.port(), "/metrics").second;
-  CHECK(m.find("walgate_auth_tokens_accepted_total 6") != std::string::npos);
+  auto m = admin_metrics(g.port(), test::token(key, R"("walgate_admin":true)", "k1"));
+  CHECK(m.find("walgate_auth_tokens_accepted_total 10") != std::string::npos);   // (six streams', the three of 16 KiB, and /metrics' own)
   CHECK(m.find("walgate_auth_key_reloads_total 1") != std::string::npos);
 }
 
@@ -270,7 +330,7 @@ TEST_CASE("a token that expires mid-stream ends the stream with where to resume;
   ws_with ws2(g.port(), "/v1/ws?from=" + last_id, "walgate, bearer." + fresh);
   REQUIRE_FALSE(ws2.ec);
   CHECK(json::parse(ws2.next()).at("after").at("id") == 6);
-  auto m = get_path(g.port(), "/metrics").second;
+  auto m = admin_metrics(g.port(), test::token(key, R"("walgate_admin":true)", "e"));
   CHECK(m.find("walgate_auth_expired_streams_total 4") != std::string::npos);
 }
 
@@ -474,7 +534,7 @@ ops = ["insert", "update", "delete", "message"]
   auto secret = ops_client.events(3);
   REQUIRE(secret.size() == 3);
   for (const auto& l : secret) CHECK(json::parse(l).at("table") == "gr_secret");
-  auto m = get_path(g.port(), "/metrics").second;
+  auto m = admin_metrics(g.port(), test::token(key, R"("walgate_admin":true)"));
   CHECK(m.find("walgate_auth_forbidden_total 7") != std::string::npos);
 
   // The policy changes (gr_orders no longer granted to sales): a connected stream keeps the
@@ -829,9 +889,12 @@ TEST_CASE("limits: streams per subject and per address, failed authentications p
   CHECK(retry >= 1);
   CHECK(retry <= 60);
   CHECK(request(g.port(), "/v1/mux", std::string(upgrade_headers) + "Authorization: Bearer " + bob + "\r\n").status == 429);
-  CHECK(request(g.port(), "/healthz").status == 200);   // (only stream requests wait)
+  CHECK(request(g.port(), "/healthz").status == 200);   // (only requests with a token to verify wait)
+  // /metrics verifies a token too: it waits as well; read from another address.
+  const std::string admin = test::token(key, R"("sub":"ops","walgate_admin":true)");
+  CHECK(request(g.port(), "/metrics", "Authorization: Bearer " + admin + "\r\n").status == 429);
 
-  auto metrics = get_path(g.port(), "/metrics").second;
+  auto metrics = admin_metrics(g.port(), admin, "127.0.0.2");
   auto metric = [&](const std::string& name) {
     auto at = metrics.find(name + " ");
     REQUIRE(at != std::string::npos);
@@ -840,7 +903,7 @@ TEST_CASE("limits: streams per subject and per address, failed authentications p
   CHECK(metric("walgate_refused_total{reason=\"subject_limit\"}") >= 3);   // (and while the stream that ended was let go)
   CHECK(metrics.find("walgate_refused_total{reason=\"address_limit\"} 1") != std::string::npos);
   CHECK(metrics.find("walgate_refused_total{reason=\"invalid_token\"} 3") != std::string::npos);
-  CHECK(metrics.find("walgate_refused_total{reason=\"auth_rate_limit\"} 2") != std::string::npos);
+  CHECK(metrics.find("walgate_refused_total{reason=\"auth_rate_limit\"} 3") != std::string::npos);   // (/metrics' too)
   std::vector<std::string> logged;
   {
     std::lock_guard lock(*m);
@@ -858,6 +921,59 @@ TEST_CASE("limits: streams per subject and per address, failed authentications p
     CHECK_MESSAGE(l.find(forged.substr(forged.rfind('.') + 1)) == std::string::npos, l);
     CHECK_MESSAGE(l.find(alice.substr(alice.rfind('.') + 1)) == std::string::npos, l);
   }
+}
+
+TEST_CASE("limits: genuine tokens refused for their claims (expired) count per address apart from forged ones; past the limit, 429 before any verification") {
+  auto& pg = test::cluster();
+  pg.sql("CREATE TABLE adm_exp(id int PRIMARY KEY); CREATE PUBLICATION adm_exp_pub FOR TABLE adm_exp");
+  auto key = test::rsa_key("RS256");   // (an RSA key: each verification is the dear kind)
+  auth_setup setup(key.jwk("r"));
+  setup.so.auth_failures_per_minute = 3;
+  running_gateway g("adm_exp_slot", "adm_exp_pub", setup.so);
+  // Genuine but expired two minutes ago (no leeway here); fresh; forged (an HMAC with the RSA
+  // key's kid: refused before any signature holds).
+  auto bearer = [](const std::string& t) { return "Authorization: Bearer " + t + "\r\n"; };
+  const std::string expired = bearer(test::token(key, "", "r", -120)), fresh = bearer(test::token(key, "", "r")),
+                    forged = bearer(test::token(test::hmac_key("HS256", std::string(32, 'x')), "", "r"));
+
+  // 127.0.0.1: two forged tokens and three expired ones, each 401 — neither count is past 3.
+  for (int i = 0; i < 2; ++i) CHECK(request(g.port(), "/v1/stream", forged).status == 401);
+  for (int i = 0; i < 3; ++i) {
+    auto a = request(g.port(), "/v1/stream", expired);
+    CHECK(a.status == 401);
+    CHECK(a.body.find("the token has expired") != std::string::npos);
+  }
+  // The fourth expired token: 429 with Retry-After, not verified; so is a fresh token from there,
+  // on every stream endpoint, until the minute ends.
+  auto waiting = request(g.port(), "/v1/stream", expired);
+  CHECK(waiting.status == 429);
+  CHECK(waiting.body.find("too many failed authentications from this address (genuine tokens refused for their claims") !=
+        std::string::npos);
+  CHECK(waiting.body.find("--auth-failures-per-minute") != std::string::npos);
+  const int retry = std::atoi(waiting.retry_after.c_str());
+  CHECK(retry >= 1);
+  CHECK(retry <= 60);
+  CHECK(request(g.port(), "/v1/stream", fresh).status == 429);
+  CHECK(request(g.port(), "/v1/mux", std::string(upgrade_headers) + fresh).status == 429);
+
+  // Another address is not held by it: a fresh token streams, an expired one is its own 401.
+  CHECK(status_from(g.port(), "/v1/stream", fresh, "127.0.0.2") == 200);
+  CHECK(request(g.port(), "/v1/stream", expired, "127.0.0.2").status == 401);
+  // The two counts do not add up: two forged and two expired tokens (4 refusals, the limit 3)
+  // leave an address served.
+  for (int i = 0; i < 2; ++i) {
+    CHECK(request(g.port(), "/v1/stream", forged, "127.0.0.3").status == 401);
+    CHECK(request(g.port(), "/v1/stream", expired, "127.0.0.3").status == 401);
+  }
+  CHECK(status_from(g.port(), "/v1/stream", fresh, "127.0.0.3") == 200);
+
+  // Verified: the 10 tokens answered 401 and the 2 fresh ones served (and /metrics' own, read
+  // from an address that does not wait); the 3 answered 429 never.
+  auto metrics = admin_metrics(g.port(), test::token(key, R"("walgate_admin":true)", "r"), "127.0.0.4");
+  CHECK(metrics.find("walgate_auth_tokens_refused_total 10\n") != std::string::npos);
+  CHECK(metrics.find("walgate_auth_tokens_accepted_total 3\n") != std::string::npos);
+  CHECK(metrics.find("walgate_refused_total{reason=\"invalid_token\"} 10\n") != std::string::npos);
+  CHECK(metrics.find("walgate_refused_total{reason=\"auth_rate_limit\"} 3\n") != std::string::npos);
 }
 
 TEST_CASE("--policy columns: columns outside a grant are in no field of any format, transport or snapshot") {
@@ -989,7 +1105,8 @@ rows = "tenant = {claims.tenant}"
   for (auto& c : clients) REQUIRE(c->status() == 200);
   REQUIRE(as_text.status() == 200);
   REQUIRE(scored.status() == 200);
-  auto metric = [&](const std::string& name) { return metric_of(g.port(), name); };
+  const std::string admin = test::token(key, R"("walgate_admin":true)");
+  auto metric = [&](const std::string& name) { return admin_metric(g.port(), admin, name); };
   // Caught up (nothing to read), each registers with the router at its first look at the log.
   pg.sql("INSERT INTO rr VALUES (0, 999, 'nobody''s')");
   REQUIRE_MESSAGE(test::wait_until([&] { return metric("walgate_routed_clients") == tenants + 3; }),
@@ -1076,7 +1193,8 @@ rows = "tenant in {claims.tenants}"
         bearer(test::token(key, "\"tenants\":[" + std::to_string(t) + "," + std::to_string(t + 1) + "]"))));
   for (auto& c : clients) REQUIRE(c->status() == 200);
   for (auto& c : keyed) REQUIRE(c->status() == 200);
-  auto metric = [&](const std::string& name) { return metric_of(g.port(), name); };
+  const std::string admin = test::token(key, R"("walgate_admin":true)");
+  auto metric = [&](const std::string& name) { return admin_metric(g.port(), admin, name); };
   pg.sql("INSERT INTO rx VALUES (0, 999, 'nobody''s')");
   pg.sql("INSERT INTO ry VALUES (999, 0, 'nobody''s')");
   REQUIRE_MESSAGE(test::wait_until([&] { return metric("walgate_routed_clients") == 2 * tenants + 4; }),
@@ -1161,4 +1279,76 @@ rows = "tenant in {claims.tenants}"
     CHECK_MESSAGE(rows == want, "tenants " << t << ", " << t + 1);
   }
   CHECK(metric("walgate_router_decided_total") - decided0 - decided > 100);
+}
+
+TEST_CASE("/metrics with --auth jwt: 401 without a token, 403 without the admin claim (--metrics-claim), 200 with it") {
+  auto& pg = test::cluster();
+  pg.sql("CREATE TABLE auth_met(id int PRIMARY KEY); CREATE PUBLICATION auth_met_pub FOR TABLE auth_met");
+  auto key = test::ec_key("ES256");
+  auth_setup setup(key.jwk("m"));
+  setup.so.metrics_cache = std::chrono::hours(1);   // (the clients' series kept for the whole test: see the end)
+  running_gateway g("auth_met_slot", "auth_met_pub", setup.so);
+  auto bearer = [](const std::string& t) { return "Authorization: Bearer " + t + "\r\n"; };
+
+  // No token: 401 with the Bearer challenge, as a stream request; it says which claim it takes.
+  auto none = request(g.port(), "/metrics");
+  CHECK(none.status == 401);
+  CHECK(none.challenge == "Bearer realm=\"walgate\"");
+  CHECK(none.body.find("walgate_admin=true") != std::string::npos);
+  CHECK(none.body.find("# HELP") == std::string::npos);
+  // In the header only: a URL's token (access logs keep URLs) is none here.
+  CHECK(request(g.port(), "/metrics?access_token=" + test::token(key, R"("walgate_admin":true)", "m")).status == 401);
+  // A token another key signed: 401 invalid_token.
+  auto forged = request(g.port(), "/metrics", bearer(test::token(test::ec_key("ES256"), R"("walgate_admin":true)", "m")));
+  CHECK(forged.status == 401);
+  CHECK(forged.challenge.find("error=\"invalid_token\"") != std::string::npos);
+  CHECK(forged.body.find("# HELP") == std::string::npos);
+
+  // A valid token: the figures with the claim (a JSON true, or the string "true"), else 403.
+  const std::string admin = test::token(key, R"("walgate_admin":true)", "m");
+  auto first = request(g.port(), "/metrics", bearer(admin));
+  CHECK(first.status == 200);
+  CHECK(first.body.find("\nwalgate_log_next_seq ") != std::string::npos);
+  CHECK(request(g.port(), "/metrics", bearer(test::token(key, R"("walgate_admin":"true")", "m"))).status == 200);
+  for (std::string claims : {"", R"("walgate_admin":false)", R"("walgate_admin":"yes")", R"("walgate_admin":1)", R"("admin":true)"}) {
+    INFO(claims);
+    auto a = request(g.port(), "/metrics", bearer(test::token(key, claims, "m")));
+    CHECK(a.status == 403);
+    CHECK(a.body.find("does not carry the claim walgate_admin=true") != std::string::npos);
+    CHECK(a.body.find("# HELP") == std::string::npos);
+  }
+  // The claim is for /metrics alone: a token without it streams.
+  stream_client c(g.port(), "/v1/stream", {{"Authorization", "Bearer " + test::token(key, "", "m")}});
+  REQUIRE(c.status() == 200);
+
+  // The other figures are read at each request; the clients' series (one sample per client) are
+  // kept (--metrics-cache here an hour): the new client is counted, its lag series not yet there.
+  auto again = request(g.port(), "/metrics", bearer(admin));
+  CHECK(again.status == 200);
+  CHECK(again.body.find("walgate_clients{transport=\"ndjson\"} 1\n") != std::string::npos);
+  CHECK(again.body.find("walgate_refused_total{reason=\"forbidden\"} 5\n") != std::string::npos);
+  CHECK(again.body.find("walgate_refused_total{reason=\"no_token\"} 2\n") != std::string::npos);
+  CHECK(first.body.find("walgate_client_lag_events{") == std::string::npos);
+  CHECK(again.body.find("walgate_client_lag_events{") == std::string::npos);
+  CHECK(again.body.find("walgate_client_lag_bytes{") == std::string::npos);
+}
+
+TEST_CASE("--metrics-claim: the claim equals the value — a string, a boolean or an integer as its JSON text, or an array holding one") {
+  auto who = [](const std::string& claims) {
+    walgate::proxy::identity i;
+    i.claims = json::parse(claims).as_object();
+    return i;
+  };
+  CHECK(proxy::claim_equals(who(R"({"walgate_admin":true})"), "walgate_admin", "true"));
+  CHECK(proxy::claim_equals(who(R"({"walgate_admin":"true"})"), "walgate_admin", "true"));
+  CHECK(proxy::claim_equals(who(R"({"walgate_admin":false})"), "walgate_admin", "false"));
+  CHECK_FALSE(proxy::claim_equals(who(R"({"walgate_admin":false})"), "walgate_admin", "true"));
+  CHECK_FALSE(proxy::claim_equals(who(R"({"walgate_admin":"True"})"), "walgate_admin", "true"));
+  CHECK_FALSE(proxy::claim_equals(who(R"({"walgate_admin":null})"), "walgate_admin", "true"));
+  CHECK_FALSE(proxy::claim_equals(who(R"({})"), "walgate_admin", "true"));
+  CHECK(proxy::claim_equals(who(R"({"roles":["reader","walgate-ops"]})"), "roles", "walgate-ops"));
+  CHECK_FALSE(proxy::claim_equals(who(R"({"roles":["reader"]})"), "roles", "walgate-ops"));
+  CHECK(proxy::claim_equals(who(R"({"level":7})"), "level", "7"));
+  CHECK_FALSE(proxy::claim_equals(who(R"({"level":7.0})"), "level", "7"));
+  CHECK_FALSE(proxy::claim_equals(who(R"({"ops":{"walgate":true}})"), "ops", "true"));
 }

@@ -16,10 +16,11 @@ struct run_result {
   int status = -1;
   std::string output;
 };
-run_result run(const std::string& args, const std::string& env = "") {
+/// output: stdout and stderr, or stderr only.
+run_result run(const std::string& args, const std::string& env = "", bool stderr_only = false) {
   // (Bounded: a run that does not end by itself — walgate serving, where the test expected it to
   // refuse — fails the check on its status, 124, rather than hanging the suite.)
-  std::string cmd = env + " timeout 60 " + std::string(WALGATE_BINARY) + " " + args + " 2>&1";
+  std::string cmd = env + " timeout 60 " + std::string(WALGATE_BINARY) + " " + args + (stderr_only ? " 2>&1 >/dev/null" : " 2>&1");
   run_result r;
   FILE* p = popen(cmd.c_str(), "r");
   std::array<char, 4096> buf{};
@@ -107,6 +108,39 @@ TEST_CASE("a wrong setting is a one-line error naming it") {
   auto demo = run("demo --listen 0.0.0.0:0", "WALGATE_PG='host=x bogus=1'");
   CHECK(demo.status == 2);
   CHECK(demo.output.find("is not a loopback address") != std::string::npos);
+}
+
+TEST_CASE("a flag a command does not take, a value missing or not taken: exit 2 with CLI11's message on stderr, on every command") {
+  // (docs/api.md: a wrong setting exits 2 — not CLI11's own codes, 109 for an unknown flag)
+  const std::string unknown = "The following argument was not expected: --no-such-flag";
+  const std::string edge = "edge --nats nats://127.0.0.1:4222 --nats-stream S ";
+  struct bad {
+    std::string args, says;
+  };
+  for (const auto& b : std::vector<bad>{
+           {base + "--no-such-flag", unknown},
+           {base + "--allow-unauthenticated=maybe", "Could not convert: --allow-unauthenticated = maybe"},
+           {base + "--slot", "--slot: 1 required TEXT missing"},
+           {base + "stray", "--data-dir: At Most 1 required but received 2"},
+           {edge + "--no-such-flag", unknown},
+           {edge + "--allow-unauthenticated=maybe", "Could not convert: --allow-unauthenticated = maybe"},
+           {edge + "--listen", "--listen: 1 required HOST:PORT missing"},
+           {"stream --publication p --no-such-flag", unknown},
+           {"stream --publication p --slot", "--slot: 1 required TEXT missing"},
+           {"demo --no-such-flag", unknown},
+           {"demo --listen", "--listen: 1 required HOST:PORT missing"},
+       }) {
+    auto r = run(b.args, "", /*stderr_only=*/true);
+    CHECK_MESSAGE(r.status == 2, b.args << " -> " << r.status);
+    CHECK_MESSAGE(r.output.find(b.says) != std::string::npos, b.args << " -> " << r.output);
+  }
+  // Help is not an error, on any command.
+  for (const char* help : {"--help", "edge --help", "stream --help", "demo --help"}) {
+    auto h = run(help);
+    CHECK_MESSAGE(h.status == 0, help);
+    const bool lists_flags = h.output.find("--listen") != std::string::npos || h.output.find("--slot") != std::string::npos;
+    CHECK_MESSAGE(lists_flags, help);
+  }
 }
 
 TEST_CASE("secure default: a non-loopback address needs --allow-unauthenticated") {

@@ -41,6 +41,10 @@ using namespace walgate;   // (asio, beast, http, websocket, json, tcp: from the
 
 using namespace walgate::test::fault_harness;
 
+namespace {
+/// /metrics' text, read with this bearer token when given (--auth jwt: one with the admin claim).
+std::string metrics_text(std::uint16_t port, const std::string& bearer = "");
+}  // namespace
 
 TEST_CASE("kill -9 of walgate at random moments: the resuming client's replay equals SELECT") {
   scenario sc("fk");
@@ -132,6 +136,12 @@ TEST_CASE("the initial snapshot under a writer, kill -9 in the middle of it: the
   REQUIRE(to != std::string::npos);
   const long last = std::strtol(log.c_str() + to + 5, nullptr, 10);
   REQUIRE(last >= 390'000);
+  // Over: /metrics names no table any more (per table only while it ran), only the totals.
+  const std::string metrics = metrics_text(sc.port);
+  CHECK(metrics.find("\nwalgate_initial_snapshot_running 0\n") != std::string::npos);
+  CHECK(metrics.find("table=") == std::string::npos);
+  CHECK(metrics.find("\nwalgate_initial_snapshot_rows " + std::to_string(last + 1) + "\n") != std::string::npos);
+  CHECK(metrics.find("\nwalgate_initial_snapshot_rows_estimated ") != std::string::npos);
   auto lines = first_lines(sc.port, "/v1/stream?format=debezium&from=" + cp + ":" + std::to_string(last - 2), 3);
   REQUIRE(lines.size() == 3);
   std::vector<std::string> marks;
@@ -565,11 +575,12 @@ unsigned stream_status(std::uint16_t port, const std::string& token) {
   http::read_header(s, buf, parser, ec);
   return ec ? 0 : parser.get().result_int();
 }
-std::string metrics_text(std::uint16_t port) {
+std::string metrics_text(std::uint16_t port, const std::string& bearer) {
   asio::io_context io;
   tcp::socket s(io);
   s.connect({asio::ip::make_address("127.0.0.1"), port});
-  asio::write(s, asio::buffer(std::string("GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")));
+  asio::write(s, asio::buffer("GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n" +
+                              (bearer.empty() ? std::string() : "Authorization: Bearer " + bearer + "\r\n") + "\r\n"));
   beast::flat_buffer buf;
   http::response<http::string_body> res;
   boost::system::error_code ec;
@@ -596,7 +607,10 @@ TEST_CASE("the walgate executable rotates its keys on a changed JWKS file and on
   // A client connected with key a's token; it streams on through the rotations.
   std::vector<std::string> got;
   std::thread client([&] { got = first_lines(sc.port, "/v1/stream?access_token=" + ta, 1); });
-  REQUIRE(test::wait_until([&] { return metrics_text(sc.port).find("walgate_clients{transport=\"ndjson\"} 1\n") != std::string::npos; }));
+  // (/metrics with --auth jwt: a token with the admin claim, --metrics-claim's default)
+  const std::string admin = test::token(a, R"("walgate_admin":true)", "a");
+  REQUIRE(test::wait_until(
+      [&] { return metrics_text(sc.port, admin).find("walgate_clients{transport=\"ndjson\"} 1\n") != std::string::npos; }));
   // The provider publishes b in place of a: seen within the 2 s poll, no signal.
   write_jwks(jwks, b.jwk("b"));
   REQUIRE_MESSAGE(test::wait_until([&] { return sc.gw.log().find("a key file changed: read again, 1 key(s)") != std::string::npos; },
@@ -887,4 +901,53 @@ TEST_CASE("differential: walgate's log equals a second slot's decoding — messa
   CHECK(sc.streamed() > 0);
   CHECK(sc.gw.log().find("reconnecting") != std::string::npos);
   admin.exec("SELECT pg_drop_replication_slot('dx_ref')");
+}
+
+TEST_CASE("SIGTERM while a snapshot's backend answers nothing (stopped, cancel and all): walgate still exits within seconds") {
+  scenario sc("fq");
+  auto& pg = test::cluster();
+  pg.sql("INSERT INTO fq_a SELECT g, md5(g::text) FROM generate_series(1, 1000) g");
+  sc.start_streaming();
+  // The table locked: the snapshot's COPY waits for the lock inside libpq; then its backend is
+  // stopped, so that not even the cancel walgate sends at shutdown is answered.
+  sql_conn locker(pg.conninfo());
+  REQUIRE(locker.exec("BEGIN; LOCK TABLE fq_a IN ACCESS EXCLUSIVE MODE"));
+  std::thread reader([&] { first_lines(sc.port, "/v1/stream?snapshot=true&tables=public.fq_a", 1); });
+  sql_conn admin(pg.conninfo());
+  std::string backend;
+  REQUIRE(test::wait_until(
+      [&] {
+        std::vector<std::vector<std::string>> rows;
+        admin.exec("SELECT pid FROM pg_stat_activity WHERE application_name = 'walgate snapshot' AND wait_event_type = 'Lock'",
+                   &rows);
+        if (rows.empty()) return false;
+        backend = rows[0][0];
+        return true;
+      },
+      std::chrono::seconds(30)));
+  const pid_t stopped = static_cast<pid_t>(std::stol(backend));
+  REQUIRE(::kill(stopped, SIGSTOP) == 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  REQUIRE(::kill(sc.gw.pid, SIGTERM) == 0);
+  int status = 0;
+  pid_t done = 0;
+  while (done == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) {
+    done = ::waitpid(sc.gw.pid, &status, WNOHANG);
+    if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::kill(stopped, SIGCONT);   // (the backend goes on, and is cancelled)
+  locker.exec("ROLLBACK");
+  if (done == 0) {   // (still running: killed, so that the test ends; the CHECK below fails)
+    ::kill(sc.gw.pid, SIGKILL);
+    ::waitpid(sc.gw.pid, &status, 0);
+  }
+  sc.gw.pid = -1;
+  sc.gw.reader.join();
+  reader.join();
+  MESSAGE("walgate exited " << took << " s after SIGTERM");
+  CHECK_MESSAGE(done > 0, "walgate did not exit within 30 s of SIGTERM:\n" << sc.gw.log());
+  CHECK(took < 15);
+  CHECK(WIFEXITED(status));
+  CHECK(sc.gw.log().find("a snapshot connection did not end within 5 s of its cancel") != std::string::npos);
 }

@@ -10,6 +10,7 @@
 #include "walgate/transform/record.hpp"
 
 #include "fault_harness.hpp"
+#include "jwt_helpers.hpp"
 #include "nats_harness.hpp"
 
 #include <doctest/doctest.h>
@@ -22,7 +23,7 @@ using namespace walgate::test::nats_harness;
 
 namespace {
 
-std::string http_get(std::uint16_t port, const std::string& target) {
+std::string http_get(std::uint16_t port, const std::string& target, const std::string& bearer = {}) {
   asio::io_context io;
   tcp::socket s(io);
   boost::system::error_code ec;
@@ -30,6 +31,7 @@ std::string http_get(std::uint16_t port, const std::string& target) {
   if (ec) return {};
   http::request<http::empty_body> req{http::verb::get, target, 11};
   req.set(http::field::host, "localhost");
+  if (!bearer.empty()) req.set(http::field::authorization, "Bearer " + bearer);
   http::write(s, req, ec);
   if (ec) return {};
   beast::flat_buffer b;
@@ -38,9 +40,10 @@ std::string http_get(std::uint16_t port, const std::string& target) {
   return ec ? std::string() : res.body();
 }
 
-/// A metric's value from walgate's /metrics (-1: not there, or walgate not answering).
-long long metric(std::uint16_t port, const std::string& name) {
-  const std::string text = http_get(port, "/metrics");
+/// A metric's value from walgate's /metrics (-1: not there, or walgate not answering); with
+/// --auth jwt, bearer is a token with the admin claim.
+long long metric(std::uint16_t port, const std::string& name, const std::string& bearer = {}) {
+  const std::string text = http_get(port, "/metrics", bearer);
   const auto at = text.find("\n" + name + " ");
   if (at == std::string::npos) return -1;
   return std::stoll(text.substr(at + name.size() + 2));
@@ -228,6 +231,7 @@ TEST_CASE("JetStream origin: under kill -9 of walgate, of NATS nodes and all of 
     const long long logged_after = metric(sc.port, "walgate_log_next_seq");
     CHECK(logged_after > logged_before);
     CHECK(metric(sc.port, "walgate_nats_publish_lag_events") > 0);
+    CHECK(metric(sc.port, "walgate_nats_publish_lag_bytes") > 0);
     CHECK(metric(sc.port, "walgate_nats_connected") == 0);
     for (std::size_t i = 0; i < 3; ++i) nats.start(i);
     for (std::size_t i = 0; i < 3; ++i) nats.wait_listening(i);
@@ -246,6 +250,8 @@ TEST_CASE("JetStream origin: under kill -9 of walgate, of NATS nodes and all of 
                   sc.gw.log());
   const long long logged = metric(sc.port, "walgate_log_next_seq");
   CHECK(metric(sc.port, "walgate_nats_fault") == 0);
+  // (caught up, the byte lag is 0 too: not the last transaction's commit frame)
+  CHECK(metric(sc.port, "walgate_nats_publish_lag_bytes") == 0);
 
   // The stream, message by message.
   stream_reader r(nats.urls(), stream);
@@ -395,6 +401,9 @@ TEST_CASE("JetStream origin: an event larger than the servers' max_payload stops
   sql_conn q(test::cluster().conninfo());
   REQUIRE(q.exec("INSERT INTO jsp_a VALUES (1, 'small')"));
   REQUIRE(test::wait_until([&] { return metric(sc.port, "walgate_nats_stream_last_seq") == 1; }, std::chrono::seconds(30)));
+  // Caught up: no lag, in events or in bytes (the commit frame after the last event is not lag).
+  REQUIRE(test::wait_until([&] { return metric(sc.port, "walgate_nats_publish_lag_events") == 0; }, std::chrono::seconds(30)));
+  CHECK(metric(sc.port, "walgate_nats_publish_lag_bytes") == 0);
   REQUIRE(q.exec("INSERT INTO jsp_a VALUES (2, repeat('x', 20000))"));
   REQUIRE(q.exec("INSERT INTO jsp_a VALUES (3, 'after it')"));
   REQUIRE_MESSAGE(test::wait_until([&] { return sc.gw.log().find("more than the NATS servers take (max_payload 8192)") != std::string::npos; },
@@ -404,6 +413,7 @@ TEST_CASE("JetStream origin: an event larger than the servers' max_payload stops
   // Not skipped: the stream still ends at the event before it, the rest waits in the log.
   CHECK(metric(sc.port, "walgate_nats_stream_last_seq") == 1);
   CHECK(metric(sc.port, "walgate_nats_publish_lag_events") == 2);
+  CHECK(metric(sc.port, "walgate_nats_publish_lag_bytes") > 20000);   // (the large event's frame among them)
   stream_reader r(nats.url(0), "WG_JSP");
   auto st = r.state();
   REQUIRE(st);
@@ -604,7 +614,9 @@ TEST_CASE("walgate edge: serves while NATS is unreachable (not ready); SIGHUP an
   REQUIRE_MESSAGE(test::wait_until([&] { return p.listening.load(); }, std::chrono::seconds(30)), p.log());
   CHECK(http_get(port, "/healthz") == "{\"status\":\"ok\"}\n");
   CHECK(http_get(port, "/readyz").find("not streaming") != std::string::npos);
-  CHECK(metric(port, "walgate_edge_consuming") == 0);
+  CHECK(metric(port, "walgate_edge_consuming", test::token(test::hmac_key("HS256", std::string(40, 'k')),
+                                                           R"("walgate_admin":true)")) == 0);
+  CHECK(metric(port, "walgate_edge_consuming") == -1);   // (/metrics needs the admin claim under --auth jwt)
   ::kill(p.pid, SIGHUP);
   CHECK_MESSAGE(test::wait_until([&] { return p.log().find("SIGHUP: key files read again: 1 key(s)") != std::string::npos; },
                                  std::chrono::seconds(10)),

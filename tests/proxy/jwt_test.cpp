@@ -303,6 +303,66 @@ TEST_CASE("JWKS documents: every key checked, each fault named") {
   CHECK(error == "the HMAC secret has 9 bytes: at least 32 are needed (RFC 7518 3.2)");
 }
 
+TEST_CASE("RSA keys are checked as they are read: e odd, at least 3, at most 256 bits; n and e by OpenSSL's public check") {
+  auto rsa = test::rsa_key("RS256");
+  const std::string n_bytes = test::bn_param(rsa.pkey.get(), OSSL_PKEY_PARAM_RSA_N);
+  auto doc = [](const std::string& n, const std::string& e) {
+    return R"({"keys":[{"kty":"RSA","kid":"r","n":")" + b64u(n) + R"(","e":")" + e + R"("}]})";
+  };
+  auto refused = [](const std::string& d) {
+    std::string error;
+    auto s = jwt::key_set::from_jwks(d, error);
+    CHECK_MESSAGE(!s, d);
+    return error;
+  };
+  // e = 1 ("AQ"): every message is its own signature, anyone would sign any token. Refused, as
+  // are an even e (no RSA key), e = 0 and a 1 with leading zero bytes (the same number).
+  const std::string odd = ": it must be odd and at least 3 (65537 is usual)";
+  CHECK(refused(doc(n_bytes, "AQ")) == "key 0 (kid r): e (the public exponent) is 1" + odd);
+  CHECK(refused(doc(n_bytes, "AAE")) == "key 0 (kid r): e (the public exponent) is 1" + odd);
+  CHECK(refused(doc(n_bytes, "Ag")) == "key 0 (kid r): e (the public exponent) is 2" + odd);
+  CHECK(refused(doc(n_bytes, "AA")) == "key 0 (kid r): e (the public exponent) is 0" + odd);
+  CHECK(refused(doc(n_bytes, b64u(std::string("\x01\x00\x00", 3)))) == "key 0 (kid r): e (the public exponent) is 65536" + odd);
+  CHECK(refused(doc(n_bytes, b64u(std::string(8, '\x02')))) == "key 0 (kid r): e (the public exponent) is even" + odd);
+  // Over 256 bits (SP 800-56B's bound): refused, odd or not.
+  CHECK(refused(doc(n_bytes, b64u("\x01" + std::string(31, '\0') + "\x01"))) ==
+        "key 0 (kid r): e (the public exponent) has 257 bits: at most 256");
+  // n refused by EVP_PKEY_public_check: even, or with a small factor (n times 3).
+  std::string even = n_bytes;
+  even.back() = static_cast<char>(even.back() & ~1);
+  const std::string not_a_key = "key 0 (kid r): n and e are not an RSA public key";
+  auto e1 = refused(doc(even, "AQAB"));
+  CHECK_MESSAGE(e1.starts_with(not_a_key), e1);
+  CHECK_MESSAGE(e1.ends_with(": EVP_PKEY_public_check refused them"), e1);
+  BIGNUM* tripled = BN_bin2bn(reinterpret_cast<const unsigned char*>(n_bytes.data()), static_cast<int>(n_bytes.size()), nullptr);
+  REQUIRE(tripled != nullptr);
+  REQUIRE(BN_mul_word(tripled, 3) == 1);
+  const std::string by_three = test::bn_bytes(tripled);
+  BN_free(tripled);
+  auto e2 = refused(doc(by_three, "AQAB"));
+  CHECK_MESSAGE(e2.starts_with(not_a_key), e2);
+  // The usual e = 65537 ("AQAB") and the smallest one allowed, 3: read; a token of the 65537
+  // key verifies (and with e = 3 the same n verifies nothing of that key's: another key).
+  std::string error;
+  auto three = jwt::key_set::from_jwks(doc(n_bytes, "Aw"), error);
+  REQUIRE_MESSAGE(three, error);
+  auto usual = jwt::key_set::from_jwks(doc(n_bytes, "AQAB"), error);
+  REQUIRE_MESSAGE(usual, error);
+  CHECK(accepted(test::token(rsa, "", "r"), *usual));
+  CHECK(refusal(test::token(rsa, "", "r"), *three) == "the token's signature is not valid");
+  for (const char* alg : {"PS256", "RS512"}) {
+    auto k = test::rsa_key(alg);
+    CHECK(accepted(test::token(k, "", "k"), jwks_of(k.jwk("k"))));
+  }
+  // EC keys (checked by the same OpenSSL call) and Ed25519 ones are read and verify as before.
+  for (const char* alg : {"ES256", "ES384", "ES512"}) {
+    auto k = test::ec_key(alg);
+    CHECK(accepted(test::token(k, "", "e"), jwks_of(k.jwk("e", true))));
+  }
+  auto ed = test::ed25519_key();
+  CHECK(accepted(test::token(ed, "", "d"), jwks_of(ed.jwk("d"))));
+}
+
 TEST_CASE("the authenticator: key files, reloaded when they change; a bad reload keeps the keys in use") {
   test::temp_dir dir;
   auto a = test::ec_key("ES256"), b = test::ed25519_key();

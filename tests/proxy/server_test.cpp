@@ -19,6 +19,8 @@
 
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
+
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -810,6 +812,129 @@ TEST_CASE("a resume position older than the retained log is 410 Gone") {
   CHECK(rest[1] == all[199]);
 }
 
+namespace {
+/// A TCP connection to the gateway from a loopback address of choice (127.0.0.x).
+int socket_from(std::uint16_t port, const char* from) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in local{};
+  local.sin_family = AF_INET;
+  REQUIRE(::inet_pton(AF_INET, from, &local.sin_addr) == 1);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof local) == 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  return fd;
+}
+/// True once the peer has closed fd (within ms).
+bool closed_by_peer(int fd, int ms) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, ms) <= 0) return false;
+  char c;
+  return ::recv(fd, &c, 1, MSG_DONTWAIT) == 0;
+}
+}  // namespace
+
+TEST_CASE("idle connections never keep others out: an address's waiting connections give way to its new one, and all to anyone's") {
+  setup_tables("idlc");
+  server_options so;
+  so.max_clients = 100;
+  so.max_other_connections = 10;
+  so.max_connections_per_address = 3;
+  so.header_timeout = std::chrono::milliseconds(60'000);   // (idle ones would otherwise go by themselves)
+  running_gateway g("idlc_slot", "idlc_pub", so);
+  // One address opens connections and sends nothing (idle keep-alives, tricklers): a burst of 8,
+  // past its 3. A burst is let in (none of its own has waited a second yet). (Before, such
+  // connections held their places until --max-clients + 256 were open and accepting stopped.)
+  std::vector<int> idle;
+  for (int i = 0; i < 8; ++i) idle.push_back(socket_from(g.port(), "127.0.0.2"));
+  for (int fd : idle) CHECK_FALSE(closed_by_peer(fd, 20));
+  // Once they have waited a second, each newcomer of that address takes its oldest one's place.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  idle.push_back(socket_from(g.port(), "127.0.0.2"));
+  CHECK(closed_by_peer(idle[0], 5000));
+  CHECK_FALSE(closed_by_peer(idle[1], 50));
+  idle.push_back(socket_from(g.port(), "127.0.0.2"));
+  CHECK(closed_by_peer(idle[1], 5000));
+  CHECK_FALSE(closed_by_peer(idle[2], 50));
+  // Others come in beside them; at 10 in all, a newcomer takes the oldest waiting place of any.
+  std::vector<int> others;
+  for (const char* a : {"127.0.0.3", "127.0.0.4"}) others.push_back(socket_from(g.port(), a));
+  CHECK_FALSE(closed_by_peer(idle[2], 50));
+  others.push_back(socket_from(g.port(), "127.0.0.5"));
+  CHECK(closed_by_peer(idle[2], 5000));
+  // Requests still get answers, streams too, however many idle connections were opened.
+  CHECK(get_path(g.port(), "/healthz").first == 200);
+  stream_client c(g.port(), "/v1/stream");
+  CHECK(c.status() == 200);
+  const auto metrics = get_path(g.port(), "/metrics").second;
+  const auto at = metrics.find("\nwalgate_connections_replaced_total ");
+  REQUIRE(at != std::string::npos);
+  CHECK(std::stoll(metrics.substr(at + 36)) >= 3);
+  // An address whose own are all new (none has waited a second) and as many as all may hold: 429.
+  std::vector<int> burst;
+  for (int i = 0; i < 10; ++i) burst.push_back(socket_from(g.port(), "127.0.0.7"));
+  const int refused = socket_from(g.port(), "127.0.0.7");
+  pollfd p{refused, POLLIN, 0};
+  REQUIRE(::poll(&p, 1, 5000) == 1);
+  char buf[512];
+  const ssize_t n = ::recv(refused, buf, sizeof buf, 0);
+  REQUIRE(n > 0);
+  const std::string answer(buf, static_cast<std::size_t>(n));
+  CHECK_MESSAGE(answer.rfind("HTTP/1.1 429 Too Many Requests\r\n", 0) == 0, answer);
+  CHECK(answer.find("--max-connections-per-address") != std::string::npos);
+  ::close(refused);
+  for (int fd : burst) ::close(fd);
+  for (int fd : idle) ::close(fd);
+  for (int fd : others) ::close(fd);
+}
+
+TEST_CASE("snapshot churn is rate-limited: per /v1/mux connection, per address, over /v1/stream and /v1/mux") {
+  setup_tables("churn");
+  server_options so;
+  so.snapshot.per_connection_minute = 2;
+  so.snapshot.per_address_minute = 4;
+  running_gateway g("churn_slot", "churn_pub", so);
+  auto refusal_of = [](ws_client& mux, const std::string& sub) {
+    for (int i = 0; i < 50; ++i) {
+      auto next = mux.messages(1);
+      if (next.empty()) break;
+      if (next[0].find(R"({"sub":")" + sub + R"(","type":)") != std::string::npos &&
+          next[0].find(R"("type":"end")") == std::string::npos)
+        return next[0];
+    }
+    return std::string();
+  };
+  {  // subscribe/unsubscribe churn on one connection: its third snapshot in a minute is refused
+    ws_client mux(g.port(), "/v1/mux");
+    mux.ws.text(true);
+    for (const char* id : {"a", "b"}) {
+      mux.ws.write(asio::buffer(R"({"type":"subscribe","id":")" + std::string(id) +
+                                R"(","snapshot":true,"tables":"public.churn_items"})"));
+      CHECK(refusal_of(mux, id) == R"({"sub":")" + std::string(id) + R"(","type":"subscribed"})");
+      mux.ws.write(asio::buffer(R"({"type":"unsubscribe","id":")" + std::string(id) + "\"}"));
+    }
+    mux.ws.write(asio::buffer(std::string(R"({"type":"subscribe","id":"c","snapshot":true,"tables":"public.churn_items"})")));
+    const auto refused = refusal_of(mux, "c");
+    CHECK_MESSAGE(refused.find(R"("status":429)") != std::string::npos, refused);
+    CHECK_MESSAGE(refused.find("too many snapshots begun by this connection (limit 2 a minute)") != std::string::npos, refused);
+  }
+  // The address began 2 (the connection's); 2 more, then 429.
+  for (int i = 0; i < 2; ++i) {
+    stream_client c(g.port(), "/v1/stream?snapshot=true&tables=public.churn_items");
+    CHECK(c.status() == 200);
+  }
+  auto [code, body] = get_path(g.port(), "/v1/stream?snapshot=true&tables=public.churn_items");
+  CHECK(code == 429);
+  CHECK_MESSAGE(body.find("too many snapshots begun by this address (limit 4 a minute)") != std::string::npos, body);
+  stream_client plain(g.port(), "/v1/stream?tables=public.churn_items");   // (streams without a snapshot: not limited)
+  CHECK(plain.status() == 200);
+  const auto metrics = get_path(g.port(), "/metrics").second;
+  CHECK(metrics.find("walgate_snapshots_rate_limited_total 2") != std::string::npos);
+}
+
 TEST_CASE("bad requests: 400 naming the parameter, 404, 414, 431, trickled headers, WebSocket 1007 and 1009") {
   setup_tables("bad");
   server_options so;
@@ -831,9 +956,9 @@ TEST_CASE("bad requests: 400 naming the parameter, 404, 414, 431, trickled heade
   }
   CHECK(get_path(g.port(), "/nope").first == 404);
   CHECK(get_path(g.port(), "/v1/ws").first == 426);   // no upgrade
-  CHECK(get_path(g.port(), "/v1/stream?from=" + std::string(5000, '0')).first == 414);
-  CHECK(get(g.port(), "GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(9000, 'a') + "\r\n\r\n").first == 431);
-  CHECK(get(g.port(), "GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(20000, 'a') + "\r\n\r\n").first == 431);
+  CHECK(get_path(g.port(), "/v1/stream?from=" + std::string(21000, '0')).first == 414);
+  CHECK(get(g.port(), "GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(25000, 'a') + "\r\n\r\n").first == 431);
+  CHECK(get(g.port(), "GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(60000, 'a') + "\r\n\r\n").first == 431);
 
   {  // headers trickled byte by byte: the connection is closed at the header deadline
     asio::io_context io;

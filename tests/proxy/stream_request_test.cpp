@@ -48,6 +48,17 @@ TEST_CASE("stream parameters: formats, filters, resume ids; a bad one names itse
   CHECK(matches(*r, e));
   e.kind = walgate::transform::op::update;
   CHECK_FALSE(matches(*r, e));
+  // A read (the initial snapshot's rows in the log) is an insert to ops=, as to grants.
+  e.kind = walgate::transform::op::read;
+  CHECK(matches(*r, e));
+  auto changes = parse_stream_query("/v1/stream?ops=insert,update,delete", err);
+  REQUIRE(changes);
+  CHECK(matches(*changes, e));
+  auto no_insert = parse_stream_query("/v1/stream?ops=update,delete", err);
+  REQUIRE(no_insert);
+  CHECK_FALSE(matches(*no_insert, e));
+  e.kind = walgate::transform::op::update;
+  CHECK(matches(*no_insert, e));
   e.kind = walgate::transform::op::delete_;
   e.table = "other";
   CHECK_FALSE(matches(*r, e));

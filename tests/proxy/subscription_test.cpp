@@ -1,6 +1,7 @@
 // The subscription without sockets: a real event log in a temporary directory, read the way a
 // transport reads it (next_batch, delivered), with every close reason and limit.
 #include "walgate/proxy/event_log.hpp"
+#include "walgate/proxy/policy.hpp"
 #include "walgate/proxy/subscription.hpp"
 
 #include "temp_dir.hpp"
@@ -99,6 +100,29 @@ struct writer {
       changes.push_back(c);
     }
     REQUIRE(log.append(t, changes));
+    REQUIRE(log.sync());
+  }
+  /// One transaction of a transactional logical message alone (its content: the prefix).
+  std::deque<pg::message> messages;
+  void message(event_log& log, const std::string& prefix) {
+    auto& t = txns.emplace_back();
+    t.xid = xid ? xid++ : 0;
+    t.commit_lsn = lsn{next_lsn};
+    t.end_lsn = lsn{next_lsn + 8};
+    next_lsn += 0x100;
+    values.push_back(prefix);
+    auto& m = messages.emplace_back();
+    m.xid = t.xid;
+    m.transactional = true;
+    m.message_lsn = lsn{t.commit_lsn.value - 1};
+    m.prefix = values.back();
+    m.content = protocol::as_bytes(values.back());
+    transform::change c;
+    c.kind = transform::op::message;
+    c.txn = &t;
+    c.change_lsn = m.message_lsn;
+    c.message = &m;
+    REQUIRE(log.append(t, {c}));
     REQUIRE(log.sync());
   }
   void txn(event_log& log, pg::cached_relation& rel, int n, transform::op kind = transform::op::insert,
@@ -225,6 +249,40 @@ TEST_CASE("subscription: table and op filters, resume id, eager encodings for un
   CHECK(all.lag_bytes() > 0);
   CHECK(ids(drain(all)).size() == 3);
   CHECK(all.lag_bytes() == 0);
+}
+
+TEST_CASE("subscription: a costly where= that matches nothing does bounded work per call, and gets through") {
+  fixture f;
+  for (int i = 0; i < 50; ++i) f.w.txn(*f.log, f.w.a, 100);   // 5,000 events
+  std::string list = "id%20in%20(";
+  for (int i = 1; i <= 500; ++i) list += (i > 1 ? "," : "") + std::to_string(-i);
+  list += ")";
+  subscription s(*f.log, *f.enc, f.request("/v1/stream?from=0/0:0&where=" + list), 0, std::nullopt, {});
+  std::vector<subscription::item> batch;
+  s.next_batch(batch);
+  CHECK(batch.empty());
+  CHECK(s.pending());   // its work ran out, more to look at: the transport lets others run first
+  int calls = 1;
+  while (s.pending() && calls < 10'000) {
+    s.next_batch(batch);
+    CHECK(batch.empty());
+    ++calls;
+  }
+  CHECK_FALSE(s.pending());
+  CHECK_FALSE(s.ended());
+  // 501 per event (the predicate's 500 items and the event), 32,768 a call: at most 65 events a
+  // call, where the old bound was 8 reads of 512.
+  CHECK(calls >= 5000 / 66);
+  MESSAGE("5,000 events through a 500-item where=: " << calls << " calls");
+  // And where= past the bound is refused (its cost: comparisons and list items).
+  std::string big = "id%20in%20(";
+  for (int i = 1; i <= 600; ++i) big += (i > 1 ? "," : "") + std::to_string(i);
+  big += ")";
+  request_error err;
+  CHECK_FALSE(parse_stream_query("/v1/stream?where=" + big, err));
+  CHECK(err.parameter == "where");
+  CHECK_MESSAGE(err.message.find("where is too complex: 601 comparisons and list items, at most 512") != std::string::npos,
+                err.message);
 }
 
 TEST_CASE("subscription: a batch ends at its byte budget or its event count, from memory and from disk") {
@@ -457,6 +515,78 @@ TEST_CASE("subscription: pgoutput2json compact sends a table's schema first and 
   CHECK(del[0][0].id == del[0][1].id);
   CHECK(text(del[0][1]).find("\"value\":null}") != std::string::npos);
   CHECK(text(del[0][1]).rfind("{\"key\":{\"id\":", 0) == 0);
+}
+
+TEST_CASE("subscription: pgoutput2json compact with column grants — its s is of the columns shown, not sent again for a "
+          "hidden column's change") {
+  // Issue 32, item 12: the "s" sent again when a column the token does not see was retyped,
+  // renamed or added told the client of that change (its signature was of the whole table).
+  fixture f;
+  std::string error;
+  auto p = policy::parse("[[grant]]\ntables = [\"public.emp\"]\ncolumns = [\"id\"]\n", error);
+  REQUIRE_MESSAGE(p, error);
+  auto r = f.request("/v1/stream?format=pgoutput2json&compact=true");
+  REQUIRE_FALSE(authorize(p->grants_for(boost::json::object{}), r));
+  subscription s(*f.log, *f.enc, r, 0, std::nullopt, {});
+  pg::cached_relation emp;
+  emp.oid = 3;
+  emp.nspname = "public";
+  emp.relname = "emp";
+  emp.columns = {{"id", 23, -1, true}, {"salary", 1700, -1, false}};
+  std::deque<protocol::transaction_info> txns;
+  std::deque<std::string> values;
+  std::deque<std::vector<pg::tuple_column>> rows;
+  // One transaction of one insert of (id, "1000", …) with emp's columns as they are now.
+  auto insert = [&](int id) {
+    auto& t = txns.emplace_back();
+    t.commit_lsn = lsn{f.w.next_lsn};
+    t.end_lsn = lsn{f.w.next_lsn + 8};
+    f.w.next_lsn += 0x100;
+    auto& row = rows.emplace_back();
+    for (std::size_t i = 0; i < emp.columns.size(); ++i) {
+      values.push_back(i == 0 ? std::to_string(id) : "1000");
+      row.push_back({pg::column_kind::text, protocol::as_bytes(values.back())});
+    }
+    transform::change c;
+    c.txn = &t;
+    c.change_lsn = lsn{t.commit_lsn.value - 1};
+    c.relation = &emp;
+    c.after = row;
+    REQUIRE(f.log->append(t, {c}));
+    REQUIRE(f.log->sync());
+  };
+  auto lines = [&] {
+    std::vector<std::string> out;
+    for (const auto& b : drain(s))
+      for (const auto& i : b) out.push_back(text(i));
+    return out;
+  };
+  const std::string shown = R"("s":["public.emp",["id",1,23]])";
+  insert(1);
+  insert(2);
+  auto first = lines();
+  REQUIRE(first.size() == 2);
+  CHECK(first[0].find(shown) != std::string::npos);   // the first row: its columns shown, only
+  CHECK(first[0].find("salary") == std::string::npos);
+  CHECK(first[1].find("\"s\":") == std::string::npos);
+  // The hidden column retyped, then renamed, then another hidden one added: no "s" again.
+  emp.columns[1].type_oid = 20;
+  insert(3);
+  emp.columns[1].name = "pay";
+  insert(4);
+  emp.columns.push_back({"note", 25, -1, false});
+  insert(5);
+  auto hidden = lines();
+  REQUIRE(hidden.size() == 3);
+  for (const auto& l : hidden) CHECK(l.find("\"s\":") == std::string::npos);
+  // A shown column's change: its "s" again, once.
+  emp.columns[0].type_oid = 20;
+  insert(6);
+  insert(7);
+  auto changed = lines();
+  REQUIRE(changed.size() == 2);
+  CHECK(changed[0].find(R"("s":["public.emp",["id",1,20]])") != std::string::npos);
+  CHECK(changed[1].find("\"s\":") == std::string::npos);
 }
 
 TEST_CASE("log_reader: tail notifications reach listeners until removed; background reads notify only theirs") {
@@ -841,34 +971,43 @@ TEST_CASE("subscription: transaction records around each transaction, counted pe
     CHECK(texts(got)[3] == "{\"id\":\"0/1000:C\",\"op\":\"commit\",\"xid\":900,\"commit_lsn\":\"0/1000\"," + time +
                                ",\"events\":2,\"tables\":[{\"schema\":\"public\",\"table\":\"a\",\"events\":2}]}");
   }
-  SUBCASE("empty_transactions=true: a transaction with nothing for the client has its begin and commit, counted 0") {
-    subscription s(*f.log, *f.enc, f.request("/v1/stream?transactions=true&tables=public.a&empty_transactions=true"), 0,
-                   std::nullopt, {});
+  SUBCASE("empty_transactions=true: a transaction of a table the client asked for, with nothing for it, has its begin and "
+          "commit, counted 0; one of other tables alone has nothing") {
+    // where= leaves nothing of 0/1200 (public.a's row 4608); 0/1100 is other.b's alone: another's
+    // transaction, whose xid, commit LSN and time this client is not told (issue 32, item 6).
+    const std::string q = "/v1/stream?transactions=true&tables=public.a&where=id%20%3C%204600&empty_transactions=true";
+    subscription s(*f.log, *f.enc, f.request(q), 0, std::nullopt, {});
     auto got = drain(s);
-    CHECK(ids(got) == std::vector<std::string>{"0/1000:B", "0/1000:0", "0/1000:2", "0/1000:C", "0/1100:B", "0/1100:C", "0/1200:B",
-                                               "0/1200:0", "0/1200:C"});
+    CHECK(ids(got) == std::vector<std::string>{"0/1000:B", "0/1000:0", "0/1000:2", "0/1000:C", "0/1200:B", "0/1200:C"});
     auto t = texts(got);
-    CHECK(t[4] == "{\"id\":\"0/1100:B\",\"op\":\"begin\",\"xid\":901,\"commit_lsn\":\"0/1100\"," + time + "}");
-    CHECK(t[5] == "{\"id\":\"0/1100:C\",\"op\":\"commit\",\"xid\":901,\"commit_lsn\":\"0/1100\"," + time +
+    REQUIRE(t.size() == 6);
+    CHECK(t[4] == "{\"id\":\"0/1200:B\",\"op\":\"begin\",\"xid\":902,\"commit_lsn\":\"0/1200\"," + time + "}");
+    CHECK(t[5] == "{\"id\":\"0/1200:C\",\"op\":\"commit\",\"xid\":902,\"commit_lsn\":\"0/1200\"," + time +
                       ",\"events\":0,\"tables\":[]}");
-    // Resumed from the empty one's begin: its commit; from its commit: the next transaction.
-    auto resumed = [&](const std::string& query) { return ids(drain_resumed(f, query)); };
-    const std::string q = "/v1/stream?transactions=true&tables=public.a&empty_transactions=true&from=";
-    CHECK(resumed(q + "0/1100:B") == std::vector<std::string>{"0/1100:C", "0/1200:B", "0/1200:0", "0/1200:C"});
-    CHECK(resumed(q + "0/1100:C") == std::vector<std::string>{"0/1200:B", "0/1200:0", "0/1200:C"});
-    CHECK(resumed(q + "0/1000:2") == std::vector<std::string>{"0/1000:C", "0/1100:B", "0/1100:C", "0/1200:B", "0/1200:0", "0/1200:C"});
-    // wal2json and group=transaction too.
-    subscription w(*f.log, *f.enc, f.request("/v1/stream?format=wal2json&transactions=true&tables=other.b&empty_transactions=true"),
-                   0, std::nullopt, {});
+    // Resumed from the empty one's begin: its commit; from an event before it: the rest.
+    auto resumed = [&](const std::string& from) { return ids(drain_resumed(f, q + "&from=" + from)); };
+    CHECK(resumed("0/1200:B") == std::vector<std::string>{"0/1200:C"});
+    CHECK(resumed("0/1100:C") == std::vector<std::string>{"0/1200:B", "0/1200:C"});
+    CHECK(resumed("0/1000:2") == std::vector<std::string>{"0/1000:C", "0/1200:B", "0/1200:C"});
+    // wal2json (ops= leaves nothing of other.b's inserts: 0/1000 and 0/1100 empty, 0/1200 not
+    // other.b's at all) and group=transaction too.
+    subscription w(*f.log, *f.enc,
+                   f.request("/v1/stream?format=wal2json&transactions=true&tables=other.b&ops=delete&empty_transactions=true"), 0,
+                   std::nullopt, {});
     auto wt = texts(drain(w));
-    REQUIRE(wt.size() == 9);
-    CHECK(wt[7] == R"({"action":"B","xid":902,"timestamp":"2000-01-01 00:00:00+00"})");
-    CHECK(wt[8] == R"({"action":"C","xid":902,"timestamp":"2000-01-01 00:00:00+00"})");
-    subscription g(*f.log, *f.enc, f.request("/v1/stream?group=transaction&tables=public.a&empty_transactions=true"), 0,
+    CHECK(wt == std::vector<std::string>{R"({"action":"B","xid":900,"timestamp":"2000-01-01 00:00:00+00"})",
+                                         R"({"action":"C","xid":900,"timestamp":"2000-01-01 00:00:00+00"})",
+                                         R"({"action":"B","xid":901,"timestamp":"2000-01-01 00:00:00+00"})",
+                                         R"({"action":"C","xid":901,"timestamp":"2000-01-01 00:00:00+00"})"});
+    subscription g(*f.log, *f.enc,
+                   f.request("/v1/stream?group=transaction&tables=public.a&where=id%20%3C%204600&empty_transactions=true"), 0,
                    std::nullopt, {});
     auto gt = drain(g);
-    CHECK(ids(gt) == std::vector<std::string>{"0/1000:C", "0/1100:C", "0/1200:C"});
-    CHECK(texts(gt)[1] == R"({"xid":901,"commit_lsn":"0/1100","commit_time":"2000-01-01T00:00:00.000000Z","part":1,"last":true,"events":[]})");
+    CHECK(ids(gt) == std::vector<std::string>{"0/1000:C", "0/1200:C"});
+    auto gtt = texts(gt);
+    REQUIRE(gtt.size() == 2);
+    CHECK(gtt[1] ==
+          R"({"xid":902,"commit_lsn":"0/1200","commit_time":"2000-01-01T00:00:00.000000Z","part":1,"last":true,"events":[]})");
     // Asked for without transaction records: refused.
     request_error err;
     CHECK_FALSE(parse_stream_query("/v1/stream?empty_transactions=true&transactions=false", err));
@@ -936,6 +1075,59 @@ TEST_CASE("subscription: transaction records around each transaction, counted pe
     auto [plain_c, t7] = resumed("/v1/stream?from=0/1100:C");
     CHECK(plain_c == std::vector<std::string>{"0/1200:0"});
   }
+}
+
+TEST_CASE("subscription: empty_transactions=true has records only of transactions of a table the token may see") {
+  // Issue 32, item 6: every transaction's xid, commit LSN and time went to every token, other
+  // tenants' included. Now only a transaction with an event of a table (or a message) the token
+  // may see and the client asked for, of which its filters (row grants, ops=) left nothing.
+  fixture f;
+  f.w.xid = 700;
+  auto& a = f.w.a;
+  auto& b = f.w.b;
+  f.w.mixed(*f.log, {&a});       // 0/1000, xid 700: public.a's row 4096 (within x's rows)
+  f.w.mixed(*f.log, {&b, &b});   // 0/1100, xid 701: other.b alone (y's table)
+  f.w.mixed(*f.log, {&a});       // 0/1200, xid 702: public.a's row 4608 (outside x's rows)
+  f.w.message(*f.log, "other");  // 0/1300, xid 703: a transactional message alone
+  std::string error;
+  auto p = policy::parse(R"(
+[[grant]]
+when = { tenant = "x" }
+tables = ["public.a"]
+rows = "id < 4600"
+
+[[grant]]
+when = { tenant = "y" }
+tables = ["other.b"]
+ops = ["insert", "message"]
+)",
+                         error);
+  REQUIRE_MESSAGE(p, error);
+  auto granted = [&](const char* tenant, const std::string& query) {
+    auto r = f.request(query);
+    boost::json::object claims;
+    claims["tenant"] = tenant;
+    auto g = p->grants_for(claims);
+    REQUIRE(g);
+    REQUIRE_FALSE(authorize(g, r));
+    return r;
+  };
+  auto got = [&](const stream_request& r) {
+    subscription s(*f.log, *f.enc, r, 0, std::nullopt, {});
+    return ids(drain(s));
+  };
+  // x: 0/1200 (its table, no row of it within x's grant) empty; nothing of y's table, nor of a
+  // message (not granted to x).
+  CHECK(got(granted("x", "/v1/stream?transactions=true&empty_transactions=true")) ==
+        std::vector<std::string>{"0/1000:B", "0/1000:0", "0/1000:C", "0/1200:B", "0/1200:C"});
+  CHECK(got(granted("x", "/v1/stream?group=transaction&empty_transactions=true")) ==
+        std::vector<std::string>{"0/1000:C", "0/1200:C"});
+  // y asking for messages only: other.b's 0/1100 empty, the message's whole; nothing of public.a.
+  CHECK(got(granted("y", "/v1/stream?transactions=true&empty_transactions=true&ops=message")) ==
+        std::vector<std::string>{"0/1100:B", "0/1100:C", "0/1300:B", "0/1300:0", "0/1300:C"});
+  // A message of a prefix not asked for is not the client's to know of either.
+  CHECK(got(granted("y", "/v1/stream?transactions=true&empty_transactions=true&ops=insert,message&prefixes=app*")) ==
+        std::vector<std::string>{"0/1100:B", "0/1100:0", "0/1100:1", "0/1100:C"});
 }
 
 TEST_CASE("subscription: transaction records of a Debezium encoding in a spill file") {

@@ -68,6 +68,11 @@ class authenticator {
   mutable std::uint64_t accepted_ = 0, refused_ = 0;
 };
 
+/// Whether a verified token's claim `name` equals value: a string claim equal to it, a boolean or
+/// integer claim whose JSON text it is (true matches "true"), or an array claim holding such an
+/// item. (--metrics-claim: who may read /metrics.)
+bool claim_equals(const identity& who, std::string_view name, std::string_view value);
+
 /// Where a request's bearer token is (RFC 6750): the Authorization header ("Bearer <token>"),
 /// the access_token query parameter (EventSource cannot set headers), or, on a WebSocket
 /// upgrade, an offered subprotocol "bearer.<token>" (the one header a browser's WebSocket can

@@ -58,8 +58,10 @@ class encoding_cache {
   /// mask shows (null: every one); null if unreadable.
   payload_ptr tombstone(const logged_event& e, const std::string* mask = nullptr);
   /// The signature of e's table definition (column names, types, typmods, key flags) that
-  /// says when pgoutput2json compact's "s" must be sent again.
-  std::string schema_signature(const logged_event& e);
+  /// says when pgoutput2json compact's "s" must be sent again: of the columns mask shows (as
+  /// get_masked; null: every one), so that a column a client does not see, added, dropped,
+  /// renamed or retyped, sends it no new "s". Empty when e's record cannot be read.
+  std::string schema_signature(const logged_event& e, const std::string* mask = nullptr);
 
   /// A reader that wants every event in enc (no filter) comes and goes: while one does, each
   /// event is encoded so as it is logged (on_logged).

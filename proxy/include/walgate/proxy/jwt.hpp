@@ -35,10 +35,12 @@ class key_set {
   key_set(key_set&&) noexcept;
   key_set& operator=(key_set&&) noexcept;
 
-  /// A JWKS document: {"keys":[…]}. Every key must be usable: kty RSA (n, e; at least 2048
-  /// bits), EC (crv P-256/P-384/P-521, x, y: a point on the curve), OKP (crv Ed25519, x) or oct
-  /// (k, at least 32 bytes); "use", when present, "sig"; "alg", when present, one this key's
-  /// type can verify (it then verifies only that alg). Private members (d, p, q…) are ignored.
+  /// A JWKS document: {"keys":[…]}. Every key must be usable: kty RSA (n, e; 2048 to 8192 bits,
+  /// e odd, at least 3 and at most 256 bits, and the pair passing OpenSSL's
+  /// EVP_PKEY_public_check), EC (crv P-256/P-384/P-521, x, y: a point on the curve, checked the
+  /// same way), OKP (crv Ed25519, x) or oct (k, at least 32 bytes); "use", when present, "sig";
+  /// "alg", when present, one this key's type can verify (it then verifies only that alg).
+  /// Private members (d, p, q…) are ignored.
   /// nullopt with error naming the key (its index and kid) and what is wrong.
   static std::optional<key_set> from_jwks(std::string_view json, std::string& error);
   /// One HMAC secret (HS256 needs at least 32 bytes, HS384 48, HS512 64; shorter than 32 is an

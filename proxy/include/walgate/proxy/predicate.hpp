@@ -79,6 +79,11 @@ std::optional<node> parse(std::string_view text, std::string& error);
 /// claim the token lacks, or of another kind (an object, null, an array where one value is
 /// compared), makes its comparison false.
 node instantiate(const node& n, const boost::json::object& claims);
+/// What evaluating it on one row may cost: its comparisons and the items of its lists (a claim
+/// counted as one).
+std::size_t cost(const node& n);
+/// The most a client's where= may cost (a grant's predicate, the operator's, is not bounded so).
+constexpr std::size_t max_where_cost = 512;
 /// The columns a predicate names, each once, in order of appearance.
 std::vector<std::string> columns(const node& n);
 /// The predicate as text; a parsed one's (no constants: not instantiated) parse() reads back to

@@ -28,8 +28,11 @@ struct server_options {
   std::string host = "127.0.0.1";
   std::uint16_t port = 8080;                       ///< 0: any free port (see server::port()).
   std::string tls_cert, tls_key;                   ///< PEM files; both set: HTTPS/WSS.
-  std::size_t header_limit = 8 * 1024;             ///< Request line and headers; over it: 431.
-  std::size_t url_limit = 4 * 1024;                ///< Request target; over it: 414.
+  // A token of jwt::max_token_bytes (16 KiB) fits each of its carriers: the Authorization
+  // header and Sec-WebSocket-Protocol (with the other headers) and access_token (with the rest of
+  // the query). One contract: tokens up to 16 KiB, however sent.
+  std::size_t header_limit = 24 * 1024;            ///< Request line and headers; over it: 431.
+  std::size_t url_limit = 20 * 1024;               ///< Request target; over it: 414.
   std::size_t ws_message_limit = 64 * 1024;        ///< Client WebSocket messages; over it: close 1009.
   std::size_t ws_max_subscriptions = 64;           ///< Subscriptions on one /v1/mux WebSocket.
   /// --debezium-transaction-metadata: debezium streams have transaction records and blocks
@@ -49,6 +52,13 @@ struct server_options {
   /// max_clients + this many open, accepting pauses until one closes: the process never runs
   /// out of file descriptors because of its clients.
   std::size_t max_other_connections = 256;
+  /// Connections of one address that are not (yet) streams: waiting for a request, reading one,
+  /// answering one. At the limit a new one from that address takes the place of its oldest one
+  /// that has waited a second or more (waiting_grace), or, with none, comes in anyway unless the
+  /// address holds max_other_connections (then 429); at max_other_connections in all, a new one
+  /// takes the place of the oldest such waiting one of any address. Idle keep-alive connections
+  /// so never fill the server, whoever opens them.
+  std::size_t max_connections_per_address = 32;
   /// Threads that write walgate's batches to stream clients over plain TCP (the system calls of
   /// the fan-out), beside the event loop that makes them; 0: the event loop writes them itself.
   unsigned send_threads = 1;
@@ -69,6 +79,14 @@ struct server_options {
   /// Bearer tokens (JWTs) required of stream clients (/v1/stream, /v1/ws, /v1/mux); null: none
   /// (only on loopback, or with --allow-unauthenticated). Reloaded by its owner.
   std::shared_ptr<authenticator> auth;
+  /// With auth, /metrics too needs a bearer token (Authorization header), and one whose claim
+  /// metrics_claim equals metrics_claim_value (claim_equals, auth.hpp): 401 without a valid
+  /// token, 403 without the claim (--metrics-claim NAME=VALUE). Without auth it is open.
+  std::string metrics_claim = "walgate_admin", metrics_claim_value = "true";
+  /// /metrics' series of one sample per stream client (walgate_client_lag_*) are collected at
+  /// most once in this time and reused meanwhile: N scrapes a second cost one pass over the
+  /// clients (the other figures are read at each request). 0: at each request.
+  std::chrono::milliseconds metrics_cache{1'000};
   /// Concurrent streams of one subject (a verified token's `sub`) and of one peer address (IPv4,
   /// or IPv6 /64): a stream request, a /v1/mux connection and each of its subscriptions count;
   /// one more is answered 429 with Retry-After. 0: no limit.

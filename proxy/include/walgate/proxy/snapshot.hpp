@@ -31,6 +31,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <string_view>
+#include <unordered_map>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -56,6 +58,13 @@ struct snapshot_options {
   std::chrono::milliseconds statement_timeout{300'000};   ///< per COPY (and idle in the transaction)
   std::size_t client_bytes = 4u << 20;   ///< encoded rows held for a client; the copy waits beyond it
   std::chrono::milliseconds stream_wait{300'000};   ///< for the stream to be read past the snapshot
+  /// Snapshots that may begin in a minute (each is a PostgreSQL session and a transaction:
+  /// subscribe/unsubscribe churn must not turn into a session storm); more: 429 with
+  /// Retry-After. Per client address (clients behind one proxy share it: generous), per token
+  /// subject, and per /v1/mux connection (websocket_mux.cpp). 0: no limit.
+  std::size_t per_address_minute = 300;
+  std::size_t per_subject_minute = 60;
+  std::size_t per_connection_minute = 10;
 };
 
 /// One client's snapshot, shared by its worker and the event loop. The loop-side members are
@@ -134,13 +143,19 @@ class snapshot_service {
   snapshot_service(boost::asio::any_io_executor loop, snapshot_options o, const log_reader& log, gateway& gw);
   ~snapshot_service();
   /// A job for the request, queued; null with refusal set when it cannot be (501: not
-  /// configured; 503: the queue is full).
+  /// configured; 503: the queue is full; 429: the address or the subject began per_minute
+  /// snapshots within the last minute).
   std::shared_ptr<snapshot_job> admit(const stream_request& r, const transform::encoder_options& enc, unsigned& status,
-                                      std::string& refusal);
+                                      std::string& refusal,
+                                      std::string_view address = {}, std::string_view subject = {});
+  /// The 429's reason when who ("address", "connection"…) began per_minute snapshots in the
+  /// last minute, the oldest left before it drops out.
+  static std::string rate_refusal(std::string_view who, std::size_t per_minute, std::chrono::steady_clock::duration left);
+  const snapshot_options& options() const { return opts_; }
+  void count_rate_limited() { ++rate_limited_; }
   /// Cancels every job and waits for the workers (the server stops).
   void stop();
   void register_metrics(metrics_registry& m);
-  const snapshot_options& options() const { return opts_; }
 
  private:
   void dispatch();
@@ -151,12 +166,27 @@ class snapshot_service {
   const log_reader& log_;
   gateway& gw_;
   std::unique_ptr<boost::asio::thread_pool> pool_;
+  /// Jobs on the pool's threads (a job's run and its hand-back): stop() waits for them to end,
+  /// for at most stop_wait, then leaves their threads behind rather than hang the shutdown on a
+  /// worker that libpq keeps waiting (a backend that does not answer even its cancel).
+  struct in_pool {
+    std::mutex m;
+    std::condition_variable cv;
+    std::size_t n = 0;
+    bool stopped = false;   // stop() has run: no job posts back to the loop
+  };
+  std::shared_ptr<in_pool> in_pool_ = std::make_shared<in_pool>();
+  static constexpr std::chrono::seconds stop_wait{5};
   std::deque<std::weak_ptr<snapshot_job>> queue_;
   std::vector<std::weak_ptr<snapshot_job>> running_;
   std::size_t running_count_ = 0;
   std::uint64_t started_ = 0, rejected_ = 0, failed_ = 0, rows_ = 0;
   bool stopped_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  /// Snapshot starts in the last minute, by "a:<address>" and "s:<subject>" (bounded: at most
+  /// 65,536 keys; when full, keys whose starts are all older than a minute go).
+  std::unordered_map<std::string, std::deque<std::chrono::steady_clock::time_point>> recent_starts_;
+  std::uint64_t rate_limited_ = 0;
 };
 
 }  // namespace walgate::proxy

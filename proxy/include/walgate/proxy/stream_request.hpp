@@ -43,7 +43,7 @@ std::string sql_table_name(const table_pattern& t);
 struct stream_request {
   transform::format fmt = transform::format::native;
   std::vector<table_pattern> tables;
-  unsigned ops = 0;                                          ///< bit per transform::op char; 0 = all
+  unsigned ops = 0;                                          ///< bit per transform::op char (insert's takes read); 0 = all
   std::optional<transform::event_id> from;
   bool tombstones = false;                                   ///< debezium: a null line after each delete
   bool compact = false;                                      ///< pgoutput2json compact mode
@@ -58,7 +58,9 @@ struct stream_request {
   /// group=transaction: one message per transaction (split at the server's group limit).
   bool group = false;
   /// empty_transactions=true: with transaction records or group=transaction, a transaction with
-  /// nothing for this client still gets its begin and commit (or its message, events []).
+  /// nothing for this client still gets its begin and commit (or its message, events []) — one
+  /// with an event of a table its token may see (table and op granted) within its tables=, or a
+  /// message it may receive, that its other filters (ops=, where=, row grants) left out.
   bool empty_transactions = false;
   /// prefixes=: logical messages selected by prefix (globs: * any run, ? one character),
   /// whatever tables= says; empty: every message (unless tables= is given).
@@ -88,6 +90,6 @@ std::optional<stream_request> parse_stream_query(std::string_view target, reques
 std::optional<std::string> parse_mux_query(std::string_view target, request_error& error);
 /// Whether a glob (* any run of characters, ? one) matches the whole of text.
 bool glob_match(std::string_view glob, std::string_view text);
-/// True if the event passes the request's table and op filters.
+/// True if the event passes the request's table and op filters (a read passes as an insert).
 bool matches(const stream_request& r, const logged_event& e);
 }  // namespace walgate::proxy

@@ -71,7 +71,8 @@ class subscription : private row_router::target {
   /// not ended and not pending(): caught up (or the log is reading for it in the background), wait for
   /// the log's notification. Empty and
   /// pending(): its filters passed over events without a match and the call's work ran out
-  /// (at most 8 reads of the log): call again after letting others run.
+  /// (at most 8 reads of the log, and at most work_budget: each event looked at costs 1 and
+  /// where='s predicate::cost): call again after letting others run.
   void next_batch(std::vector<item>& out);
   /// Found by the router (its events come queued), with none queued: nothing to do when events
   /// arrive (not woken).
@@ -154,6 +155,10 @@ class subscription : private row_router::target {
   /// The router's finding decides its rows (router_decides): queued events are not decided again.
   bool exact_ = false;
   row_router::found found_ = row_router::found::unknown;   // the event take() is given: how found
+  /// One next_batch call's work: events looked at, each costing event_cost_ (1, plus where='s
+  /// predicate::cost); at work_budget the call returns (pending() then).
+  static constexpr std::size_t work_budget = 32768;
+  std::size_t work_ = 0, event_cost_ = 1;
   /// Row grants (--policy rows): each granted table's predicates bound to its definition.
   struct row_state;
   std::unique_ptr<row_state> row_state_;
@@ -167,7 +172,8 @@ class subscription : private row_router::target {
   struct open_transaction {
     protocol::transaction_info info;
     bool begun = false;   // its begin was sent (or was before a resume)
-    bool fresh = false;   // an event of it after the resume point was looked at (empty_transactions)
+    bool fresh = false;   // an event of it after the resume point that the client may know of was looked at
+                          // (empty_transactions: of a table its token may see and it asked for, or such a message)
     kind what = kind::event;
     std::uint64_t events = 0;
     std::vector<transform::table_count> tables;

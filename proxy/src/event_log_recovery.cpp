@@ -238,9 +238,14 @@ bool keep_cut_bytes(const fs::path& dir, const fs::path& path, std::uint64_t fro
     error = "cannot create " + aside_dir.string() + ": " + ec.message();
     return false;
   }
-  const fs::path aside = aside_dir / (path.filename().string() + "." + std::to_string(from) + ".cut");
+  // A name of its own (O_EXCL): a segment torn at the same place twice keeps both copies.
+  fs::path aside = aside_dir / (path.filename().string() + "." + std::to_string(from) + ".cut");
+  int out = ::open(aside.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
+  for (int n = 2; out < 0 && errno == EEXIST && n < 1000; ++n) {
+    aside = aside_dir / (path.filename().string() + "." + std::to_string(from) + ".cut." + std::to_string(n));
+    out = ::open(aside.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
+  }
   const int in = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  const int out = ::open(aside.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
   bool ok = in >= 0 && out >= 0;
   std::string buf(segment_file::block, '\0');
   for (std::uint64_t at = from; ok && at < size;) {
@@ -434,7 +439,10 @@ bool event_log::recover(std::string& error) {
       }
       for (const auto& p : later) {
         std::error_code ec;
-        fs::rename(p, opts_.dir / "damaged" / (p.filename().string() + ".cut"), ec);
+        fs::path to = opts_.dir / "damaged" / (p.filename().string() + ".cut");
+        for (int n = 2; fs::exists(to) && n < 1000; ++n)   // (never over an earlier one)
+          to = opts_.dir / "damaged" / (p.filename().string() + ".cut." + std::to_string(n));
+        fs::rename(p, to, ec);
         if (ec) {
           error = "cannot move " + p.string() + " aside: " + ec.message();
           return false;

@@ -89,7 +89,8 @@ bool snapshot_job::covers(const logged_event& e) const {
 void snapshot_job::notify() {
   {
     std::lock_guard lock(m_);
-    if (notify_posted_) return;
+    // (cancelled: the loop may be gone — a worker left behind at shutdown posts nothing)
+    if (notify_posted_ || cancelled_) return;
     notify_posted_ = true;
   }
   asio::post(loop_, [w = weak_from_this()] {
@@ -199,14 +200,18 @@ void snapshot_job::run() {
     return;
   }
   auto& tables = *found;
+  bool cancelled = false;
   {
     std::lock_guard lock(m_);
     snap_ = *snap;
     wal_bound_ = bound;
     taken_ = true;
+    cancelled = cancelled_;
   }
-  // The loop connects it to the log now, while the rows are read.
-  asio::post(loop_, [w = weak_from_this()] {
+  // The loop connects it to the log now, while the rows are read (not once cancelled: the
+  // loop may be gone).
+  if (!cancelled)
+    asio::post(loop_, [w = weak_from_this()] {
     if (auto j = w.lock(); j && j->on_taken_) j->on_taken_();
   });
 
@@ -418,8 +423,11 @@ std::shared_ptr<snapshot_job> snapshot_service::admit(const stream_request& r, c
     refusal = "snapshots are not configured on this gateway";
     return nullptr;
   }
-  // Each snapshot is a PostgreSQL session: begun at most per_minute times a minute by one
-  // address and by one subject, whatever the connections and subscriptions they come through.
+  // Each snapshot is a PostgreSQL session: begun at most so many times a minute by one address
+  // and by one subject, whatever the connections and subscriptions they come through (counted
+  // once admitted: a 503 uses none of it).
+  std::vector<std::deque<std::chrono::steady_clock::time_point>*> rate_keys;
+  std::chrono::steady_clock::time_point rate_now;
   {
     const auto now = std::chrono::steady_clock::now();
     const auto minute_ago = now - std::chrono::minutes(1);
@@ -445,7 +453,8 @@ std::shared_ptr<snapshot_job> snapshot_service::admit(const stream_request& r, c
       }
       keys.push_back(&q);
     }
-    for (auto* q : keys) q->push_back(now);
+    rate_keys = std::move(keys);
+    rate_now = now;
   }
   std::erase_if(queue_, [](const auto& w) { return w.expired(); });
   if (stopped_ || (running_count_ >= opts_.max_running && queue_.size() >= opts_.max_queued)) {
@@ -455,6 +464,7 @@ std::shared_ptr<snapshot_job> snapshot_service::admit(const stream_request& r, c
               std::to_string(queue_.size()) + " waiting); try again later";
     return nullptr;
   }
+  for (auto* q : rate_keys) q->push_back(rate_now);
   auto j = std::make_shared<snapshot_job>(loop_, r, enc, opts_);
   queue_.push_back(j);
   dispatch();

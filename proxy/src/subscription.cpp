@@ -204,6 +204,7 @@ subscription::subscription(const log_reader& log, encoding_cache& encodings, str
   // (empty_transactions=true follows every transaction: it reads every event, never routed)
   if (router_ && !request_.empty_transactions) interests_ = interests_of(request_);
   if (request_.where) event_cost_ = 1 + predicate::cost(*request_.where);
+  if (request_.tables.size() > 4) tables_index_.emplace(request_.tables);   // (a few: compared in turn)
   exact_ = interests_ && router_decides(request_, *interests_);
   if (snapshot_) phase_ = phase::rows;
   // Where it resumes, should it end before an event: the id it started after.
@@ -531,7 +532,7 @@ bool subscription::take(const event_ptr& e, std::vector<item>& out, std::size_t&
     if (std::none_of(request_.prefixes.begin(), request_.prefixes.end(),
                      [&](const std::string& g) { return glob_match(g, prefix_copy); }))
       return true;
-  } else if (!matches(request_, *e)) {
+  } else if (!matches(request_, *e, tables_index_ ? &*tables_index_ : nullptr)) {
     return true;
   }
   if (window && snapshot_->covers(*e)) return true;

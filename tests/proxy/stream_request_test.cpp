@@ -128,6 +128,31 @@ TEST_CASE("origins: none, the gateway's own, the allowed ones, or any with *") {
   CHECK(origin_allowed("http://anything.example", "127.0.0.1:8080", any));
 }
 
+TEST_CASE("tables= by hash: the index finds exactly what the names match, one at a time") {
+  request_error err;
+  std::string q = "/v1/stream?tables=sales.*,%22Odd%20Schema%22.%22T%22";
+  for (int i = 0; i < 1000; ++i) q += ",app.t" + std::to_string(i);
+  auto r = parse_stream_query(q, err);
+  REQUIRE_MESSAGE(r, err.message);
+  REQUIRE(r->tables.size() == 1002);
+  const table_index index(r->tables);
+  logged_event e;
+  e.kind = walgate::transform::op::insert;
+  for (const auto& [schema, table] : std::vector<std::pair<std::string, std::string>>{
+           {"sales", "anything"}, {"Odd Schema", "T"}, {"Odd Schema", "t"}, {"app", "t0"}, {"app", "t999"},
+           {"app", "t1000"}, {"app", "t"}, {"public", "t1"}, {"", ""}, {"sales", ""}}) {
+    e.schema = schema;
+    e.table = table;
+    CAPTURE(schema + "." + table);
+    CHECK(matches(*r, e, &index) == matches(*r, e));
+  }
+  e.schema = "app";
+  e.table = "t999";
+  CHECK(matches(*r, e, &index));
+  e.table = "t1000";
+  CHECK_FALSE(matches(*r, e, &index));
+}
+
 TEST_CASE("Host names a loopback listener serves: localhost, loopback addresses, the allowed ones") {
   using walgate::proxy::loopback_host_allowed;
   const std::vector<std::string> none, proxy = {"Gateway.Example"}, any = {"*"};

@@ -159,6 +159,7 @@ class subscription : private row_router::target {
   /// predicate::cost); at work_budget the call returns (pending() then).
   static constexpr std::size_t work_budget = 32768;
   std::size_t work_ = 0, event_cost_ = 1;
+  std::optional<table_index> tables_index_;   ///< tables= by hash, when it names more than a few
   /// Row grants (--policy rows): each granted table's predicates bound to its definition.
   struct row_state;
   std::unique_ptr<row_state> row_state_;

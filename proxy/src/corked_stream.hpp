@@ -194,6 +194,12 @@ class corked_stream {
 
   bool failed() const { return bool(failed_); }
 
+  /// Writes that have completed (each takes everything pending when it starts), and whether
+  /// one is out now: what was appended before is sent once writes_done() passes
+  /// writes_done() + (writing() ? 2 : 1) as counted then.
+  std::uint64_t writes_done() const { return writes_done_; }
+  bool writing() const { return !sending_.empty(); }
+
   std::size_t buffered() const {
     std::size_t n = 0;
     for (const auto& p : pending_) n += p.size();
@@ -255,6 +261,7 @@ class corked_stream {
 
   /// The write in flight is done (ec: how it failed).
   void sent(boost::system::error_code ec) {
+    ++writes_done_;
     keep_spare();
     sending_.clear();
     if (ec) failed_ = ec;
@@ -329,6 +336,7 @@ class corked_stream {
   boost::system::error_code failed_;
   bool corked_ = false;
   bool shutdown_ = false;   // shutdown_after_sent() was called
+  std::uint64_t writes_done_ = 0;
   bool shut_ = false;       // and it is done
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   std::shared_ptr<socket_sender> sender_;   // send_with(): writes go to its threads

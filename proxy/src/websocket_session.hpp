@@ -40,6 +40,9 @@ inline constexpr std::chrono::seconds close_timeout{5};
 inline constexpr std::chrono::seconds handshake_timeout{10};
 /// The reader pauses while more than this waits to be sent (its pongs among it).
 inline constexpr std::size_t read_pause_bytes = 1u << 20;
+/// ... and while more than this of pongs wait (a client that pings and does not read pins no
+/// more than that of them).
+inline constexpr std::size_t pong_pause_bytes = 16u << 10;
 
 /// The reader's state, kept in the session: an idle connection holds this, and one pending read
 /// (no coroutine of its own).
@@ -79,6 +82,22 @@ struct session {
   std::unique_ptr<inflater> inflate;   // made at the client's first compressed message
   std::chrono::steady_clock::time_point heard = std::chrono::steady_clock::now();   // last bytes from the client
   std::chrono::steady_clock::time_point pinged{};   // the last keep-alive ping
+  std::size_t pong_bytes = 0;          // pongs queued and not yet known sent
+  std::uint64_t pongs_sent_at = 0;     // out.writes_done() at which they all are
+
+  /// A pong for a ping: queued, and counted until the write that carries it is done.
+  void send_pong(std::string_view payload) {
+    if (!open) return;
+    if (pong_bytes && out.writes_done() >= pongs_sent_at) pong_bytes = 0;
+    pong_bytes += payload.size() + 2;
+    pongs_sent_at = out.writes_done() + (out.writing() ? 2 : 1);
+    send_control(pws::op_pong, payload);
+  }
+  /// More pongs wait than pong_pause_bytes: the reader pauses (like read_pause_bytes).
+  bool pongs_pile_up() {
+    if (pong_bytes && out.writes_done() >= pongs_sent_at) pong_bytes = 0;
+    return pong_bytes > pong_pause_bytes;
+  }
 
   bool is_open() const { return open && !closing; }
 
@@ -237,7 +256,7 @@ void take_pieces(const std::shared_ptr<S>& sp) {
       stop = true;
     } else if (p.what == pws::piece::kind::control) {
       if (p.opcode == pws::op_ping) {
-        s.send_control(pws::op_pong, p.bytes);
+        s.send_pong(p.bytes);
       } else if (p.opcode == pws::op_close) {
         auto c = pws::parse_close(p.bytes);
         if (!c) s.send_close_frame(pws::close_protocol_error, "a malformed close frame");
@@ -296,7 +315,8 @@ void start_reading(const std::shared_ptr<S>& sp) {
   if (s.rd.at < s.rd.end) return take_pieces(sp);
   // A client that sends (pings) and does not read: its pongs wait with everything else unsent;
   // past read_pause_bytes the reader stops reading until they have gone out.
-  if (s.out.buffered() > read_pause_bytes && !s.out.failed() && tcp_socket_of(s.out.next_layer()).is_open()) {
+  if ((s.out.buffered() > read_pause_bytes || s.pongs_pile_up()) && !s.out.failed() &&
+      tcp_socket_of(s.out.next_layer()).is_open()) {
     auto pause = std::make_shared<asio::steady_timer>(s.out.get_executor(), std::chrono::milliseconds(20));
     pause->async_wait([sp, pause](boost::system::error_code) { start_reading(sp); });
     return;

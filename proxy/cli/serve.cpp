@@ -21,6 +21,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <libpq-fe.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -112,6 +113,32 @@ asio::awaitable<void> watch_slot(proxy::conn_params conn, std::string slot, prox
 /// Sets the client limit so that every client, and the connections and files walgate needs
 /// beside them, fit the open-file limit (raised to its hard limit first). An explicit
 /// --max-clients that cannot fit is an error; the default shrinks to fit, and says so.
+/// An existing log's slot's confirmed_flush_lsn, read before the log is opened: recovery never
+/// cuts a transaction committed before it (it was acknowledged, so synced whole; damage there is
+/// refused). Invalid when there is no log yet or the server cannot be asked (then recovery goes
+/// by ACKED alone): five seconds at most.
+protocol::lsn slot_confirmed(const std::string& data_dir, const std::string& conninfo, const std::string& slot) {
+  bool has_log = false;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(data_dir, ec))
+    has_log = has_log || e.path().filename().string().rfind("segment-", 0) == 0;
+  if (!has_log) return {};
+  const char* keys[] = {"connect_timeout", "dbname", "application_name", nullptr};
+  const char* values[] = {"5", conninfo.c_str(), "walgate recovery check", nullptr};
+  PGconn* c = PQconnectdbParams(keys, values, 1);
+  protocol::lsn out;
+  if (c && PQstatus(c) == CONNECTION_OK) {
+    const char* params[] = {slot.c_str()};
+    PGresult* r = PQexecParams(c, "SELECT confirmed_flush_lsn::text FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
+                               1, nullptr, params, nullptr, nullptr, 0);
+    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && !PQgetisnull(r, 0, 0))
+      if (auto l = protocol::lsn::parse(PQgetvalue(r, 0, 0))) out = *l;
+    PQclear(r);
+  }
+  if (c) PQfinish(c);
+  return out;
+}
+
 bool client_limit(std::size_t requested, proxy::server_options& so, std::string& error) {
   constexpr std::size_t own_files = 128;   // event log segments, PostgreSQL connections, spill files, libraries
   rlimit rl{};
@@ -315,6 +342,7 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
   lo.retention_bytes = s.retention_mb << 20;
   lo.memory_bytes = s.tail_mb << 20;
   lo.fsync = !s.no_fsync;
+  lo.acknowledged = slot_confirmed(s.data_dir, s.pg, s.slot);
   auto log = proxy::event_log::open(lo, error);
   if (!log) {
     log_line(error);

@@ -400,12 +400,27 @@ bool event_log::recover(std::string& error) {
       }
       // ACKED is stored only while everything logged is synced: a transaction that commits
       // before it was on disk whole then, and is no torn write.
-      if (cut_commit.valid() && acked_lsn_.valid() && cut_commit < acked_lsn_) {
+      // And the slot's confirmed position, read before the log was opened (serve): a transaction
+      // committed before it was acknowledged, so it was synced whole.
+      // (Not while the initial snapshot is pending: the slot then is where it was made, its
+      // consistent point, one byte past the snapshot's commit — acknowledged nothing; a cut-off
+      // snapshot is taken again.)
+      bool snapshot_pending = false;
+      {
+        std::ifstream in(opts_.dir / "SNAPSHOT");
+        std::string word;
+        snapshot_pending = (in >> word) && word != "done";
+      }
+      const lsn slot = snapshot_pending ? lsn{} : opts_.acknowledged;
+      const bool by_slot = slot > acked_lsn_;
+      const lsn acked = by_slot ? slot : acked_lsn_;
+      if (cut_commit.valid() && acked.valid() && cut_commit < acked) {
         error = "event log segment " + s.path.string() + " is damaged at offset " + std::to_string(r.stop) +
                 ", inside a transaction committed at " + cut_commit.to_string() + ", before the position walgate "
-                "acknowledged (" + acked_lsn_.to_string() + ", ACKED): it was on disk whole, so this is damage, not a "
-                "torn write. Nothing was changed. Restore the data directory from a copy, or move it away and start "
-                "over with an empty one (clients then need a new snapshot)";
+                "acknowledged (" + acked.to_string() + (by_slot ? ", the slot's confirmed_flush_lsn" : ", ACKED") +
+                "): it was on disk whole, so this is damage, not a torn write. Nothing was changed. Restore the data "
+                "directory from a copy, or move it away and start over with an empty one (clients then need a new "
+                "snapshot)";
         return false;
       }
       std::vector<fs::path> later;

@@ -525,6 +525,19 @@ TEST_CASE("a torn tail — cut short, zeros after it, a garbage write — is cut
                     std::string::npos,
                 error);
   CHECK(fs::file_size(seg) == size - 5);
+  // ACKED older than it (stored while idle, before the busy stream), but the slot, read before
+  // the log is opened, was acknowledged past it: refused the same, untouched.
+  REQUIRE(event_log::store_acked(d.path, lsn{0x100}, false, error));
+  auto by_slot = o;
+  by_slot.acknowledged = lsn{0x308};
+  CHECK_FALSE(event_log::open(by_slot, error));
+  CHECK_MESSAGE(error.find("acknowledged (0/308, the slot's confirmed_flush_lsn)") != std::string::npos, error);
+  CHECK(fs::file_size(seg) == size - 5);
+  // Neither past it: a torn write, cut.
+  by_slot.acknowledged = lsn{0x300};
+  auto log = event_log::open(by_slot, error);
+  REQUIRE_MESSAGE(log, error);
+  CHECK(log->durable_lsn() < lsn{0x300});
 }
 
 TEST_CASE("a log that lost every segment begins where its stream does again: older ids are 410, not a silent gap") {

@@ -47,6 +47,9 @@ struct log_options {
   std::size_t retention_bytes = 1u << 30;   ///< Oldest segments are removed past this.
   std::size_t memory_bytes = 16u << 20;     ///< In-memory tail for live clients, with their encodings.
   bool fsync = true;                        ///< false only for tests and benchmarks that say so.
+  /// Where the slot was acknowledged to (its confirmed_flush_lsn), when it could be read before
+  /// the log was opened: recovery cuts no transaction that commits before it (nor before ACKED).
+  protocol::lsn acknowledged;
 };
 
 class event_log final : public log_reader {

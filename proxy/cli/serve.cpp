@@ -135,6 +135,13 @@ protocol::lsn slot_confirmed(const std::string& data_dir, const std::string& con
       if (auto l = protocol::lsn::parse(PQgetvalue(r, 0, 0))) out = *l;
     PQclear(r);
   }
+  if (!out.valid()) {
+    std::string why = c && PQstatus(c) != CONNECTION_OK ? std::string(PQerrorMessage(c)).substr(0, 200) : "no such slot";
+    for (auto& ch : why)
+      if (ch == '\n') ch = ' ';
+    log_line("recovery: cannot read slot " + slot + "'s confirmed_flush_lsn before opening the event log (" + why +
+             "): ACKED alone bounds what recovery may cut");
+  }
   if (c) PQfinish(c);
   return out;
 }

@@ -150,19 +150,7 @@ auth_outcome identify(server_core& core, const http::request<http::empty_body>& 
 /// The client's address for the limits (admission.hpp).
 template <class Stream>
 std::string peer_of(Stream& s) {
-  boost::system::error_code ec;
-  auto ep = beast::get_lowest_layer(s).socket().remote_endpoint(ec);
-  if (ec) return "unknown";
-  std::array<unsigned char, 16> b{};
-  const auto a = ep.address();
-  if (a.is_v4()) {
-    auto v4 = a.to_v4().to_bytes();
-    std::copy(v4.begin(), v4.end(), b.begin());
-    return peer_key(false, b);
-  }
-  auto v6 = a.to_v6().to_bytes();
-  std::copy(v6.begin(), v6.end(), b.begin());
-  return peer_key(true, b);
+  return address_of(beast::get_lowest_layer(s).socket());
 }
 
 template <class Stream>

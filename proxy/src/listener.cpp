@@ -29,22 +29,6 @@ using asio::awaitable;
 namespace {
 constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
 
-/// The peer's address as the admission limits key it (admission.hpp's peer_key).
-std::string address_of(const tcp::socket& socket) {
-  boost::system::error_code ec;
-  auto ep = socket.remote_endpoint(ec);
-  if (ec) return "unknown";
-  std::array<unsigned char, 16> b{};
-  const auto a = ep.address();
-  if (a.is_v4()) {
-    auto v4 = a.to_v4().to_bytes();
-    std::copy(v4.begin(), v4.end(), b.begin());
-    return peer_key(false, b);
-  }
-  auto v6 = a.to_v6().to_bytes();
-  std::copy(v6.begin(), v6.end(), b.begin());
-  return peer_key(true, b);
-}
 
 /// The listener's TLS: TLS 1.2 at least, and for 1.2 only forward-secret AEAD suites (Mozilla's
 /// "intermediate" list, without DHE); TLS 1.3's suites are OpenSSL's. No renegotiation, no
@@ -77,6 +61,22 @@ std::shared_ptr<asio::ssl::context> make_tls(const server_options& o, std::strin
   return ctx;
 }
 }  // namespace
+
+std::string address_of(const tcp::socket& socket) {
+  boost::system::error_code ec;
+  auto ep = socket.remote_endpoint(ec);
+  if (ec) return "unknown";
+  std::array<unsigned char, 16> b{};
+  const auto a = ep.address();
+  if (a.is_v4()) {
+    auto v4 = a.to_v4().to_bytes();
+    std::copy(v4.begin(), v4.end(), b.begin());
+    return peer_key(false, b);
+  }
+  auto v6 = a.to_v6().to_bytes();
+  std::copy(v6.begin(), v6.end(), b.begin());
+  return peer_key(true, b);
+}
 
 struct server::impl : std::enable_shared_from_this<server::impl> {
   impl(asio::any_io_executor ex, server_options o, gateway& g, server_status s)

@@ -290,6 +290,10 @@ boost::asio::awaitable<std::optional<stream_handoff>> serve_http(server_core& co
 /// limits. The coroutine of the stream it turns into (WebSocket, multiplexed, NDJSON or SSE)
 /// takes it over, so that the connection's own coroutine (and its frame: the request's state)
 /// ends at the hand-off.
+/// The peer's address as the admission limits key it (admission.hpp's peer_key): "unknown" when
+/// the socket has none (listener.cpp).
+std::string address_of(const boost::asio::ip::tcp::socket& socket);
+
 /// A connection's place among those not handed to a stream: taken at accept, given back when
 /// it becomes a stream or closes.
 class non_stream_place {

@@ -443,7 +443,10 @@ std::shared_ptr<snapshot_job> snapshot_service::admit(const stream_request& r, c
     for (const auto& l : {limit{"a:", address, opts_.per_address_minute, "address"},
                           limit{"s:", subject, opts_.per_subject_minute, "token's subject"}}) {
       if (l.key.empty() || !l.per_minute) continue;
-      auto& q = recent_starts_[std::string(l.prefix) + std::string(l.key)];
+      const std::string key = std::string(l.prefix) + std::string(l.key);
+      // (full of keys all begun within the minute: a new key is not counted until some go)
+      if (recent_starts_.size() >= 65536 && !recent_starts_.count(key)) continue;
+      auto& q = recent_starts_[key];
       while (!q.empty() && q.front() <= minute_ago) q.pop_front();
       if (q.size() >= l.per_minute) {
         ++rate_limited_;

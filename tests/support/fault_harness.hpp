@@ -61,11 +61,18 @@ struct walgate_process {
   int err_fd = -1;
   std::thread reader;
   std::mutex m;
-  std::string output;
+  std::string output;          // every start's stderr, one after the other
+  std::size_t run_from = 0;    // where this start's stderr begins in it
   std::atomic<bool> listening{false};
 
+  // Assumption: a later start's lines are told apart from an earlier one's (a test that waits
+  // for a line must not be satisfied by the process it killed before).
   void start() {
     listening = false;
+    {
+      std::lock_guard<std::mutex> g(m);
+      run_from = output.size();
+    }
     int p[2];
     REQUIRE(pipe(p) == 0);
     pid = fork();
@@ -89,7 +96,7 @@ struct walgate_process {
       while ((n = ::read(fd, buf, sizeof buf)) > 0) {
         std::lock_guard<std::mutex> g(m);
         output.append(buf, static_cast<std::size_t>(n));
-        if (output.find("listening on") != std::string::npos) listening = true;
+        if (output.find("listening on", run_from) != std::string::npos) listening = true;
       }
       close(fd);
     });
@@ -109,6 +116,11 @@ struct walgate_process {
   std::string log() {
     std::lock_guard<std::mutex> g(m);
     return output;
+  }
+  /// What the latest start printed.
+  std::string this_run() {
+    std::lock_guard<std::mutex> g(m);
+    return output.substr(run_from);
   }
   ~walgate_process() {
     if (pid > 0) kill_with(SIGKILL);

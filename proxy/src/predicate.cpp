@@ -9,7 +9,9 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
+#include <memory>
 
 namespace walgate::proxy::predicate {
 
@@ -396,11 +398,12 @@ vtype type_of(std::uint32_t oid) {
 
 /// A number as PostgreSQL's numeric holds it: -inf, finite (sign, integer digits without leading
 /// zeros, fraction digits without trailing zeros), +inf, NaN (greater than everything, equal to
-/// itself, as PostgreSQL orders them).
+/// itself, as PostgreSQL orders them). The digits are views into the text read (no allocation:
+/// a row's value is read at every comparison).
 struct exact_number {
   int cls = 0;   // -1 -inf, 0 finite, 1 +inf, 2 NaN
   bool neg = false;
-  std::string ip, fp;
+  std::string_view ip, fp;
 };
 
 std::optional<exact_number> read_exact(std::string_view s) {
@@ -410,15 +413,18 @@ std::optional<exact_number> read_exact(std::string_view s) {
   if (iequals(s, "-Infinity")) return n.cls = -1, n;
   std::size_t i = 0;
   if (i < s.size() && (s[i] == '-' || s[i] == '+')) n.neg = s[i++] == '-';
-  std::size_t digits = 0;
-  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) n.ip += s[i++], ++digits;
+  const auto digits_from = [&](std::size_t from) {
+    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
+    return s.substr(from, i - from);
+  };
+  n.ip = digits_from(i);
   if (i < s.size() && s[i] == '.') {
     ++i;
-    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) n.fp += s[i++], ++digits;
+    n.fp = digits_from(i);
   }
-  if (digits == 0 || i != s.size()) return std::nullopt;   // (an exponent: not numeric's text)
-  n.ip.erase(0, std::min(n.ip.find_first_not_of('0'), n.ip.size()));
-  while (!n.fp.empty() && n.fp.back() == '0') n.fp.pop_back();
+  if (n.ip.size() + n.fp.size() == 0 || i != s.size()) return std::nullopt;   // (an exponent: not numeric's text)
+  n.ip.remove_prefix(std::min(n.ip.find_first_not_of('0'), n.ip.size()));
+  while (!n.fp.empty() && n.fp.back() == '0') n.fp.remove_suffix(1);
   if (n.ip.empty() && n.fp.empty()) n.neg = false;   // -0 is 0
   return n;
 }
@@ -444,10 +450,12 @@ std::optional<double> read_float(std::string_view s) {
   if (iequals(s, "Infinity") || iequals(s, "+Infinity")) return std::numeric_limits<double>::infinity();
   if (iequals(s, "-Infinity")) return -std::numeric_limits<double>::infinity();
   if (s.empty() || s.size() > 64) return std::nullopt;
-  std::string t(s);
+  char t[65];   // (strtod wants a terminated string; on the stack: no allocation per comparison)
+  std::memcpy(t, s.data(), s.size());
+  t[s.size()] = '\0';
   char* end = nullptr;
-  double d = std::strtod(t.c_str(), &end);
-  if (end != t.c_str() + t.size() || std::isnan(d)) return std::nullopt;
+  double d = std::strtod(t, &end);
+  if (end != t + s.size() || std::isnan(d)) return std::nullopt;
   return d;
 }
 
@@ -552,14 +560,16 @@ std::string_view rtrim_spaces(std::string_view s) {
   return s;
 }
 
-/// A value read as its column's type, ready to compare.
+/// A value read as its column's type, ready to compare. Its text and digits are views: into the
+/// row's value while a row is compared (nothing allocated per comparison), into the bound
+/// predicate's own copy of a literal otherwise (`literal_text`).
 struct typed {
   vtype t = vtype::text;
   exact_number exact;
   double f = 0;
   bool b = false;
   instant_t instant;
-  std::string text;   // bpchar (trimmed), uuid (lowercase), text
+  std::string_view text;   // bpchar (trimmed), uuid (as written: compared without case), text
 };
 
 std::optional<typed> read_as(vtype t, std::string_view s) {
@@ -567,7 +577,7 @@ std::optional<typed> read_as(vtype t, std::string_view s) {
   v.t = t;
   switch (t) {
     case vtype::exact:
-      if (auto n = read_exact(s)) return v.exact = std::move(*n), v;
+      if (auto n = read_exact(s)) return v.exact = *n, v;
       return std::nullopt;
     case vtype::floating:
       if (auto d = read_float(s)) return v.f = *d, v;
@@ -579,11 +589,20 @@ std::optional<typed> read_as(vtype t, std::string_view s) {
     case vtype::local_instant:
       if (auto u = read_instant(s, t == vtype::local_instant)) return v.instant = *u, v;
       return std::nullopt;
-    case vtype::bpchar: v.text = std::string(rtrim_spaces(s)); return v;
-    case vtype::uuid: v.text = lower(s); return v;
-    case vtype::text: v.text = std::string(s); return v;
+    case vtype::bpchar: v.text = rtrim_spaces(s); return v;
+    case vtype::uuid:
+    case vtype::text: v.text = s; return v;
   }
   return std::nullopt;
+}
+
+int compare_folded(std::string_view a, std::string_view b) {   // ASCII case folded (uuid's hex digits)
+  const std::size_t n = std::min(a.size(), b.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    const int x = std::tolower(static_cast<unsigned char>(a[i])), y = std::tolower(static_cast<unsigned char>(b[i]));
+    if (x != y) return x < y ? -1 : 1;
+  }
+  return a.size() == b.size() ? 0 : a.size() < b.size() ? -1 : 1;
 }
 
 int compare(const typed& a, const typed& b) {
@@ -593,6 +612,7 @@ int compare(const typed& a, const typed& b) {
     case vtype::boolean: return a.b == b.b ? 0 : a.b ? 1 : -1;
     case vtype::instant:
     case vtype::local_instant: return a.instant < b.instant ? -1 : a.instant > b.instant ? 1 : 0;
+    case vtype::uuid: return compare_folded(a.text, b.text);
     default: {
       int c = a.text.compare(b.text);
       return c < 0 ? -1 : c > 0 ? 1 : 0;
@@ -683,7 +703,7 @@ std::optional<std::string> equality_key(std::uint32_t type_oid, std::string_view
       auto n = read_exact(text);
       if (!n) return std::nullopt;
       if (n->cls != 0) return std::string(n->cls == 2 ? "NaN" : n->cls > 0 ? "+inf" : "-inf");
-      return std::string(n->neg ? "-" : "") + n->ip + "." + n->fp;
+      return std::string(n->neg ? "-" : "") + std::string(n->ip) + "." + std::string(n->fp);
     }
     case vtype::boolean: {
       auto b = read_bool(text);
@@ -772,7 +792,10 @@ struct bound::impl {
     std::size_t column = 0;
     vtype type = vtype::text;
     cmp op = cmp::eq;
-    std::vector<typed> values;   // the literals read as the column's type
+    std::vector<typed> values;   // the literals read as the column's type: views into `literal_text`
+    // Each literal's text, one heap string each: a move of the item leaves them where they are
+    // (the views stay true); the item is move-only.
+    std::vector<std::unique_ptr<const std::string>> literal_text;
     bool value = false;          // constant
   };
   item root;
@@ -854,8 +877,12 @@ std::optional<bound::impl::item> bind_item(const node& n, std::span<const column
     // A literal of another kind than the column's: a number compared with a text column is
     // compared as its text; a string with a number column is read as a number. What cannot be
     // read as the column's type never matches.
-    auto v = read_as(it.type, o.value->text);
-    if (v) it.values.push_back(std::move(*v));
+    auto text = std::make_unique<const std::string>(it.type == vtype::uuid ? lower(o.value->text) : o.value->text);
+    auto v = read_as(it.type, *text);
+    if (v) {
+      it.values.push_back(*v);
+      it.literal_text.push_back(std::move(text));
+    }
   }
   if (it.op != cmp::is_null && it.op != cmp::is_not_null && it.values.empty()) {
     item f;
@@ -887,18 +914,18 @@ std::string sql_value(const typed& v, std::uint32_t oid, const std::function<std
   switch (v.t) {
     case vtype::exact: {
       if (v.exact.cls != 0 || oid == 26) return {};   // (oid has no comparison with numeric)
-      std::string n = (v.exact.neg ? "-" : "") + (v.exact.ip.empty() ? std::string("0") : v.exact.ip);
+      std::string n = (v.exact.neg ? "-" : "") + (v.exact.ip.empty() ? std::string("0") : std::string(v.exact.ip));
       // An integer column with a whole number: an integer constant (int = int8 has a btree
       // operator, so an index on the column serves; = numeric would cast the column).
       if ((oid == 20 || oid == 21 || oid == 23) && v.exact.fp.empty() && v.exact.ip.size() <= 18) return n;
-      if (!v.exact.fp.empty()) n += "." + v.exact.fp;
+      if (!v.exact.fp.empty()) n += "." + std::string(v.exact.fp);
       return literal(n) + "::numeric";
     }
     case vtype::boolean: return v.b ? "true" : "false";
-    case vtype::bpchar: return literal(v.text);
+    case vtype::bpchar: return literal(std::string(v.text));
     case vtype::text:   // text, varchar, name (other types read as text have SQL meanings of their own)
-      return oid == 25 || oid == 1043 || oid == 19 ? literal(v.text) : std::string();
-    case vtype::uuid: return uuid_text(v.text) ? literal(v.text) + "::uuid" : std::string();
+      return oid == 25 || oid == 1043 || oid == 19 ? literal(std::string(v.text)) : std::string();
+    case vtype::uuid: return uuid_text(v.text) ? literal(std::string(v.text)) + "::uuid" : std::string();
     default: return {};   // floats, instants: the gateway alone decides
   }
 }

@@ -240,6 +240,22 @@ const std::vector<setting>& settings() {
                        "invalid tokens from one address in a minute before its stream requests get 429 until the minute "
                        "ends; 0: no limit",
                        &config::auth_failures_per_minute, 0, 1'000'000));
+    s.push_back(number("max-connections-per-address",
+                       "connections of one address that are not streams (waiting for or answering a request); at the "
+                       "limit a new one replaces its oldest idle one (1-100000)",
+                       &config::max_connections_per_address, 1, 100'000));
+    s.push_back(number("max-other-connections",
+                       "connections that are not streams, in all, beside --max-clients (16-100000)",
+                       &config::max_other_connections, 16, 100'000));
+    s.push_back(number("snapshots-per-minute-per-address",
+                       "per-client snapshots (snapshot=true) one address may begin in a minute (more get 429); 0: no limit",
+                       &config::snapshots_per_minute_address, 0, 1'000'000));
+    s.push_back(number("snapshots-per-minute-per-subject",
+                       "per-client snapshots one token subject may begin in a minute (more get 429); 0: no limit",
+                       &config::snapshots_per_minute_subject, 0, 1'000'000));
+    s.push_back(number("snapshots-per-minute-per-mux",
+                       "per-client snapshots one /v1/mux connection may begin in a minute (more get 429); 0: no limit",
+                       &config::snapshots_per_minute_mux, 0, 1'000'000));
     s.push_back(number("group-max-mb",
                        "a group=transaction message is split into parts past this many MiB of events (1-1024)",
                        &config::group_max_mb, 1, 1024));

@@ -36,6 +36,11 @@ struct config {
   std::size_t max_streams_per_subject = 100;   ///< a token's sub at once (0: no limit)
   std::size_t max_streams_per_address = 0;     ///< one address (IPv4, IPv6 /64) at once (0: no limit)
   std::size_t auth_failures_per_minute = 30;   ///< invalid tokens of one address (0: no limit)
+  std::size_t max_connections_per_address = 32;   ///< connections of one address that are not streams
+  std::size_t max_other_connections = 256;        ///< connections that are not streams, in all
+  std::size_t snapshots_per_minute_address = 300;   ///< per-client snapshots begun a minute (0: no limit)
+  std::size_t snapshots_per_minute_subject = 60;
+  std::size_t snapshots_per_minute_mux = 10;
   std::size_t max_clients = 0;          ///< 0: 10,000, or fewer if the open-file limit cannot hold them
   std::size_t ws_max_subscriptions = 64;   ///< subscriptions on one multiplexed WebSocket (/v1/mux)
   unsigned send_threads = 1;               ///< threads writing to plain-TCP WebSocket clients (0: the event loop)

@@ -294,6 +294,8 @@ bool server_options_of(const config& s, const std::string& database, proxy::serv
   so.max_streams_per_address = s.max_streams_per_address;
   so.auth_failures_per_minute = s.auth_failures_per_minute;
   so.log = log_line;
+  so.max_connections_per_address = s.max_connections_per_address;
+  so.max_other_connections = s.max_other_connections;
   if (!client_limit(s.max_clients, so, error)) {
     log_line(error);
     return false;
@@ -319,6 +321,9 @@ bool server_options_of(const config& s, const std::string& database, proxy::serv
   so.snapshot.max_queued = s.snapshot_queue;
   so.snapshot.statement_timeout = std::chrono::seconds(s.snapshot_timeout_s);
   so.snapshot.client_bytes = s.snapshot_client_kb << 10;
+  so.snapshot.per_address_minute = s.snapshots_per_minute_address;
+  so.snapshot.per_subject_minute = s.snapshots_per_minute_subject;
+  so.snapshot.per_connection_minute = s.snapshots_per_minute_mux;
   return true;
 }
 

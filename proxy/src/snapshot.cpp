@@ -410,8 +410,11 @@ void snapshot_service::stop() {
 
 std::string snapshot_service::rate_refusal(std::string_view who, std::size_t per_minute,
                                            std::chrono::steady_clock::duration left) {
+  const char* flag = who == "address" ? "--snapshots-per-minute-per-address"
+                     : who == "connection" ? "--snapshots-per-minute-per-mux"
+                                           : "--snapshots-per-minute-per-subject";
   return "too many snapshots begun by this " + std::string(who) + " (limit " + std::to_string(per_minute) +
-         " a minute); try again in " + std::to_string(std::chrono::duration_cast<std::chrono::seconds>(left).count() + 1) +
+         " a minute, " + flag + "); try again in " + std::to_string(std::chrono::duration_cast<std::chrono::seconds>(left).count() + 1) +
          " s";
 }
 

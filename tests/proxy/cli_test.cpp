@@ -282,6 +282,25 @@ TEST_CASE("--print-config: file, environment and flags combined and checked, as 
   CHECK(bad.status == 2);
   CHECK(bad.output.find("--tail-mb (or WALGATE_TAIL_MB, or tail-mb in the config file): 0 is not in [1, 65536]") !=
         std::string::npos);
+  // The connection and snapshot limits (issue 32): flags of their own, printed, checked.
+  auto limits = run("--max-connections-per-address 4 --max-other-connections 64 --snapshots-per-minute-per-address 0 "
+                    "--snapshots-per-minute-per-subject 7 --snapshots-per-minute-per-mux 3 --print-config");
+  CHECK(limits.status == 0);
+  for (const char* line : {"max-connections-per-address = 4", "max-other-connections = 64", "snapshots-per-minute-per-address = 0",
+                           "snapshots-per-minute-per-subject = 7", "snapshots-per-minute-per-mux = 3"})
+    CHECK_MESSAGE(limits.output.find(line) != std::string::npos, line << "\n" << limits.output);
+  auto defaults = run("--print-config");
+  for (const char* line : {"max-connections-per-address = 32", "max-other-connections = 256",
+                           "snapshots-per-minute-per-address = 300", "snapshots-per-minute-per-subject = 60",
+                           "snapshots-per-minute-per-mux = 10"})
+    CHECK_MESSAGE(defaults.output.find(line) != std::string::npos, line);
+  auto zero = run("--max-connections-per-address 0 --print-config");
+  CHECK(zero.status == 2);
+  CHECK(zero.output.find("--max-connections-per-address (or WALGATE_MAX_CONNECTIONS_PER_ADDRESS, or "
+                         "max-connections-per-address in the config file): 0 is not in [1, 100000]") != std::string::npos);
+  auto few = run("--print-config", "WALGATE_MAX_OTHER_CONNECTIONS=8");
+  CHECK(few.status == 2);
+  CHECK(few.output.find("8 is not in [16, 100000]") != std::string::npos);
   auto subs = run("--print-config", "WALGATE_WS_MAX_SUBSCRIPTIONS=0");
   CHECK(subs.status == 2);
   CHECK(subs.output.find("--ws-max-subscriptions (or WALGATE_WS_MAX_SUBSCRIPTIONS, or ws-max-subscriptions in the config "

@@ -919,7 +919,7 @@ TEST_CASE("snapshot churn is rate-limited: per /v1/mux connection, per address, 
     mux.ws.write(asio::buffer(std::string(R"({"type":"subscribe","id":"c","snapshot":true,"tables":"public.churn_items"})")));
     const auto refused = refusal_of(mux, "c");
     CHECK_MESSAGE(refused.find(R"("status":429)") != std::string::npos, refused);
-    CHECK_MESSAGE(refused.find("too many snapshots begun by this connection (limit 2 a minute)") != std::string::npos, refused);
+    CHECK_MESSAGE(refused.find("too many snapshots begun by this connection (limit 2 a minute, --snapshots-per-minute-per-mux)") != std::string::npos, refused);
   }
   // The address began 2 (the connection's); 2 more, then 429.
   for (int i = 0; i < 2; ++i) {
@@ -928,7 +928,7 @@ TEST_CASE("snapshot churn is rate-limited: per /v1/mux connection, per address, 
   }
   auto [code, body] = get_path(g.port(), "/v1/stream?snapshot=true&tables=public.churn_items");
   CHECK(code == 429);
-  CHECK_MESSAGE(body.find("too many snapshots begun by this address (limit 4 a minute)") != std::string::npos, body);
+  CHECK_MESSAGE(body.find("too many snapshots begun by this address (limit 4 a minute, --snapshots-per-minute-per-address)") != std::string::npos, body);
   stream_client plain(g.port(), "/v1/stream?tables=public.churn_items");   // (streams without a snapshot: not limited)
   CHECK(plain.status() == 200);
   const auto metrics = get_path(g.port(), "/metrics").second;

@@ -385,7 +385,8 @@ bool event_log::recover(std::string& error) {
       // last write cut short by a crash, nothing whole and valid after it — may be cut. Its bytes
       // hold no commit (every commit before the damage is kept), so nothing cut was ever
       // acknowledged. Damage followed by a valid frame, here or in a later segment, is damage
-      // inside history (a bad sector, a stray write): refused, with nothing changed.
+      // inside history (a bad sector, a stray write): refused, with nothing changed — unless the
+      // slot's position shows none of it was acknowledged (below).
       std::optional<std::uint64_t> valid_after;
       lsn cut_commit;   // the commit LSN of the transaction cut off, from its whole events
       {
@@ -436,7 +437,14 @@ bool event_log::recover(std::string& error) {
             later_valid = files[j].second.filename().string() + " at offset " + std::to_string(*v);
         later.push_back(files[j].second);
       }
-      if (valid_after || !later_valid.empty()) {
+      // Damage with whole frames after it, but all of it past what was acknowledged: the writes
+      // of a power cut that reached the disk out of order (a page of the last, unsynced writes
+      // missing, later ones there). Nothing from the damage on was acknowledged — the last whole
+      // transaction before it ends at or past the slot's confirmed position (and ACKED), and
+      // every later one commits after it — so the server sends all of it again: cut, like a
+      // torn tail. Only with the slot's position known (ACKED alone may be behind it).
+      const bool unacknowledged_after = slot.valid() && durable_lsn_.valid() && durable_lsn_ >= acked;
+      if ((valid_after || !later_valid.empty()) && !unacknowledged_after) {
         error = "event log segment " + s.path.string() + " is damaged at offset " + std::to_string(r.stop) + " of " +
                 std::to_string(r.total) + " bytes, and whole, valid frames follow (" +
                 (valid_after ? "in it at offset " + std::to_string(*valid_after) : "in " + later_valid) +
@@ -463,9 +471,17 @@ bool event_log::recover(std::string& error) {
           return false;
         }
       }
-      std::fprintf(stderr, "walgate: recovery: %s ended in a torn write (%zu bytes after its last whole transaction, "
-                           "no whole frame after them): cut at offset %zu, the bytes kept in %s\n",
-                   s.path.string().c_str(), r.total - r.good_end, r.good_end, (opts_.dir / "damaged").string().c_str());
+      if (valid_after || !later_valid.empty())
+        std::fprintf(stderr, "walgate: recovery: %s is damaged at offset %zu and whole frames follow, but none of it "
+                             "was acknowledged (the last whole transaction before it ends at %s, the slot's "
+                             "confirmed_flush_lsn is %s: unsynced writes lost in a power cut): cut at offset %zu, %zu "
+                             "bytes and %zu later segment(s) kept in %s; the server sends it all again\n",
+                     s.path.string().c_str(), r.stop, durable_lsn_.to_string().c_str(), slot.to_string().c_str(),
+                     r.good_end, r.total - r.good_end, later.size(), (opts_.dir / "damaged").string().c_str());
+      else
+        std::fprintf(stderr, "walgate: recovery: %s ended in a torn write (%zu bytes after its last whole transaction, "
+                             "no whole frame after them): cut at offset %zu, the bytes kept in %s\n",
+                     s.path.string().c_str(), r.total - r.good_end, r.good_end, (opts_.dir / "damaged").string().c_str());
       s.base = segments_.empty() ? 0 : segments_.back().base + segments_.back().bytes;
       segments_.push_back(std::move(s));
       break;

@@ -472,6 +472,62 @@ TEST_CASE("damage early in the newest segment, whole frames after it: refused an
   CHECK(log->visible_seq() == 3 + 200 * 50);
 }
 
+// Assumption: whole frames after damage mean acknowledged history, unless the slot says otherwise.
+// A power cut can keep later unsynced pages and lose earlier ones; when the slot's position shows
+// that nothing from the damage on was acknowledged, it is cut (the server sends it again).
+TEST_CASE("damage with whole frames after it, all past the slot's confirmed position: cut and kept aside; one byte less, refused") {
+  temp_dir d;
+  std::string error;
+  auto o = options(d.path);
+  writer w;
+  std::uint64_t after_first = 0;
+  {
+    auto log = event_log::open(o, error);
+    REQUIRE(log);
+    w.whole(*log, 0x100, 3);   // ends at 0x108
+    after_first = log->end_offset();
+    for (std::uint64_t i = 0; i < 20; ++i) w.whole(*log, 0x200 + i * 0x100, 50);
+    REQUIRE(log->sync());
+  }
+  auto seg = segments(d.path).at(0);
+  const std::string before = file_bytes(seg);
+  const std::uint64_t at = after_first + 20;
+  flip(seg, at, char(0x10));
+  const std::string damaged = file_bytes(seg);
+  // The slot acknowledged the second transaction (it ends at 0x208): the damage is in history.
+  auto acked = o;
+  acked.acknowledged = lsn{0x208};
+  CHECK_FALSE(event_log::open(acked, error));
+  CHECK_MESSAGE(error.find("whole, valid frames follow") != std::string::npos, error);
+  // Not even past the first one's end by a byte: refused too.
+  acked.acknowledged = lsn{0x109};
+  CHECK_FALSE(event_log::open(acked, error));
+  CHECK(file_bytes(seg) == damaged);
+  // Without the slot's position (ACKED alone may be behind it): refused.
+  CHECK_FALSE(event_log::open(o, error));
+  CHECK(file_bytes(seg) == damaged);
+  CHECK_FALSE(fs::exists(d.path / "damaged"));
+  // At the first transaction's end: nothing after it was acknowledged. Cut, every byte kept.
+  acked.acknowledged = lsn{0x108};
+  {
+    auto log = event_log::open(acked, error);
+    REQUIRE_MESSAGE(log, error);
+    CHECK(log->visible_seq() == 3);
+    CHECK(log->durable_lsn() == lsn{0x108});
+  }
+  CHECK(fs::file_size(seg) == after_first);
+  const auto aside = d.path / "damaged" / (seg.filename().string() + "." + std::to_string(after_first) + ".cut");
+  REQUIRE(fs::exists(aside));
+  CHECK(file_bytes(aside) == damaged.substr(after_first));
+  // And the stream goes on from there: the same transactions logged again.
+  {
+    auto log = event_log::open(acked, error);
+    REQUIRE_MESSAGE(log, error);
+    w.whole(*log, 0x200, 50);
+    CHECK(log->visible_seq() == 53);
+  }
+}
+
 TEST_CASE("a torn tail — cut short, zeros after it, a garbage write — is cut and moved aside; an acknowledged one is refused") {
   temp_dir d;
   std::string error;

@@ -435,6 +435,18 @@ std::string file_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
+/// A log of one transaction of 3 events (commit 0/100, ending at 0/108), then `txns` of 50 each
+/// (commits 0/200, 0/300…), synced; the offset after the first one.
+std::uint64_t three_then_fifties(const log_options& o, writer& w, std::uint64_t txns) {
+  std::string error;
+  auto log = event_log::open(o, error);
+  REQUIRE_MESSAGE(log, error);
+  w.whole(*log, 0x100, 3);
+  const std::uint64_t after_first = log->end_offset();
+  for (std::uint64_t i = 0; i < txns; ++i) w.whole(*log, 0x200 + i * 0x100, 50);
+  REQUIRE(log->sync());
+  return after_first;
+}
 }  // namespace
 
 TEST_CASE("damage early in the newest segment, whole frames after it: refused and untouched, whatever the bit") {
@@ -442,15 +454,7 @@ TEST_CASE("damage early in the newest segment, whole frames after it: refused an
   std::string error;
   auto o = options(d.path);
   writer w;
-  std::uint64_t after_first = 0;
-  {
-    auto log = event_log::open(o, error);
-    REQUIRE(log);
-    w.whole(*log, 0x100, 3);
-    after_first = log->end_offset();
-    for (std::uint64_t i = 0; i < 200; ++i) w.whole(*log, 0x200 + i * 0x100, 50);   // 10,000 acknowledged events
-    REQUIRE(log->sync());
-  }
+  const std::uint64_t after_first = three_then_fifties(o, w, 200);   // 10,000 acknowledged events
   auto segs = segments(d.path);
   REQUIRE(segs.size() == 1);
   const std::string before = file_bytes(segs[0]);
@@ -480,15 +484,7 @@ TEST_CASE("damage with whole frames after it, all past the slot's confirmed posi
   std::string error;
   auto o = options(d.path);
   writer w;
-  std::uint64_t after_first = 0;
-  {
-    auto log = event_log::open(o, error);
-    REQUIRE(log);
-    w.whole(*log, 0x100, 3);   // ends at 0x108
-    after_first = log->end_offset();
-    for (std::uint64_t i = 0; i < 20; ++i) w.whole(*log, 0x200 + i * 0x100, 50);
-    REQUIRE(log->sync());
-  }
+  const std::uint64_t after_first = three_then_fifties(o, w, 20);
   auto seg = segments(d.path).at(0);
   const std::string before = file_bytes(seg);
   const std::uint64_t at = after_first + 20;

@@ -2,7 +2,7 @@
 // of a big database, a bulk UPDATE) in one segment, then the log opened in a child process: its
 // wall time and peak RSS, side by side with reading the same file once (the floor: recovery
 // reads and checksums every byte). Usage: walgate-bench-recovery DIR [MiB=1024]
-#include "walgate/proxy/event_log.hpp"
+#include "large_transaction.hpp"
 
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -16,7 +16,6 @@
 #include <string>
 
 using namespace walgate;
-namespace pg = walgate::protocol::pgoutput;
 
 namespace {
 double seconds_since(std::chrono::steady_clock::time_point t) {
@@ -42,28 +41,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", error.c_str());
       return 1;
     }
-    protocol::transaction_info t;
-    t.commit_lsn = protocol::lsn{0x1000};
-    t.end_lsn = protocol::lsn{0x1008};
-    log->begin(t.commit_lsn);
-    pg::cached_relation rel;
-    rel.oid = 1;
-    rel.nspname = "public";
-    rel.relname = "big";
-    rel.columns = {{"v", 25, -1, true}};
-    const std::string value((1u << 20) - 64, 'x');
-    std::vector<pg::tuple_column> row{{pg::column_kind::text, protocol::as_bytes(value)}};
-    for (std::uint32_t i = 0; i < mib; ++i) {
-      transform::change c;
-      c.txn = &t;
-      c.kind = transform::op::insert;
-      c.index = i;
-      c.relation = &rel;
-      c.after = row;
-      log->add(c);
-    }
-    log->commit(t.commit_lsn, t.end_lsn);
-    if (!log->sync()) {
+    if (!bench::log_large_transaction(*log, mib)) {
       std::fprintf(stderr, "%s\n", log->error().c_str());
       return 1;
     }

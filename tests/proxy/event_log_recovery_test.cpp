@@ -2,6 +2,7 @@
 // where a resume id leads, what recovery keeps and makes durable.
 #include "walgate/proxy/event_log.hpp"
 
+#include "large_transaction.hpp"
 #include "temp_dir.hpp"
 
 #include <doctest/doctest.h>
@@ -633,28 +634,7 @@ TEST_CASE("restart memory is bounded by blocks, not by the segment: one transact
     auto log = event_log::open(o, error);
     REQUIRE(log);
     // One transaction of 320 records of 1 MiB: one segment, however large.
-    protocol::transaction_info t;
-    t.commit_lsn = lsn{0x1000};
-    t.end_lsn = lsn{0x1008};
-    REQUIRE(log->begin(t.commit_lsn));
-    pg::cached_relation rel;
-    rel.oid = 1;
-    rel.nspname = "public";
-    rel.relname = "big";
-    rel.columns = {{"v", 25, -1, true}};
-    const std::string value((1u << 20) - 64, 'x');
-    std::vector<pg::tuple_column> row{{pg::column_kind::text, protocol::as_bytes(value)}};
-    for (std::uint32_t i = 0; i < 320; ++i) {
-      transform::change c;
-      c.txn = &t;
-      c.kind = transform::op::insert;
-      c.index = i;
-      c.relation = &rel;
-      c.after = row;
-      log->add(c);
-    }
-    log->commit(t.commit_lsn, t.end_lsn);
-    REQUIRE(log->sync());
+    REQUIRE(bench::log_large_transaction(*log, 320));
   }
   REQUIRE(segments(d.path).size() == 1);
   REQUIRE(fs::file_size(segments(d.path)[0]) > (320ull << 20) - (1u << 20));

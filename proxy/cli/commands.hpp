@@ -4,6 +4,7 @@
 #include "config.hpp"
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <string>
 
@@ -11,6 +12,8 @@ namespace walgate::cli {
 
 /// "walgate: <s>" on stderr.
 void log_line(const std::string& s);
+/// What an exception a coroutine ended with says ("unknown exception" when it is no std::exception).
+std::string exception_text(std::exception_ptr e);
 /// The gateway (serve.cpp), until SIGINT/SIGTERM or a failure; on_listening gets the port.
 int serve(const config& c, const std::function<void(std::uint16_t)>& on_listening = {});
 /// An edge (serve.cpp): the HTTP API served from the JetStream stream an origin publishes to.

@@ -42,6 +42,16 @@ void log_line(const std::string& s) {
   std::fflush(stderr);
 }
 
+std::string exception_text(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+  }
+  return "unknown exception";
+}
+
 namespace {
 
 asio::awaitable<proxy::outcome<void>> ensure_publication(proxy::conn_params conn, std::string name, std::string what) {
@@ -364,7 +374,10 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
   if (!s.create_publication.empty()) {
     std::optional<proxy::outcome<void>> r;
     asio::co_spawn(io, ensure_publication(*parsed.params, s.publications.front(), s.create_publication),
-                   [&](std::exception_ptr, proxy::outcome<void> v) { r = std::move(v); });
+                   [&](std::exception_ptr e, proxy::outcome<void> v) {
+                     if (e) v = proxy::failure{{}, exception_text(e), {}, false};
+                     r = std::move(v);
+                   });
     io.run();
     io.restart();
     if (!r || !*r) {
@@ -427,7 +440,8 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
         }
       } else {
         std::optional<proxy::outcome<void>> r;
-        asio::co_spawn(io, drop_unfinished_slot(*parsed.params, s.slot), [&](std::exception_ptr, proxy::outcome<void> v) {
+        asio::co_spawn(io, drop_unfinished_slot(*parsed.params, s.slot), [&](std::exception_ptr e, proxy::outcome<void> v) {
+          if (e) v = proxy::failure{{}, exception_text(e), {}, false};
           r = std::move(v);
         });
         io.run();
@@ -519,14 +533,7 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
   asio::co_spawn(io, client.run(), [&](std::exception_ptr e, proxy::outcome<void> r) {
     // Every way out that is not a requested shutdown is a failure a supervisor must see.
     if (e) {
-      std::string what = "unknown exception";
-      try {
-        std::rethrow_exception(e);
-      } catch (const std::exception& x) {
-        what = x.what();
-      } catch (...) {
-      }
-      log_line("the replication stream failed: " + what + "; stopping (durable up to " + gw.durable_lsn().to_string() +
+      log_line("the replication stream failed: " + exception_text(e) + "; stopping (durable up to " + gw.durable_lsn().to_string() +
                ": a restart resumes from there)");
       failure_logged = true;
       rc = 1;

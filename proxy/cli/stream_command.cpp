@@ -11,6 +11,8 @@
 #include <boost/asio/signal_set.hpp>
 
 #include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
 #include <variant>
 
 namespace walgate::cli {
@@ -19,6 +21,8 @@ namespace asio = boost::asio;
 
 namespace {
 
+/// Prints what the stream carries. Test hook: WALGATE_TEST_THROW_IN_STREAM set makes the first
+/// XLogData frame throw, as a bug would (the tests check the exit status and the reason).
 class print_sink final : public proxy::replication_sink {
  public:
   void on_stream_start(const proxy::stream_start_info& i) override {
@@ -29,6 +33,7 @@ class print_sink final : public proxy::replication_sink {
   }
   boost::system::error_code on_xlog_data(const protocol::xlog_data& x) override {
     namespace pg = protocol::pgoutput;
+    if (throw_) throw std::runtime_error("test hook: an exception in the stream path at " + x.wal_start.to_string());
     auto decoded = decoder_.decode(x.data, context_);
     if (!decoded) {
       log_line("cannot decode the message at " + x.wal_start.to_string() + ": " + decoded.error().message());
@@ -90,6 +95,7 @@ class print_sink final : public proxy::replication_sink {
   protocol::pgoutput::relation_cache relations_;
   bool in_transaction_ = false;
   protocol::lsn durable_;
+  bool throw_ = std::getenv("WALGATE_TEST_THROW_IN_STREAM") != nullptr;
 };
 
 }  // namespace
@@ -117,12 +123,17 @@ int run_stream(const config& s) {
     if (!ec) client.stop();
   });
   int rc = 0;
-  asio::co_spawn(io, client.run(), [&](std::exception_ptr, proxy::outcome<void> r) {
+  // Assumption: the coroutine ends with an outcome or an exception; both that are not success exit 1.
+  asio::co_spawn(io, client.run(), [&](std::exception_ptr e, proxy::outcome<void> r) {
     signals.cancel();
-    if (!r) {
+    if (e) {
+      log_line("the replication stream failed: " + exception_text(e));
+      rc = 1;
+    } else if (!r) {
       log_line(r.error().message);
       rc = 1;
     }
+    io.stop();   // (an exception leaves the client's other work pending: nothing more is to be done)
   });
   io.run();
   return rc;

@@ -143,7 +143,7 @@ void event_log::add(const transform::change& c) {
   std::size_t values = 0;
   for (const auto& col : c.before) values += col.value.size() + 5;
   for (const auto& col : c.after) values += col.value.size() + 5;
-  if (values >= large_record) scratch_.reserve(values + 4096);
+  if (values >= large_record) scratch_.reserve(values + record_slack);
   protocol::writer(scratch_).u64(next_seq_);
   record_writer_.write(scratch_, c);
   txn_xid_ = c.txn->xid;
@@ -174,7 +174,7 @@ void event_log::add_record(std::string_view record, transform::event_id id, tran
     ++next_seq_;
     txn_xid_ = xid;
     unheld_ = true;
-    if (pending_.size() > (1u << 20)) write_pending();
+    if (pending_.size() > pending_write_bytes) write_pending();
     return;
   }
   scratch_.clear();
@@ -217,7 +217,7 @@ event_ptr event_log::place(transform::event_id id, transform::op kind, std::uint
   evict();
   // A large transaction goes to the file as it comes (without fsync: it is not durable until
   // its end frame is, and recovery cuts unterminated transactions).
-  if (pending_.size() > (1u << 20)) write_pending();
+  if (pending_.size() > pending_write_bytes) write_pending();
   return ev;
 }
 
@@ -256,7 +256,7 @@ void event_log::commit(lsn commit_lsn, lsn end_lsn) {
   if (next_seq_ > txn_first_seq_) {
     last_visible_id_ = seg.last_id;
     recent_commits_.emplace_back(txn_first_seq_, end_offset());
-    if (recent_commits_.size() > 4096) recent_commits_.pop_front();
+    if (recent_commits_.size() > recent_commits_kept) recent_commits_.pop_front();
     remember_xid(txn_xid_, txn_first_seq_);
   }
   visible_seq_ = next_seq_;
@@ -268,7 +268,7 @@ void event_log::commit(lsn commit_lsn, lsn end_lsn) {
 void event_log::remember_xid(std::uint32_t xid, std::uint64_t first_seq) {
   if (xid == 0) return;   // (a non-transactional message)
   recent_xids_.emplace_back(xid, first_seq);
-  if (recent_xids_.size() > 65536) recent_xids_.pop_front();
+  if (recent_xids_.size() > recent_xids_kept) recent_xids_.pop_front();
 }
 
 std::optional<std::uint64_t> event_log::first_recent_transaction(const std::function<bool(std::uint32_t)>& pred) const {

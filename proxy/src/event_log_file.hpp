@@ -38,6 +38,16 @@ inline constexpr std::string_view format_line = "walgate event log 2\n";
 inline constexpr std::size_t index_every = 256;
 inline constexpr std::size_t index_bytes = 64u << 10;
 inline constexpr std::size_t large_record = 1u << 20;   // written to the file directly, never copied
+/// Frames gathered in memory before they go to the file in one write (a large transaction's go
+/// as they come, unsynced, past this much).
+inline constexpr std::size_t pending_write_bytes = 1u << 20;
+/// Room for a record's framing beside its values when reserved at once (large records).
+inline constexpr std::size_t record_slack = 4096;
+/// Recent commits remembered (first seq, end offset): where transaction_end_offset looks.
+inline constexpr std::size_t recent_commits_kept = 4096;
+/// Recent transactions remembered by xid (first seq): where first_recent_transaction looks (a
+/// per-client snapshot's transactions logged before it but not seen by it; log_reader.hpp).
+inline constexpr std::size_t recent_xids_kept = 65536;
 
 inline std::string segment_name(std::uint64_t first_seq) {
   char buf[64];

@@ -2,6 +2,8 @@
 // token, and comparisons by the column's type.
 #include "walgate/proxy/predicate.hpp"
 
+#include "walgate/transform/temporal.hpp"
+
 #include <boost/json/value.hpp>
 
 #include <algorithm>
@@ -473,16 +475,6 @@ std::optional<bool> read_bool(std::string_view s) {
   return std::nullopt;
 }
 
-/// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's days_from_civil).
-std::int64_t days_from_civil(std::int64_t y, unsigned m, unsigned d) {
-  y -= m <= 2;
-  const std::int64_t era = (y >= 0 ? y : y - 399) / 400;
-  const unsigned yoe = static_cast<unsigned>(y - era * 400);
-  const unsigned doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
-  const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-  return era * 146097 + static_cast<std::int64_t>(doe) - 719468;
-}
-
 /// An instant: seconds since the epoch and microseconds (ordered as a pair, so that PostgreSQL's
 /// whole date range, to year 5874897, is no overflow).
 struct instant_t {
@@ -544,7 +536,7 @@ std::optional<instant_t> read_instant(std::string_view s, bool local) {
   }
   if (i != s.size()) return std::nullopt;
   if (local) offset = 0;
-  std::int64_t seconds = days_from_civil(y, static_cast<unsigned>(mo), static_cast<unsigned>(d)) * 86400 + h * 3600 +
+  std::int64_t seconds = transform::temporal::days_from_civil(y, static_cast<unsigned>(mo), static_cast<unsigned>(d)) * 86400 + h * 3600 +
                          mi * 60 + sec - offset;
   if (us >= 1'000'000) ++seconds, us -= 1'000'000;   // (rounded up to the next second)
   return instant_t{seconds, us};

@@ -335,7 +335,7 @@ void subscription::read_some(std::vector<item>& out) {
 void subscription::routed(std::uint64_t seq, row_router::found how) {
   if (overflow_) return;
   queue_.push_back(seq << 2 | static_cast<std::uint64_t>(how));
-  if (queue_.size() > 65536) overflow_ = true;   // (it reads every event from its first queued on)
+  if (queue_.size() > max_routed_queue) overflow_ = true;   // (it reads every event from its first queued on)
 }
 
 void subscription::unroutable(std::uint64_t from_seq, bool for_good) {

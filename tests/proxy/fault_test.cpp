@@ -316,6 +316,30 @@ TEST_CASE("an exception in the stream path ends walgate with a non-zero exit and
         std::string::npos);
 }
 
+// `walgate stream` once ignored the exception its stream ended with and exited 0.
+TEST_CASE("an exception in walgate stream's stream path: exit 1 and the reason") {
+  scenario sc("fy");
+  walgate_process p;
+  p.args = {"stream", "--pg", test::cluster().conninfo(), "--slot", "fy_slot", "--publication", "fy_pub"};
+  p.env = {"WALGATE_TEST_THROW_IN_STREAM=1"};
+  p.start();
+  int rc = -1, row = 0;
+  REQUIRE(test::wait_until(
+      [&] {
+        if (row < 300) test::cluster().sql("INSERT INTO fy_a VALUES (" + std::to_string(++row) + ", 'boom')");
+        int status = 0;
+        if (waitpid(p.pid, &status, WNOHANG) != p.pid) return false;
+        rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        p.pid = -1;
+        p.reader.join();
+        return true;
+      },
+      std::chrono::seconds(30)));
+  CHECK(rc == 1);
+  CHECK_MESSAGE(p.log().find("the replication stream failed: test hook: an exception in the stream path") != std::string::npos,
+                p.log());
+}
+
 namespace {
 
 long long peak_rss_kib(pid_t pid) {

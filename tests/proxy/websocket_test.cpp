@@ -413,8 +413,8 @@ std::size_t rss_kib() {
 // ping and never read. With pongs held up to the 1 MiB that other writes may wait, they pinned
 // 32 MiB or more.
 TEST_CASE("walgate's WebSocket: 32 clients that ping and never read pin at most 16 KiB of pongs each in walgate") {
-  test::cluster().sql("CREATE TABLE wsw_p(id int PRIMARY KEY); CREATE PUBLICATION wsw_p_pub FOR TABLE wsw_p");
-  running_gateway g("wsw_p_slot", "wsw_p_pub");
+  test::cluster().sql("CREATE TABLE wsw_q(id int PRIMARY KEY); CREATE PUBLICATION wsw_q_pub FOR TABLE wsw_q");
+  running_gateway g("wsw_q_slot", "wsw_q_pub");
   std::vector<std::unique_ptr<wire>> clients;
   for (int i = 0; i < 32; ++i) {
     clients.push_back(std::make_unique<wire>(g.port(), "/v1/ws", "", "13", "dGhlIHNhbXBsZSBub25jZQ==", 4096));

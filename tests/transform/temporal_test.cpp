@@ -1,4 +1,4 @@
-#include "../../transform/src/temporal.hpp"
+#include "walgate/transform/temporal.hpp"
 
 #include <doctest/doctest.h>
 

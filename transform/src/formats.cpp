@@ -1,6 +1,6 @@
 #include "walgate/transform/formats.hpp"
 
-#include "temporal.hpp"
+#include "walgate/transform/temporal.hpp"
 #include "walgate/protocol/base64.hpp"
 #include "walgate/transform/json.hpp"
 #include "walgate/transform/pg_array.hpp"

@@ -1,4 +1,4 @@
-#include "temporal.hpp"
+#include "walgate/transform/temporal.hpp"
 
 #include <cmath>
 #include <cstdio>

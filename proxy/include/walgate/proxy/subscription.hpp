@@ -152,6 +152,9 @@ class subscription : private row_router::target {
   bool routed_ = false;
   bool overflow_ = false;   // more queued than it reads: it reads every event again
   std::deque<std::uint64_t> queue_;   // seq << 2 | row_router::found
+  /// Seqs the router may queue for it before it stops queuing (overflow_): a subscription that
+  /// far behind reads the log instead (512 KiB of queue at most).
+  static constexpr std::size_t max_routed_queue = 65536;
   /// The router's finding decides its rows (router_decides): queued events are not decided again.
   bool exact_ = false;
   row_router::found found_ = row_router::found::unknown;   // the event take() is given: how found

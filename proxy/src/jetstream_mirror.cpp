@@ -4,13 +4,10 @@
 #include "walgate/proxy/metrics.hpp"
 #include "walgate/transform/record.hpp"
 
+#include "nats_connection.hpp"
 #include "nats_util.hpp"
 
 #include <atomic>
-#include <condition_variable>
-#include <future>
-#include <mutex>
-#include <thread>
 
 namespace walgate::proxy {
 
@@ -19,19 +16,10 @@ using namespace nats_util;
 struct jetstream_mirror::impl {
   impl(event_log& l, std::function<void(std::function<void()>)> p, jetstream_options opts,
        std::function<void(const std::string&)> s)
-      : log(l), post(std::move(p)), o(std::move(opts)), say(std::move(s)) {}
+      : log(l), o(std::move(opts)), nats(std::move(p), std::move(s), connection(o)) {}
   event_log& log;
-  std::function<void(std::function<void()>)> post;
   jetstream_options o;
-  std::function<void(const std::string&)> say;
-
-  std::thread thread;
-  std::mutex m;
-  std::condition_variable cv;
-  bool stopping = false;
-  bool closed = true;
-  natsConnection* nc = nullptr;
-  jsCtx* js = nullptr;
+  nats_connection nats;   // the connection, the thread, the loop (post, on_loop), state()
   natsSubscription* sub = nullptr;
 
   std::atomic<std::uint64_t> applied{0}, last_stream_seq{0}, pending{0};
@@ -42,93 +30,22 @@ struct jetstream_mirror::impl {
   std::uint64_t catch_up_to = 0;   // (thread) the stream's last sequence when consuming began
   bool logged_any = false;         // (thread) the log holds an event
   protocol::lsn open_commit;       // (loop) the transaction apply() is in
-  std::atomic<int> fault{0};
-  std::string last_state;
 
-  template <class F>
-  auto on_loop(F f) -> std::optional<decltype(f())> {
-    using R = decltype(f());
-    auto done = std::make_shared<std::promise<R>>();
-    auto fut = done->get_future();
-    post([f = std::move(f), done]() mutable { done->set_value(f()); });
-    while (fut.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready)
-      if (stopped()) return std::nullopt;
-    return fut.get();
-  }
-  bool stopped() {
-    std::lock_guard lk(m);
-    return stopping;
-  }
-  void pause(std::chrono::milliseconds d) {
-    std::unique_lock lk(m);
-    cv.wait_for(lk, d, [&] { return stopping; });
-  }
-  void state(const std::string& s, bool is_fault = false) {
-    fault = is_fault ? 1 : 0;
-    if (s == last_state) return;
-    last_state = s;
-    if (!s.empty()) say("JetStream: " + s);
-  }
-  static void on_closed(natsConnection*, void* closure) {
-    auto* self = static_cast<impl*>(closure);
-    {
-      std::lock_guard lk(self->m);
-      self->closed = true;
-    }
-    self->cv.notify_all();
+  /// The connection's settings: JetStream requests only (a consumer, direct gets).
+  static nats_connection::settings connection(const jetstream_options& o) {
+    nats_connection::settings c;
+    c.servers = o.servers;
+    c.name = "walgate edge";
+    c.wait_ms = o.ack_wait.count();
+    c.cannot_connect = [](const std::string& error) { return "cannot connect to the NATS servers: " + error + " (trying again)"; };
+    return c;
   }
 
   void disconnect() {
     consuming = false;
     if (sub) natsSubscription_Destroy(sub);
     sub = nullptr;
-    if (js) jsCtx_Destroy(js);
-    js = nullptr;
-    if (nc) {
-      natsConnection_Close(nc);
-      std::unique_lock lk(m);
-      cv.wait_for(lk, std::chrono::seconds(5), [&] { return closed; });
-      lk.unlock();
-      natsConnection_Destroy(nc);
-    }
-    nc = nullptr;
-  }
-
-  bool connect() {
-    nats_options_ptr opts;
-    natsStatus s = natsOptions_Create(&opts.p);
-    std::vector<const char*> servers;
-    for (const auto& u : o.servers) servers.push_back(u.c_str());
-    if (s == NATS_OK) s = natsOptions_SetServers(opts.p, servers.data(), static_cast<int>(servers.size()));
-    if (s == NATS_OK) s = natsOptions_SetName(opts.p, "walgate edge");
-    if (s == NATS_OK) s = natsOptions_SetMaxReconnect(opts.p, -1);
-    if (s == NATS_OK) s = natsOptions_SetReconnectWait(opts.p, 250);
-    if (s == NATS_OK) s = natsOptions_SetTimeout(opts.p, 2000);
-    if (s == NATS_OK) s = natsOptions_SetClosedCB(opts.p, &impl::on_closed, this);
-    {
-      std::lock_guard lk(m);
-      closed = false;
-    }
-    if (s == NATS_OK) s = natsConnection_Connect(&nc, opts.p);
-    if (s != NATS_OK) {
-      nc = nullptr;
-      {
-        std::lock_guard lk(m);
-        closed = true;
-      }
-      state("cannot connect to the NATS servers: " + nats_error(s) + " (trying again)");
-      return false;
-    }
-    jsOptions jo;
-    jsOptions_Init(&jo);
-    jo.Wait = o.ack_wait.count();
-    s = natsConnection_JetStream(&js, nc, &jo);
-    if (s != NATS_OK) {
-      state("cannot open a JetStream context: " + nats_error(s));
-      disconnect();
-      return false;
-    }
-    return true;
+    nats.disconnect();
   }
 
   std::optional<transform::event_id> id_at(std::uint64_t seq) {
@@ -136,7 +53,7 @@ struct jetstream_mirror::impl {
     jsDirectGetMsgOptions d;
     jsDirectGetMsgOptions_Init(&d);
     d.Sequence = seq;
-    if (js_DirectGetMsg(&msg.p, js, o.stream.c_str(), nullptr, &d) != NATS_OK) return std::nullopt;
+    if (js_DirectGetMsg(&msg.p, nats.js(), o.stream.c_str(), nullptr, &d) != NATS_OK) return std::nullopt;
     const char* v = nullptr;
     if (natsMsgHeader_Get(msg.p, "Walgate-Id", &v) != NATS_OK || !v) return std::nullopt;
     return transform::event_id::parse(v);
@@ -146,9 +63,9 @@ struct jetstream_mirror::impl {
   std::optional<std::uint64_t> start_seq() {
     stream_info_ptr si;
     jsErrCode jerr = static_cast<jsErrCode>(0);
-    natsStatus s = js_GetStreamInfo(&si.p, js, o.stream.c_str(), nullptr, &jerr);
+    natsStatus s = js_GetStreamInfo(&si.p, nats.js(), o.stream.c_str(), nullptr, &jerr);
     if (s != NATS_OK) {
-      state("cannot read stream " + o.stream + ": " + nats_error(s, jerr) + " (trying again)");
+      nats.state("cannot read stream " + o.stream + ": " + nats_error(s, jerr) + " (trying again)");
       return std::nullopt;
     }
     const std::uint64_t first = si.p->State.FirstSeq, last = si.p->State.LastSeq;
@@ -161,14 +78,14 @@ struct jetstream_mirror::impl {
       subjects += std::string(subjects.empty() ? "" : ", ") + si.p->Config->Subjects[i];
     }
     if (!subject_ok) {
-      state("stream " + o.stream + " holds subjects " + subjects + ", not " + want +
-                ": give this edge the origin's --nats-subject-prefix",
-            true);
+      nats.state("stream " + o.stream + " holds subjects " + subjects + ", not " + want +
+                     ": give this edge the origin's --nats-subject-prefix",
+                 true);
       return std::nullopt;
     }
     catch_up_to = last;
     // (a transaction cut off by the last disconnect is dropped: it comes again whole)
-    auto local = on_loop([this] {
+    auto local = nats.on_loop([this] {
       if (log.in_transaction()) log.abort();
       return log.last_visible_id();
     });
@@ -178,13 +95,13 @@ struct jetstream_mirror::impl {
     if (si.p->State.Msgs == 0) return last + 1;
     auto at = stream_seq_after(*local, first, last, [this](std::uint64_t q) { return id_at(q); });
     if (!at) {
-      state("cannot read stream " + o.stream + "'s messages to find where this edge's log ends (trying again)");
+      nats.state("cannot read stream " + o.stream + "'s messages to find where this edge's log ends (trying again)");
       return std::nullopt;
     }
     if (*at == 0) {
-      state("this edge's event log ends at " + local->to_string() + ", before stream " + o.stream +
-                "'s first message: what came between is gone; delete the edge's data directory (a cache) to start from the stream",
-            true);
+      nats.state("this edge's event log ends at " + local->to_string() + ", before stream " + o.stream +
+                     "'s first message: what came between is gone; delete the edge's data directory (a cache) to start from the stream",
+                 true);
       return std::nullopt;
     }
     return *at;
@@ -249,18 +166,18 @@ struct jetstream_mirror::impl {
     so.Config.OptStartSeq = from;
     const std::string subject = o.subject_prefix + ".>";
     jsErrCode jerr = static_cast<jsErrCode>(0);
-    natsStatus s = js_SubscribeSync(&sub, js, subject.c_str(), nullptr, &so, &jerr);
+    natsStatus s = js_SubscribeSync(&sub, nats.js(), subject.c_str(), nullptr, &so, &jerr);
     if (s != NATS_OK) {
       sub = nullptr;
-      state("cannot consume stream " + o.stream + ": " + nats_error(s, jerr) + " (trying again)");
+      nats.state("cannot consume stream " + o.stream + ": " + nats_error(s, jerr) + " (trying again)");
       return;
     }
     consuming = true;
-    say("JetStream: mirroring stream " + o.stream + " from its message " + std::to_string(from));
+    nats.say("JetStream: mirroring stream " + o.stream + " from its message " + std::to_string(from));
     std::vector<item> batch;
     std::size_t batch_bytes = 0;
     if (catch_up_to < from && logged_any) ready = true;   // (nothing to catch up with)
-    while (!stopped()) {
+    while (!nats.stopped()) {
       msg_ptr msg;
       s = natsSubscription_NextMsg(&msg.p, sub, batch.empty() ? 200 : 5);
       if (s == NATS_OK) {
@@ -270,7 +187,7 @@ struct jetstream_mirror::impl {
         std::optional<transform::event_id> id;
         if (natsMsgHeader_Get(msg.p, "Walgate-Id", &v) == NATS_OK && v) id = transform::event_id::parse(v);
         if (!id) {
-          state("stream " + o.stream + " holds a message without a Walgate-Id: not walgate's stream", true);
+          nats.state("stream " + o.stream + " holds a message without a Walgate-Id: not walgate's stream", true);
           break;
         }
         it.id = *id;
@@ -294,24 +211,24 @@ struct jetstream_mirror::impl {
           if (!end || (natsSubscription_GetPending(sub, &pending, nullptr) == NATS_OK && pending > 0)) continue;
         }
       } else if (s != NATS_TIMEOUT) {
-        state("consuming stream " + o.stream + " stopped: " + nats_error(s) + " (starting again)");
+        nats.state("consuming stream " + o.stream + " stopped: " + nats_error(s) + " (starting again)");
         break;
       }
       if (batch.empty()) continue;
       bool committed = false;
-      auto err = on_loop([this, &batch, &committed] { return apply(batch, committed); });
+      auto err = nats.on_loop([this, &batch, &committed] { return apply(batch, committed); });
       if (!err) break;
       if (!err->empty()) {
-        state(*err, true);
+        nats.state(*err, true);
         break;
       }
-      state("");
+      nats.state("");
       logged_any = logged_any || committed;
       applied += batch.size();
       last_stream_seq = batch.back().stream_seq;
       if (!ready && logged_any && last_stream_seq >= catch_up_to) {
         ready = true;
-        say("JetStream: mirrored stream " + o.stream + " up to its message " + std::to_string(last_stream_seq) + ": serving");
+        nats.say("JetStream: mirrored stream " + o.stream + " up to its message " + std::to_string(last_stream_seq) + ": serving");
       }
       batch.clear();
       batch_bytes = 0;
@@ -322,18 +239,18 @@ struct jetstream_mirror::impl {
   }
 
   void run() {
-    while (!stopped()) {
-      if (!nc && !connect()) {
-        pause(std::chrono::seconds(1));
+    while (!nats.stopped()) {
+      if (!nats.nc() && !nats.connect()) {
+        nats.pause(std::chrono::seconds(1));
         continue;
       }
       auto from = start_seq();
       if (!from) {
-        pause(std::chrono::seconds(fault ? 5 : 1));
+        nats.pause(std::chrono::seconds(nats.fault() ? 5 : 1));
         continue;
       }
       consume(*from);
-      if (!stopped()) pause(std::chrono::milliseconds(fault ? 5000 : 250));
+      if (!nats.stopped()) nats.pause(std::chrono::milliseconds(nats.fault() ? 5000 : 250));
     }
     disconnect();
   }
@@ -346,18 +263,10 @@ jetstream_mirror::jetstream_mirror(event_log& log, std::function<void(std::funct
 jetstream_mirror::~jetstream_mirror() { stop(); }
 
 void jetstream_mirror::start() {
-  p_->thread = std::thread([p = p_.get()] { p->run(); });
+  p_->nats.start([p = p_.get()] { p->run(); });
 }
 
-void jetstream_mirror::stop() {
-  if (!p_->thread.joinable()) return;
-  {
-    std::lock_guard lk(p_->m);
-    p_->stopping = true;
-  }
-  p_->cv.notify_all();
-  p_->thread.join();
-}
+void jetstream_mirror::stop() { p_->nats.stop(); }
 
 bool jetstream_mirror::streaming() const { return p_->consuming && p_->ready; }
 
@@ -380,7 +289,7 @@ void jetstream_mirror::register_metrics(metrics_registry& r) {
   r.add_value("walgate_edge_ready", "gauge", "1 once the stream is copied up to where it ended at the start: clients are served.",
               [p] { return p->ready ? 1 : 0; });
   r.add_value("walgate_edge_fault", "gauge", "1 while mirroring is stopped by what needs an operator.",
-              [p] { return p->fault.load(); });
+              [p] { return p->nats.fault(); });
 }
 
 }  // namespace walgate::proxy

@@ -6,19 +6,17 @@
 #include "walgate/transform/formats.hpp"
 #include "walgate/transform/record.hpp"
 
+#include "nats_connection.hpp"
 #include "nats_util.hpp"
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <future>
 #include <mutex>
 #include <optional>
-#include <thread>
 
 namespace walgate::proxy {
 
@@ -118,22 +116,11 @@ std::string stream_mismatch(const jetstream_stream_config& have, const jetstream
 struct jetstream_publisher::impl {
   impl(event_log& l, std::function<void(std::function<void()>)> p, jetstream_options opts,
        std::function<void(const std::string&)> s)
-      : log(l), post(std::move(p)), o(std::move(opts)), say(std::move(s)) {}
+      : log(l), o(std::move(opts)), nats(std::move(p), std::move(s), connection(o, this)) {}
   event_log& log;
-  std::function<void(std::function<void()>)> post;
   jetstream_options o;
-  std::function<void(const std::string&)> say;
-
-  std::thread thread;
-  std::mutex m;
-  std::condition_variable cv;
-  bool stopping = false;
-  bool woken = false;
-  bool closed = true;   // no connection, or nats.c said it is closed (its callbacks are over)
+  nats_connection nats;   // the connection, the thread, the loop (post, on_loop), state()
   std::size_t visible_listener = 0, fetched_listener = 0, durable_listener = 0;
-
-  natsConnection* nc = nullptr;
-  jsCtx* js = nullptr;
 
   // Publish failures reported by nats.c's threads for the batch in flight.
   std::mutex fail_m;
@@ -145,50 +132,9 @@ struct jetstream_publisher::impl {
   std::atomic<std::uint64_t> confirmed_offset{0};   // where in the log what it confirmed ends (written on the executor)
   std::atomic<std::uint64_t> published{0}, resyncs{0}, stream_last{0};
   std::atomic<bool> connected{false}, synced{false};
-  std::atomic<bool> link_up{false};   // the connection is up (nats.c's disconnected/reconnected callbacks)
-  std::atomic<int> fault{0};   // 1: a state that needs an operator (a mismatched stream, a gap)
-  std::string last_state;      // (thread only) what was last said, so a retry loop says it once
+  // (nats.fault(): a state that needs an operator, a mismatched stream, a gap; nats.link_up())
 
   // --- on the log's executor ----------------------------------------------------------------
-
-  /// Runs f on the executor and waits for its result; nullopt when stopping first.
-  template <class F>
-  auto on_loop(F f) -> std::optional<decltype(f())> {
-    using R = decltype(f());
-    auto done = std::make_shared<std::promise<R>>();
-    auto fut = done->get_future();
-    post([f = std::move(f), done]() mutable { done->set_value(f()); });
-    while (fut.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
-      std::lock_guard lk(m);
-      if (stopping) return std::nullopt;
-    }
-    return fut.get();
-  }
-
-  void wake() {
-    {
-      std::lock_guard lk(m);
-      woken = true;
-    }
-    cv.notify_one();
-  }
-  /// Waits for a wake-up (new events, a background read done) or d; false when stopping.
-  bool idle(std::chrono::milliseconds d) {
-    std::unique_lock lk(m);
-    cv.wait_for(lk, d, [&] { return stopping || woken; });
-    woken = false;
-    return !stopping;
-  }
-  bool stopped() {
-    std::lock_guard lk(m);
-    return stopping;
-  }
-  void state(const std::string& s, bool is_fault = false) {
-    fault = is_fault ? 1 : 0;
-    if (s == last_state) return;
-    last_state = s;
-    if (!s.empty()) say("JetStream: " + s);
-  }
 
   /// (On the executor.) Every event before next is in the stream: the lag gauges count from
   /// there. end_offset is where the last of them ends in the log (0: not known), txn_end whether
@@ -236,75 +182,31 @@ struct jetstream_publisher::impl {
     const char* v = nullptr;
     return natsMsgHeader_Get(msg, name, &v) == NATS_OK && v ? v : "?";
   }
-  static void on_closed(natsConnection*, void* closure) {
-    auto* self = static_cast<impl*>(closure);
-    {
-      std::lock_guard lk(self->m);
-      self->closed = true;
-    }
-    self->cv.notify_all();
+  /// The connection's settings: publishes in flight (async), each PubAck to on_pub_ack.
+  static nats_connection::settings connection(const jetstream_options& o, impl* self) {
+    nats_connection::settings c;
+    c.servers = o.servers;
+    c.name = "walgate origin";
+    c.watch_link = true;
+    c.wait_ms = o.ack_wait.count();
+    c.max_pending = static_cast<int64_t>(o.batch_events) * 2;
+    c.ack_handler = &impl::on_pub_ack;
+    c.ack_closure = self;
+    c.cannot_connect = [servers = join(o.servers)](const std::string& error) {
+      return "cannot connect to " + servers + ": " + error + " (trying again; the event log keeps what is not published)";
+    };
+    return c;
   }
 
   void disconnect() {
-    if (js) jsCtx_Destroy(js);
-    js = nullptr;
-    if (nc) {
-      natsConnection_Close(nc);
-      // Its callbacks (on nats.c's thread) end with the closed one: waited for, so none comes
-      // after this object is gone.
-      std::unique_lock lk(m);
-      cv.wait_for(lk, std::chrono::seconds(5), [&] { return closed; });
-      lk.unlock();
-      natsConnection_Destroy(nc);
-    }
-    nc = nullptr;
+    nats.disconnect();
     connected = false;
     synced = false;
   }
 
   bool connect() {
-    nats_options_ptr opts;
-    natsStatus s = natsOptions_Create(&opts.p);
-    std::vector<const char*> servers;
-    for (const auto& u : o.servers) servers.push_back(u.c_str());
-    if (s == NATS_OK) s = natsOptions_SetServers(opts.p, servers.data(), static_cast<int>(servers.size()));
-    if (s == NATS_OK) s = natsOptions_SetName(opts.p, "walgate origin");
-    if (s == NATS_OK) s = natsOptions_SetMaxReconnect(opts.p, -1);   // (nats.c reconnects: publishes then fail, and are found again)
-    if (s == NATS_OK) s = natsOptions_SetReconnectWait(opts.p, 250);
-    if (s == NATS_OK) s = natsOptions_SetTimeout(opts.p, 2000);
-    if (s == NATS_OK)
-      s = natsOptions_SetDisconnectedCB(opts.p, [](natsConnection*, void* self) { static_cast<impl*>(self)->link_up = false; }, this);
-    if (s == NATS_OK) s = natsOptions_SetClosedCB(opts.p, &impl::on_closed, this);
-    if (s == NATS_OK)
-      s = natsOptions_SetReconnectedCB(opts.p, [](natsConnection*, void* self) { static_cast<impl*>(self)->link_up = true; }, this);
-    {
-      std::lock_guard lk(m);
-      closed = false;
-    }
-    if (s == NATS_OK) s = natsConnection_Connect(&nc, opts.p);
-    if (s != NATS_OK) {
-      nc = nullptr;
-      {
-        std::lock_guard lk(m);
-        closed = true;   // (no connection was made: no callback comes)
-      }
-      state("cannot connect to " + join(o.servers) + ": " + nats_error(s) + " (trying again; the event log keeps what is not published)");
-      return false;
-    }
-    jsOptions jo;
-    jsOptions_Init(&jo);
-    jo.Wait = o.ack_wait.count();
-    jo.PublishAsync.MaxPending = static_cast<int64_t>(o.batch_events) * 2;
-    jo.PublishAsync.AckHandler = &impl::on_pub_ack;
-    jo.PublishAsync.AckHandlerClosure = this;
-    s = natsConnection_JetStream(&js, nc, &jo);
-    if (s != NATS_OK) {
-      state("cannot open a JetStream context: " + nats_error(s));
-      disconnect();
-      return false;
-    }
+    if (!nats.connect()) return false;
     connected = true;
-    link_up = true;
     return true;
   }
 
@@ -318,7 +220,7 @@ struct jetstream_publisher::impl {
   bool ensure_stream(std::uint64_t* last) {
     stream_info_ptr si;
     jsErrCode jerr = static_cast<jsErrCode>(0);
-    natsStatus s = js_GetStreamInfo(&si.p, js, o.stream.c_str(), nullptr, &jerr);
+    natsStatus s = js_GetStreamInfo(&si.p, nats.js(), o.stream.c_str(), nullptr, &jerr);
     if (s == NATS_NOT_FOUND || jerr == JSStreamNotFoundErr) {
       jsStreamConfig cfg;
       jsStreamConfig_Init(&cfg);
@@ -340,17 +242,17 @@ struct jetstream_publisher::impl {
       cfg.AllowDirect = true;   // (edges read messages by sequence from any replica)
       stream_info_ptr created;
       jerr = static_cast<jsErrCode>(0);
-      s = js_AddStream(&created.p, js, &cfg, nullptr, &jerr);
+      s = js_AddStream(&created.p, nats.js(), &cfg, nullptr, &jerr);
       if (s != NATS_OK) {
-        state("cannot create stream " + o.stream + ": " + nats_error(s, jerr) + " (trying again)");
+        nats.state("cannot create stream " + o.stream + ": " + nats_error(s, jerr) + " (trying again)");
         return false;
       }
-      say("JetStream: created stream " + o.stream + " (subjects " + subject + ", " + std::to_string(o.replicas) + " replica(s))");
+      nats.say("JetStream: created stream " + o.stream + " (subjects " + subject + ", " + std::to_string(o.replicas) + " replica(s))");
       *last = 0;
       return true;
     }
     if (s != NATS_OK) {
-      state("cannot read stream " + o.stream + ": " + nats_error(s, jerr) + " (trying again)");
+      nats.state("cannot read stream " + o.stream + ": " + nats_error(s, jerr) + " (trying again)");
       return false;
     }
     jetstream_stream_config have;
@@ -365,7 +267,7 @@ struct jetstream_publisher::impl {
     have.max_msgs_per_subject = si.p->Config->MaxMsgsPerSubject;
     have.sealed = si.p->Config->Sealed;
     if (auto diff = stream_mismatch(have, o); !diff.empty()) {
-      state("stream " + o.stream + " does not match: " + diff + "; change the stream or the flags (nothing is published until they agree)", true);
+      nats.state("stream " + o.stream + " does not match: " + diff + "; change the stream or the flags (nothing is published until they agree)", true);
       return false;
     }
     *last = si.p->State.LastSeq;
@@ -399,25 +301,25 @@ struct jetstream_publisher::impl {
     if (!ec) std::filesystem::rename(tmp, o.cursor_file, ec);
     // (not fatal: it is needed only once the stream's last message has aged out, and then its
     // absence stops publishing, saying so)
-    if (ec) say("JetStream: cannot save " + o.cursor_file + ": " + ec.message());
+    if (ec) nats.say("JetStream: cannot save " + o.cursor_file + ": " + ec.message());
   }
 
   /// Where the stream ends, as a position in the log.
   std::optional<position> sync(std::uint64_t last) {
     if (last == 0) {   // an empty stream: from the log's first retained event
-      auto first = on_loop([this] { return log.first_seq(); });
+      auto first = nats.on_loop([this] { return log.first_seq(); });
       if (!first) return std::nullopt;
       return position{*first, std::nullopt};
     }
     std::string id_text;
     msg_ptr msg;
     jsErrCode jerr = static_cast<jsErrCode>(0);
-    natsStatus s = js_GetMsg(&msg.p, js, o.stream.c_str(), last, nullptr, &jerr);
+    natsStatus s = js_GetMsg(&msg.p, nats.js(), o.stream.c_str(), last, nullptr, &jerr);
     if (s == NATS_OK) {
       const char* v = nullptr;
       if (natsMsgHeader_Get(msg.p, "Walgate-Id", &v) != NATS_OK || !v) {
-        state("stream " + o.stream + " holds a message walgate did not publish (its last, seq " + std::to_string(last) +
-                  ", has no Walgate-Id header): give walgate a stream of its own", true);
+        nats.state("stream " + o.stream + " holds a message walgate did not publish (its last, seq " + std::to_string(last) +
+                       ", has no Walgate-Id header): give walgate a stream of its own", true);
         return std::nullopt;
       }
       id_text = v;
@@ -425,33 +327,33 @@ struct jetstream_publisher::impl {
       // Its last message is gone (max age): the last confirmed event, as kept here, says which it was.
       auto c = confirmed ? confirmed : read_cursor();
       if (!c || c->first != last) {
-        state("stream " + o.stream + "'s last message (seq " + std::to_string(last) +
-                  ") is gone (max age?) and this data directory does not say which event it was: cannot tell where to "
-                  "continue without a gap or a duplicate; give a new stream (or delete this one: walgate creates it again)",
-              true);
+        nats.state("stream " + o.stream + "'s last message (seq " + std::to_string(last) +
+                       ") is gone (max age?) and this data directory does not say which event it was: cannot tell where to "
+                       "continue without a gap or a duplicate; give a new stream (or delete this one: walgate creates it again)",
+                   true);
         return std::nullopt;
       }
       id_text = c->second;
     } else {
-      state("cannot read stream " + o.stream + "'s last message: " + nats_error(s, jerr) + " (trying again)");
+      nats.state("cannot read stream " + o.stream + "'s last message: " + nats_error(s, jerr) + " (trying again)");
       return std::nullopt;
     }
     auto id = transform::event_id::parse(id_text);
     if (!id) {
-      state("stream " + o.stream + "'s last message has a Walgate-Id that is not an event id ('" + id_text + "')", true);
+      nats.state("stream " + o.stream + "'s last message has a Walgate-Id that is not an event id ('" + id_text + "')", true);
       return std::nullopt;
     }
-    auto rp = on_loop([this, id = *id] { return log.resume_after(id); });
+    auto rp = nats.on_loop([this, id = *id] { return log.resume_after(id); });
     if (!rp) return std::nullopt;
     if (!rp->error.empty()) {
-      state("cannot find " + id_text + " in the event log: " + rp->error + " (trying again)");
+      nats.state("cannot find " + id_text + " in the event log: " + rp->error + " (trying again)");
       return std::nullopt;
     }
     if (!rp->seq) {
-      state("stream " + o.stream + " ends at event " + id_text +
-                ", which this event log does not hold (dropped, or from another slot's log): publishing would leave a gap; "
-                "give a new stream, or the data directory that published it",
-            true);
+      nats.state("stream " + o.stream + " ends at event " + id_text +
+                     ", which this event log does not hold (dropped, or from another slot's log): publishing would leave a gap; "
+                     "give a new stream, or the data directory that published it",
+                 true);
       return std::nullopt;
     }
     position p{*rp->seq, std::nullopt};
@@ -526,32 +428,32 @@ struct jetstream_publisher::impl {
   /// Publishes from p on until a failure (then false: the caller finds the stream's end again).
   bool publish_from(position p, std::uint64_t expected_last) {
     synced = true;
-    if (!fault || failures == 0) state("");
+    if (!nats.fault() || failures == 0) nats.state("");
     // Retention keeps the last event the stream has (where the next start finds its id) and all after.
     auto hold = [this](std::uint64_t next, bool stream_empty) {
       const std::uint64_t from = stream_empty || next == 0 ? next : next - 1;
-      post([this, from] { log.hold_from(from); });
+      nats.post([this, from] { log.hold_from(from); });
     };
     hold(p.seq, expected_last == 0);
     // Everything before p.seq is in the stream (after a restart: all the log holds, when caught up).
-    post([this, next = p.seq] { confirm(next, 0, false); });
-    const std::size_t max_payload = static_cast<std::size_t>(std::max<int64_t>(natsConnection_GetMaxPayload(nc), 0));
-    while (!stopped()) {
-      auto r = on_loop([this, seq = p.seq] { return read_batch(seq); });
+    nats.post([this, next = p.seq] { confirm(next, 0, false); });
+    const std::size_t max_payload = static_cast<std::size_t>(std::max<int64_t>(natsConnection_GetMaxPayload(nats.nc()), 0));
+    while (!nats.stopped()) {
+      auto r = nats.on_loop([this, seq = p.seq] { return read_batch(seq); });
       if (!r) return true;
       if (r->fetching) {
-        idle(std::chrono::milliseconds(50));
+        nats.idle(std::chrono::milliseconds(50));
         continue;
       }
       if (r->events.empty()) {
         if (!r->error.empty()) {
-          state("cannot read the event log at #" + std::to_string(p.seq) + ": " + r->error + " (trying again)", true);
-          idle(std::chrono::seconds(1));
+          nats.state("cannot read the event log at #" + std::to_string(p.seq) + ": " + r->error + " (trying again)", true);
+          nats.idle(std::chrono::seconds(1));
         } else if (p.seq < r->visible) {
-          idle(std::chrono::milliseconds(50));   // (committed, its sync on its way: woken when durable)
+          nats.idle(std::chrono::milliseconds(50));   // (committed, its sync on its way: woken when durable)
         } else {
           save_cursor();
-          idle(std::chrono::milliseconds(200));   // (woken when more is visible)
+          nats.idle(std::chrono::milliseconds(200));   // (woken when more is visible)
         }
         continue;
       }
@@ -590,7 +492,7 @@ struct jetstream_publisher::impl {
       jsPubOptions po;
       jsPubOptions_Init(&po);
       po.MaxWait = o.ack_wait.count();
-      natsStatus s = sent ? js_PublishAsyncComplete(js, &po) : NATS_OK;
+      natsStatus s = sent ? js_PublishAsyncComplete(nats.js(), &po) : NATS_OK;
       std::string why;
       {
         std::lock_guard lk(fail_m);
@@ -598,27 +500,27 @@ struct jetstream_publisher::impl {
       }
       // The events go back to the loop to be let go of there (their encodings are the loop's).
       const std::uint64_t first_seq = r->events.front()->seq;
-      post([events = std::move(r->events)] {});
+      nats.post([events = std::move(r->events)] {});
       if (!why.empty()) {
         ++resyncs;
         synced = false;
         failures = failing_seq == first_seq ? failures + 1 : 1;
         failing_seq = first_seq;
         if (failures >= 5)
-          state("publishing is stuck at event #" + std::to_string(first_seq) + ": " + why + " (" + std::to_string(failures) +
-                    " times; trying again every 5 s)",
-                true);
+          nats.state("publishing is stuck at event #" + std::to_string(first_seq) + ": " + why + " (" + std::to_string(failures) +
+                         " times; trying again every 5 s)",
+                     true);
         else
-          state("publishing stopped: " + why + "; finding the stream's end again");
+          nats.state("publishing stopped: " + why + "; finding the stream's end again");
         return false;
       }
       failures = 0;
-      if (fault) state("");
+      if (nats.fault()) nats.state("");
       expected_last += sent;
       published += sent;
       stream_last = expected_last;
       p.seq = last_seq + 1;
-      post([this, next = p.seq, last_offset, last_txn_end] { confirm(next, last_offset, last_txn_end); });
+      nats.post([this, next = p.seq, last_offset, last_txn_end] { confirm(next, last_offset, last_txn_end); });
       if (sent) {
         confirmed = std::make_pair(expected_last, last_id);
         cursor_dirty = true;
@@ -662,37 +564,31 @@ struct jetstream_publisher::impl {
     po.MsgId = id.c_str();
     po.ExpectLastSeq = expect_last;   // (0, an empty stream: not sent — its PubAck must then say sequence 1)
     po.MaxWait = o.ack_wait.count();
-    s = js_PublishMsgAsync(js, &msg.p, &po);   // (takes the message when it succeeds)
+    s = js_PublishMsgAsync(nats.js(), &msg.p, &po);   // (takes the message when it succeeds)
     return s;
   }
 
-  /// Waits d, woken early only by a stop (a fault is not looked at again on every commit).
-  void pause(std::chrono::milliseconds d) {
-    std::unique_lock lk(m);
-    cv.wait_for(lk, d, [&] { return stopping; });
-  }
-
   void run() {
-    while (!stopped()) {
-      if (!nc && !connect()) {
-        pause(std::chrono::seconds(1));
+    while (!nats.stopped()) {
+      if (!nats.nc() && !connect()) {
+        nats.pause(std::chrono::seconds(1));
         continue;
       }
       std::uint64_t last = 0;
       if (!ensure_stream(&last)) {
         // (a connection that nats.c cannot restore is started again)
-        if (natsConnection_Status(nc) == NATS_CONN_STATUS_CLOSED) disconnect();
-        pause(std::chrono::seconds(fault ? 5 : 1));
+        if (natsConnection_Status(nats.nc()) == NATS_CONN_STATUS_CLOSED) disconnect();
+        nats.pause(std::chrono::seconds(nats.fault() ? 5 : 1));
         continue;
       }
       stream_last = last;
       auto p = sync(last);
       if (!p) {
-        pause(std::chrono::seconds(fault ? 5 : 1));
+        nats.pause(std::chrono::seconds(nats.fault() ? 5 : 1));
         continue;
       }
       if (publish_from(*p, last)) break;   // (stopping)
-      pause(fault ? std::chrono::milliseconds(5000) : std::chrono::milliseconds(250));
+      nats.pause(nats.fault() ? std::chrono::milliseconds(5000) : std::chrono::milliseconds(250));
     }
     save_cursor();
     disconnect();
@@ -708,20 +604,14 @@ jetstream_publisher::~jetstream_publisher() { stop(); }
 void jetstream_publisher::start() {
   p_->log.hold_from(p_->log.first_seq());   // (nothing is dropped until the stream's end is known)
   p_->confirmed_seq = p_->log.first_seq();
-  p_->visible_listener = p_->log.on_visible([p = p_.get()] { p->wake(); });
-  p_->fetched_listener = p_->log.on_fetched([p = p_.get()] { p->wake(); });
-  p_->durable_listener = p_->log.on_durable([p = p_.get()] { p->wake(); });
-  p_->thread = std::thread([p = p_.get()] { p->run(); });
+  p_->visible_listener = p_->log.on_visible([p = p_.get()] { p->nats.wake(); });
+  p_->fetched_listener = p_->log.on_fetched([p = p_.get()] { p->nats.wake(); });
+  p_->durable_listener = p_->log.on_durable([p = p_.get()] { p->nats.wake(); });
+  p_->nats.start([p = p_.get()] { p->run(); });
 }
 
 void jetstream_publisher::stop() {
-  if (!p_->thread.joinable()) return;
-  {
-    std::lock_guard lk(p_->m);
-    p_->stopping = true;
-  }
-  p_->cv.notify_one();
-  p_->thread.join();
+  if (!p_->nats.stop()) return;
   p_->log.remove_listener(p_->visible_listener);
   p_->log.remove_listener(p_->fetched_listener);
   p_->log.remove_listener(p_->durable_listener);
@@ -748,10 +638,10 @@ void jetstream_publisher::register_metrics(metrics_registry& r) {
   r.add_value("walgate_nats_stream_last_seq", "gauge", "The stream sequence of the last event confirmed.",
               [p] { return p->stream_last.load(); });
   r.add_value("walgate_nats_connected", "gauge", "1 while connected to NATS and publishing.",
-              [p] { return p->connected && p->link_up && p->synced ? 1 : 0; });
+              [p] { return p->connected && p->nats.link_up() && p->synced ? 1 : 0; });
   r.add_value("walgate_nats_fault", "gauge",
               "1 while publishing is stopped by what needs an operator (a stream that does not match, a gap).",
-              [p] { return p->fault.load(); });
+              [p] { return p->nats.fault(); });
   r.add_value("walgate_nats_resyncs_total", "counter",
               "Publishing restarted from the stream's end after a failed or refused publish.", [p] { return p->resyncs.load(); });
 }

@@ -1,6 +1,7 @@
 // Client bytes: an HTTP request head through Beast's parser with walgate's limits, and every
 // stream query string through parse_stream_query, and its Origin and Host through the checks. Never a crash, never an unbounded allocation.
-#include "walgate/proxy/server.hpp"
+#include "walgate/proxy/http_policy.hpp"
+#include "walgate/proxy/stream_request.hpp"
 
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http/empty_body.hpp>

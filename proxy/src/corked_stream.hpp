@@ -23,7 +23,7 @@
 #include <boost/beast/core/stream_traits.hpp>
 
 #include "socket_sender.hpp"
-#include "walgate/proxy/server.hpp"
+#include "walgate/proxy/http_policy.hpp"
 
 #include <sys/socket.h>
 

@@ -2,7 +2,7 @@
 // origins whose pages may read the stream) and the WebSocket frame header the transports write:
 // no Beast, so the fuzz target checks them on arbitrary input.
 #include "walgate/protocol/websocket.hpp"
-#include "walgate/proxy/server.hpp"
+#include "walgate/proxy/http_policy.hpp"
 
 #include <cctype>
 

@@ -214,8 +214,7 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
     conn_guard conn;
     conn.c = in_snapshot(o, exported, "walgate initial snapshot", error);
     if (!conn.c) return st->fail(error), poke();
-    unsigned status = 0;
-    auto tables = published_tables(conn.c, o.publications, nullptr, status, error);
+    auto tables = published_tables(conn.c, o.publications, {}, error);
     if (!tables) return st->fail(error), poke();
     auto now = exec(conn.c, "SELECT (extract(epoch FROM now()) * 1000000)::bigint", PGRES_TUPLES_OK, error);
     if (!now) return st->fail(error), poke();

@@ -94,7 +94,11 @@ server_core::server_core(boost::asio::any_io_executor ex, server_options o, gate
       log(g.log()),
       status(std::move(s)),
       encodings(log, encoding_cache::options{opts.encoder, opts.spill_dir, opts.spill_bytes}),
-      snapshots(ex, opts.snapshot, log, g),
+      snapshots(ex, opts.snapshot, log,
+                [&g](protocol::lsn w, std::weak_ptr<const void> owner,
+                     std::function<void(std::uint64_t, transform::event_id)> f) {
+                  g.when_read_past(w, std::move(owner), std::move(f));
+                }),
       admit(admission::options{opts.max_streams_per_subject, opts.max_streams_per_address, opts.auth_failures_per_minute}) {
   admit.set_log(opts.log);
   // (Over TLS the loop writes: no sender threads.)

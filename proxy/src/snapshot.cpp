@@ -1,7 +1,6 @@
 #include "walgate/proxy/snapshot.hpp"
 
 #include "walgate/protocol/commands.hpp"
-#include "walgate/proxy/gateway.hpp"
 #include "walgate/proxy/metrics.hpp"
 #include "walgate/proxy/policy.hpp"
 #include "walgate/proxy/predicate.hpp"
@@ -193,13 +192,28 @@ void snapshot_job::run() {
   if (const auto in_page = w->value % static_cast<std::uint64_t>(block); in_page <= 40) bound = protocol::lsn{w->value - in_page};
 
   // The published tables the request selects, and their columns.
-  unsigned status = 503;
-  auto found = snapshot_sql::published_tables(conn.c, opts_.publications, &request_, status, error);
+  const stream_request& r = request_;
+  auto found = snapshot_sql::published_tables(
+      conn.c, opts_.publications,
+      [&r](const std::string& schema, const std::string& table) {
+        if (r.granted && !r.granted->allows_table(schema, table)) return false;   // (--policy)
+        if (r.tables.empty()) return true;
+        for (const auto& t : r.tables)
+          if (t.schema == schema && (t.any || t.table == table)) return true;
+        return false;
+      },
+      error);
   if (!found) {
-    fail(status, error);
+    fail(503, error);
     return;
   }
   auto& tables = *found;
+  for (const auto& t : r.tables)
+    if (!t.any && !tables.contains({t.schema, t.table})) {
+      fail(400, "table " + sql_table_name(t) + " is not in the publication" + (opts_.publications.size() > 1 ? "s" : "") +
+                    " streamed");
+      return;
+    }
   bool cancelled = false;
   {
     std::lock_guard lock(m_);
@@ -373,8 +387,9 @@ void snapshot_job::run() {
   finish(state::done);
 }
 
-snapshot_service::snapshot_service(asio::any_io_executor loop, snapshot_options o, const log_reader& log, gateway& gw)
-    : loop_(std::move(loop)), opts_(std::move(o)), log_(log), gw_(gw) {
+snapshot_service::snapshot_service(asio::any_io_executor loop, snapshot_options o, const log_reader& log,
+                                   read_past_fn read_past)
+    : loop_(std::move(loop)), opts_(std::move(o)), log_(log), read_past_(std::move(read_past)) {
   if (opts_.max_running == 0) opts_.max_running = 1;
   pool_ = std::make_unique<asio::thread_pool>(opts_.max_running);
 }
@@ -536,7 +551,7 @@ void snapshot_service::on_taken(const std::shared_ptr<snapshot_job>& j) {
   j->start_seq_ = start;
   if (j->wake_) j->wake_();
   std::weak_ptr<snapshot_job> w = j;
-  gw_.when_read_past(j->wal_bound_, std::weak_ptr<const void>(j), [w](std::uint64_t seq, transform::event_id last) {
+  read_past_(j->wal_bound_, std::weak_ptr<const void>(j), [w](std::uint64_t seq, transform::event_id last) {
     auto j = w.lock();
     if (!j) return;
     j->end_seq_ = seq;

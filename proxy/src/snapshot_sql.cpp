@@ -1,7 +1,5 @@
 #include "snapshot_sql.hpp"
 
-#include "walgate/proxy/policy.hpp"
-
 #include "walgate/protocol/commands.hpp"
 #include "walgate/transform/pg_types.hpp"
 
@@ -20,14 +18,6 @@ std::string text_array(const std::vector<std::string>& items) {
     out.push_back('"');
   }
   return out + "}";
-}
-
-bool selected(const stream_request& r, const std::string& schema, const std::string& table) {
-  if (r.granted && !r.granted->allows_table(schema, table)) return false;   // (--policy)
-  if (r.tables.empty()) return true;
-  for (const auto& t : r.tables)
-    if (t.schema == schema && (t.any || t.table == table)) return true;
-  return false;
 }
 
 }  // namespace
@@ -87,8 +77,7 @@ PGconn* connect(const std::string& conninfo, const char* application_name, long 
 }
 
 std::optional<table_map> published_tables(PGconn* c, const std::vector<std::string>& publications,
-                                          const stream_request* filter, unsigned& status, std::string& error) {
-  status = 503;
+                                          const table_filter& keep, std::string& error) {
   table_map tables;
   const int server = PQserverVersion(c);
   {
@@ -102,7 +91,7 @@ std::optional<table_map> published_tables(PGconn* c, const std::vector<std::stri
     }
     for (int i = 0; i < PQntuples((*pub)->r); ++i) {
       std::string schema = PQgetvalue((*pub)->r, i, 0), name = PQgetvalue((*pub)->r, i, 1);
-      if (filter && !selected(*filter, schema, name)) continue;
+      if (keep && !keep(schema, name)) continue;
       auto& t = tables[{schema, name}];
       t.schema = schema;
       t.name = name;
@@ -118,14 +107,6 @@ std::optional<table_map> published_tables(PGconn* c, const std::vector<std::stri
       }
     }
   }
-  if (filter)
-    for (const auto& t : filter->tables)
-      if (!t.any && !tables.contains({t.schema, t.table})) {
-        status = 400;
-        error = "table " + sql_table_name(t) + " is not in the publication" + (publications.size() > 1 ? "s" : "") +
-                " streamed";
-        return std::nullopt;
-      }
   // Each table's columns as pgoutput's Relation message gives them: not dropped, not
   // generated (unless a column list names them), the publication's column list, key flags from
   // the replica identity (FULL: every column).

@@ -4,10 +4,10 @@
 #pragma once
 
 #include "walgate/protocol/pgoutput.hpp"
-#include "walgate/proxy/stream_request.hpp"
 
 #include <libpq-fe.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -61,14 +61,16 @@ std::optional<std::unique_ptr<result_guard>> exec(PGconn* c, const std::string& 
 PGconn* connect(const std::string& conninfo, const char* application_name, long statement_timeout_ms,
                 std::string& error);
 
-/// The published tables (of those publications) that filter selects (every one without), with
-/// their columns as pgoutput's Relation message gives them: not dropped, not generated (unless
-/// a column list names them), the publication's column list, key flags from the replica identity
-/// (FULL: every column); and the names of their non-built-in types as its Type message gives
-/// them (a domain by its base type). nullopt with status (400: a table the filter names is not
-/// published; 503: the server failed) and error.
+/// Which published tables (schema, table) a caller wants; empty: every one.
+using table_filter = std::function<bool(const std::string& schema, const std::string& table)>;
+
+/// The published tables (of those publications) that keep selects, with their columns as
+/// pgoutput's Relation message gives them: not dropped, not generated (unless a column list names
+/// them), the publication's column list, key flags from the replica identity (FULL: every
+/// column); and the names of their non-built-in types as its Type message gives them (a domain by
+/// its base type). nullopt with error when the server failed.
 std::optional<table_map> published_tables(PGconn* c, const std::vector<std::string>& publications,
-                                          const stream_request* filter, unsigned& status, std::string& error);
+                                          const table_filter& keep, std::string& error);
 
 /// COPY (SELECT <the published columns> FROM [ONLY] <from> [WHERE <row filter> [AND extra]]) TO
 /// STDOUT. from: empty for the table itself, else the quoted name of one of its partitions;

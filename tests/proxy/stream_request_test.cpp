@@ -1,6 +1,7 @@
 // The server's pieces that need no socket: request parameters, filters, the frame header walgate
 // writes itself for WebSocket clients without permessage-deflate.
-#include "walgate/proxy/server.hpp"
+#include "walgate/proxy/http_policy.hpp"
+#include "walgate/proxy/event_filter.hpp"
 
 #include <doctest/doctest.h>
 

@@ -47,7 +47,6 @@ struct pg_cancel;
 
 namespace walgate::proxy {
 
-class gateway;
 class metrics_registry;
 
 struct snapshot_options {
@@ -140,7 +139,11 @@ class snapshot_job : public std::enable_shared_from_this<snapshot_job> {
 /// connects each to the log (P and Q above). Lives on the loop.
 class snapshot_service {
  public:
-  snapshot_service(boost::asio::any_io_executor loop, snapshot_options o, const log_reader& log, gateway& gw);
+  /// How a snapshot learns when the stream was read past its WAL position w: f gets the visible
+  /// position then (gateway::when_read_past; owner: f is dropped once it is gone).
+  using read_past_fn = std::function<void(protocol::lsn w, std::weak_ptr<const void> owner,
+                                          std::function<void(std::uint64_t seq, transform::event_id last)> f)>;
+  snapshot_service(boost::asio::any_io_executor loop, snapshot_options o, const log_reader& log, read_past_fn read_past);
   ~snapshot_service();
   /// A job for the request, queued; null with refusal set when it cannot be (501: not
   /// configured; 503: the queue is full; 429: the address or the subject began per_minute
@@ -164,7 +167,7 @@ class snapshot_service {
   boost::asio::any_io_executor loop_;
   snapshot_options opts_;
   const log_reader& log_;
-  gateway& gw_;
+  read_past_fn read_past_;
   std::unique_ptr<boost::asio::thread_pool> pool_;
   /// Jobs on the pool's threads (a job's run and its hand-back): stop() waits for them to end,
   /// for at most stop_wait, then leaves their threads behind rather than hang the shutdown on a

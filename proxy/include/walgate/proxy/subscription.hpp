@@ -8,7 +8,7 @@
 #include "walgate/proxy/encodings.hpp"
 #include "walgate/proxy/log_reader.hpp"
 #include "walgate/proxy/row_router.hpp"
-#include "walgate/proxy/stream_request.hpp"
+#include "walgate/proxy/event_filter.hpp"
 
 #include <chrono>
 #include <deque>

@@ -1,5 +1,5 @@
 // Limits on streams per subject and address, failed authentications per address, and the
-// refusal log (proxy/src/admission.cpp), with a clock of the test's own.
+// refusal log (proxy/http/src/admission.cpp), with a clock of the test's own.
 #include "admission.hpp"
 
 #include <doctest/doctest.h>

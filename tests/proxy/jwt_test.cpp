@@ -1,4 +1,4 @@
-// JWT verification (proxy/src/jwt.cpp) and the authenticator (auth.cpp), with keys made by
+// JWT verification (proxy/grants/src/jwt.cpp) and the authenticator (auth.cpp), with keys made by
 // OpenSSL here: every algorithm, every rejection, the key files and their reloading, and where a
 // request carries its token.
 #include "jwt_helpers.hpp"

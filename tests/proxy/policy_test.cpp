@@ -1,4 +1,4 @@
-// The authorization policy (proxy/src/policy.cpp): the file, a token's grants from its claims, a
+// The authorization policy (proxy/grants/src/policy.cpp): the file, a token's grants from its claims, a
 // request checked against them (403, never a silent narrowing), and the events they let through.
 #include "walgate/proxy/auth.hpp"
 #include "walgate/proxy/event_filter.hpp"

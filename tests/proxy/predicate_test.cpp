@@ -1,4 +1,4 @@
-// Row predicates (proxy/src/predicate.cpp): the language, claims, and comparison by type.
+// Row predicates (proxy/grants/src/predicate.cpp): the language, claims, and comparison by type.
 #include "walgate/proxy/predicate.hpp"
 
 #include <boost/json/parse.hpp>

@@ -1,4 +1,4 @@
-// The sender threads (proxy/src/socket_sender.cpp), a WebSocket connection's corked stream
+// The sender threads (proxy/http/src/socket_sender.cpp), a WebSocket connection's corked stream
 // writing through them (corked_stream.hpp) and an NDJSON or SSE stream's writes
 // (chunked_stream.hpp's offloaded_writes), on real loopback TCP sockets: bytes in order, a
 // socket that takes only part, a failed send, a stream closed or destroyed while its write is on

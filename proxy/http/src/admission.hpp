@@ -1,5 +1,5 @@
 // Limits on who may open how many streams, and how fast a peer may fail to authenticate
-// (internal to proxy/src; no Asio, so that it is unit-tested alone):
+// (internal to proxy/http; no Asio, so that it is unit-tested alone):
 //
 //   - concurrent streams per subject (a verified token's `sub`) and per peer address: a stream
 //     request (/v1/stream, /v1/ws), a /v1/mux connection and each of its subscriptions hold a

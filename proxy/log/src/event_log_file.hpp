@@ -1,6 +1,6 @@
 // The event log's file layout, shared by its parts (event_log.cpp: appending and syncing;
 // event_log_recovery.cpp: opening and recovery; event_log_read.cpp: reading and finding ids):
-// frames, segment names, the position files, durable syncs. Internal to proxy/src.
+// frames, segment names, the position files, durable syncs. Internal to proxy/log (its private header).
 #pragma once
 
 #include "walgate/proxy/event_log.hpp"

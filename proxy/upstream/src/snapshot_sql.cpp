@@ -1,4 +1,4 @@
-#include "snapshot_sql.hpp"
+#include "walgate/proxy/snapshot_sql.hpp"
 
 #include "walgate/protocol/commands.hpp"
 #include "walgate/transform/pg_types.hpp"

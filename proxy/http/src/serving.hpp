@@ -1,4 +1,4 @@
-// What the parts of the HTTP server share (internal to proxy/src; Beast stays out of public
+// What the parts of the HTTP server share (internal to proxy/http; Beast stays out of public
 // headers):
 //
 //   listener.cpp      the server class: binds, the TLS context, accepts (with its connection

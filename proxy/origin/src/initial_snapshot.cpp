@@ -8,7 +8,7 @@
 #include "walgate/transform/change.hpp"
 #include "walgate/transform/record.hpp"
 
-#include "snapshot_sql.hpp"
+#include "walgate/proxy/snapshot_sql.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/post.hpp>

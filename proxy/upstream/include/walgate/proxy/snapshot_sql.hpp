@@ -1,6 +1,6 @@
 // The SQL side of snapshots, shared by per-client snapshots (snapshot.cpp) and the initial
 // snapshot of the log (initial_snapshot.cpp): libpq helpers, the published tables and their
-// columns as pgoutput sends them, and the COPY that reads a table's rows. Internal to proxy/src.
+// columns as pgoutput sends them, and the COPY that reads a table's rows. Public in proxy/upstream: origin and fanout use it.
 #pragma once
 
 #include "walgate/protocol/pgoutput.hpp"

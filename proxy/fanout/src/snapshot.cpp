@@ -9,7 +9,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 
-#include "snapshot_sql.hpp"
+#include "walgate/proxy/snapshot_sql.hpp"
 
 #include <libpq-fe.h>
 

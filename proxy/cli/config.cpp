@@ -1,3 +1,11 @@
+// The configuration: one table of every setting (settings()), read from each of its sources —
+// the TOML file, WALGATE_* environment variables, each command's flags — through the same
+// checks, the last source winning; check() for what settings need together; --print-config.
+// Near 600 lines because about 200 of them are that table: one entry per setting, with its help
+// text and its check, in the order errors are reported. It is one list on purpose: a setting
+// added there is a flag, a variable and a config key at once. If the file grows, the table could
+// move to a file of its own (setting and its builders in an internal header), leaving the
+// readers here.
 #include "config.hpp"
 
 #include "walgate/protocol/commands.hpp"

@@ -1,4 +1,13 @@
 // walgate [serve]: the gateway — the replication stream into the event log, the log to clients.
+// Also walgate edge (run_edge), which shares the server's options and the reloads on SIGHUP.
+// Over 600 lines. serve() (about 220) is the start in order: the log opened and recovered, the
+// publication, the spill directory, the initial snapshot's state, the replication client, the
+// publisher, the server, the signals; each object lives on its stack, holding references to the
+// ones before, until io.run() returns, so it stays one function. Seams if it grows: run_edge
+// (about 85 lines) with reloads and server_options_of could be edge.cpp over a small internal
+// header; the PostgreSQL helpers (ensure_publication, drop_unfinished_slot, watch_slot,
+// slot_confirmed: about 100 lines) could be a file of their own. The spill directory is
+// prepared in both commands, nearly alike.
 #include "commands.hpp"
 
 #include "walgate/protocol/commands.hpp"
@@ -120,9 +129,6 @@ asio::awaitable<void> watch_slot(proxy::conn_params conn, std::string slot, prox
   }
 }
 
-/// Sets the client limit so that every client, and the connections and files walgate needs
-/// beside them, fit the open-file limit (raised to its hard limit first). An explicit
-/// --max-clients that cannot fit is an error; the default shrinks to fit, and says so.
 /// An existing log's slot's confirmed_flush_lsn, read before the log is opened: recovery never
 /// cuts a transaction committed before it (it was acknowledged, so synced whole; damage there is
 /// refused). Invalid when there is no log yet or the server cannot be asked (then recovery goes
@@ -156,6 +162,9 @@ protocol::lsn slot_confirmed(const std::string& data_dir, const std::string& con
   return out;
 }
 
+/// Sets the client limit so that every client, and the connections and files walgate needs
+/// beside them, fit the open-file limit (raised to its hard limit first). An explicit
+/// --max-clients that cannot fit is an error; the default shrinks to fit, and says so.
 bool client_limit(std::size_t requested, proxy::server_options& so, std::string& error) {
   constexpr std::size_t own_files = 128;   // event log segments, PostgreSQL connections, spill files, libraries
   rlimit rl{};

@@ -1,3 +1,13 @@
+// Per-client snapshots (snapshot=true): snapshot_job reads the rows a request may see in a
+// REPEATABLE READ transaction on a pool thread, encodes them in the client's format (column and
+// row grants and where= applied) and hands them over with bounded memory; snapshot_service
+// admits jobs (rate limits per address and subject, a queue, --snapshot-concurrency) and, once a
+// job's snapshot is taken, connects it to the log (the changes the snapshot did not see).
+// No strong reason for one file of this length: the two classes share snapshot.hpp, nothing
+// more (the service is the job's friend, which holds across files). Seams: snapshot_service
+// (about 190 lines, from its constructor on) could be snapshot_service.cpp; snapshot_job::run()
+// is about 260 lines, in steps that could be named: the transaction and its WAL bound, the
+// tables, the row encoder (the encode lambda), and each table's copy with its row filter.
 #include "walgate/proxy/snapshot.hpp"
 
 #include "walgate/protocol/commands.hpp"

@@ -1,3 +1,16 @@
+// One stream client's way through the event log (subscription.hpp): its batches, read from the
+// log or from the row router's queue; each event decided by the request's filters and the
+// token's grants (rows and columns) and encoded in its format (shared encodings, keys=,
+// Debezium's transaction block); transaction records (transactions=true, group=transaction,
+// empty_transactions); and, with snapshot=true, the snapshot's rows, its window of changes and
+// its end marker first.
+// Over 700 lines. Every part is a member working on the same cursor and open transaction, which
+// is why it is one file, but not why it is this long. take() is about 180 lines: one event's
+// whole decision in order (resume skip, message prefix, filters, row verdict, encoding, the
+// transaction's begin and counts, keys=, compression, into the batch), with the same "stop
+// here, closed if the batch is empty" exit written five times; it should be split into named
+// steps. rows_verdict and the free functions before the constructor (the router's interests,
+// known_to) could be a file of their own (about 175 lines).
 #include "walgate/proxy/subscription.hpp"
 
 #include "walgate/proxy/policy.hpp"

@@ -6,6 +6,13 @@
 // compress-once hold as on /v1/ws. Each subscription is a client of the server of its own
 // (counted against --max-clients, resumable on its own); one writer serves them in turn, a
 // batch each, one write per round. docs/api.md, "Multiplexed subscriptions", is the contract.
+// Over 500 lines for a reason: serve_websocket_mux (about 240 lines) is the connection's one
+// writer, a coroutine whose every round (subscriptions begun or ended, the client's messages, a
+// batch of each subscription, the drain) runs in that order, so that answers and events go out
+// in the order of the client's messages; its locals (the round, the batch, the idle timers) last
+// across rounds. The rest (about 290 lines: mux_sub, mux_session, the message
+// builders and on_client_message, the subscribe path) is separate already; with mux_session in an
+// internal header it could be a file of its own.
 #include "websocket_session.hpp"
 
 #include "walgate/transform/json.hpp"

@@ -1,5 +1,11 @@
 // Reading the event log: events from a position (memory first, then the file, a bounded amount
 // at a time) and the position after an id (through the sparse index).
+// The reading third of the event log (event_log.cpp appends, event_log_recovery.cpp opens), just
+// over 500 lines. Two parts could stand apart: the background reader (block_args, read_block,
+// read_blocks, start_block, prune_blocks: about 290 lines; blocks read off the loop and kept a
+// while for the readers that follow) could be a file of its own; read_disk and resume_after, the
+// synchronous path, would stay. read_block and read_disk each check the frame format on their own
+// (length, CRC, sequence): one shared frame check would shorten both.
 #include "event_log_file.hpp"
 
 #include <algorithm>

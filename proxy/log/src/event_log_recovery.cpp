@@ -1,5 +1,12 @@
 // Opening the event log: the layout marker, recovery of what the last run made durable (torn
 // tails cut, every kept segment and the directory synced), the tail read back.
+// The opening third of the event log (event_log.cpp appends, event_log_read.cpp reads). Over 500
+// lines because recovery is one decision per damaged segment, made in recover() with the reasons
+// written beside each test: a torn tail (cut, its bytes kept in damaged/) or damage inside
+// acknowledged history (refused, nothing changed). Seams if it grows: segment_file, frame_at,
+// valid_frame_after and keep_cut_bytes (about 180 lines, no event_log state) could be a file of
+// their own; recover()'s damaged-segment branch (about 105 lines) could be a function that
+// decides cut or refuse for one segment.
 #include "event_log_file.hpp"
 
 #include <algorithm>

@@ -1,4 +1,12 @@
 // The JetStream publisher (jetstream.hpp): the event log, in order, into a stream, exactly once.
+// Its impl is one class run on the publisher's own thread: connect, the stream created or
+// checked, where the stream ends found in the log (sync), then publish_from until a failure, and
+// again. Its parts share that thread's state (the connection, the batch's failure, the cursor,
+// the confirmed position): one class, in the sections marked below. Over 600 lines; seams if it
+// grows: the free functions at the top (subject_token to stream_mismatch, about 90 lines) are
+// public in jetstream.hpp, tested on their own, and stream_seq_after is the mirror's alone: they
+// could be a file of their own. publish_from (about 100 lines) could hand its loop over one
+// batch and its failure handling to two functions.
 #include "walgate/proxy/jetstream.hpp"
 
 #include "walgate/proxy/event_log.hpp"

@@ -1,3 +1,13 @@
+// The initial snapshot (--snapshot initial): when walgate creates the slot, the rows of every
+// published table, read in the slot's exported snapshot, go into the event log as one
+// transaction of read events before the first streamed one. The SNAPSHOT file says whether it
+// finished; /metrics follows its progress per table.
+// Over 500 lines because of run() (about 290): one coroutine whose steps run in order — the plan,
+// made on a pool thread; the copies, on up to --snapshot-workers connections, each batch appended
+// on the loop; the wait, reporting every 5 s; the commit and the sync — and they share its locals
+// (the copy workers take append and the held last row by reference). Seams if it grows: the
+// planner lambda captures nothing by reference and could be a function of its own (about 50
+// lines), and so could the progress report in the wait loop.
 #include "walgate/proxy/initial_snapshot.hpp"
 
 #include "walgate/protocol/commands.hpp"

@@ -19,6 +19,13 @@ struct temp_dir : test::temp_dir {
   temp_dir() : test::temp_dir("walgate-log") {}
 };
 
+/// What a reader keeps with an event, as the log sees it (logged_event::attached): its memory.
+struct attached_bytes final : event_attachment {
+  explicit attached_bytes(std::size_t n) : bytes(n) {}
+  std::size_t memory() const override { return bytes; }
+  std::size_t bytes;
+};
+
 struct txn_builder {
   pg::cached_relation rel;
   std::vector<std::string> values;
@@ -315,14 +322,14 @@ TEST_CASE("encodings count against the memory tail; end offsets grow with the lo
     prev = e->end_offset;
   }
   CHECK(prev == log->end_offset() - 9 - 16);   // the last transaction's 'C' frame follows
-  // Caching a 4 KiB encoding on each event, as the server does, pushes the oldest out.
+  // Attaching 4 KiB to each event (as the server's encodings are), counted, pushes the oldest out.
   for (std::uint64_t seq = 0; seq < 100; ++seq) {
     auto batch = log->read(seq, 1);
     REQUIRE(batch.size() == 1);
     const auto& e = *batch[0];
-    if (!e.json[0]) {
-      e.json[0] = payload::in_memory(std::string(4096, 'x'));
-      log->account_encoding(e, 4096);
+    if (!e.attached) {
+      e.attached = std::make_unique<attached_bytes>(4096);
+      log->account_memory(e, 4096);
     }
   }
   std::size_t tail_bytes = 0;

@@ -228,8 +228,8 @@ TEST_CASE("subscription: table and op filters, resume id, eager encodings for un
   f.w.txn(*f.log, f.w.a, 1, transform::op::delete_);
   // The unfiltered native reader's encoding was made as each event was logged; wal2json only
   // when asked for.
-  CHECK(f.log->tail().front()->json[static_cast<std::size_t>(encoding::native)]);
-  CHECK_FALSE(f.log->tail().front()->json[static_cast<std::size_t>(encoding::wal2json)]);
+  CHECK(made_encoding(*f.log->tail().front(), encoding::native));
+  CHECK_FALSE(made_encoding(*f.log->tail().front(), encoding::wal2json));
 
   CHECK(ids(drain(all)) == std::vector<std::string>{"0/1000:0", "0/1000:1", "0/1100:0", "0/1200:0"});
   CHECK(all.resume_id() == "0/1200:0");
@@ -238,6 +238,9 @@ TEST_CASE("subscription: table and op filters, resume id, eager encodings for un
   REQUIRE(ids(b) == std::vector<std::string>{"0/1100:0"});
   CHECK(text(b[0][0]).find("\"table\":\"b\"") != std::string::npos);   // wal2json, as asked
   CHECK(ids(drain(deletes)) == std::vector<std::string>{"0/1200:0"});
+  // What the encodings hold (made as the events were logged, and on demand) is counted in the
+  // memory tail as it is made: each event's count there is its memory().
+  for (const auto& e : f.log->tail()) CHECK(e->accounted == e->memory());
   // Nothing new: an empty batch, and still open.
   std::vector<subscription::item> batch;
   all.next_batch(batch);
@@ -249,6 +252,28 @@ TEST_CASE("subscription: table and op filters, resume id, eager encodings for un
   CHECK(all.lag_bytes() > 0);
   CHECK(ids(drain(all)).size() == 3);
   CHECK(all.lag_bytes() == 0);
+}
+
+TEST_CASE("encodings: every format has its encoding and every encoding its format, by a table") {
+  for (auto fmt : transform::all_formats) {
+    CAPTURE(transform::to_string(fmt));
+    const encoding_spec* s = spec_of(encoding_of(fmt, false));
+    REQUIRE(s);
+    CHECK(s->fmt == fmt);
+    CHECK_FALSE(s->compact);
+    CHECK_FALSE(s->include_schema);
+  }
+  CHECK(encoding_of(transform::format::pgoutput2json, true) == encoding::pgoutput2json_compact);
+  CHECK(encoding_of(transform::format::debezium, true) == encoding::debezium);   // (no compact mode: its one)
+  REQUIRE(spec_of(encoding::pgoutput2json_schema));
+  CHECK(spec_of(encoding::pgoutput2json_schema)->fmt == transform::format::pgoutput2json);
+  CHECK(spec_of(encoding::pgoutput2json_schema)->compact);
+  CHECK(spec_of(encoding::pgoutput2json_schema)->include_schema);
+  CHECK_FALSE(spec_of(encoding::count_));
+  fixture f;
+  CHECK(encoding_for(f.request("/v1/stream?format=wal2json")) == encoding::wal2json);
+  CHECK(encoding_for(f.request("/v1/stream?format=pgoutput2json&compact=true")) == encoding::pgoutput2json_compact);
+  CHECK(encoding_for(f.request("/v1/stream")) == encoding::native);
 }
 
 TEST_CASE("subscription: a costly where= that matches nothing does bounded work per call, and gets through") {
@@ -758,12 +783,12 @@ TEST_CASE("subscription: far behind, the log is read in blocks off the event loo
   CHECK_FALSE(fetching);
   REQUIRE(block.size() > 1000);   // a block of 512 KiB of records
   CHECK(block.size() < 2500);
-  CHECK(block.front()->json[static_cast<std::size_t>(encoding::native)]);
-  CHECK(block.front()->json[static_cast<std::size_t>(encoding::debezium)]);
-  CHECK(block.back()->json[static_cast<std::size_t>(encoding::waltail)]);
-  CHECK_FALSE(block.front()->json[static_cast<std::size_t>(encoding::wal2json)]);
+  CHECK(made_encoding(*block.front(), encoding::native));
+  CHECK(made_encoding(*block.front(), encoding::debezium));
+  REQUIRE(made_encoding(*block.back(), encoding::waltail));
+  CHECK_FALSE(made_encoding(*block.front(), encoding::wal2json));
   std::size_t made = 1;
-  CHECK(block.back()->json[static_cast<std::size_t>(encoding::waltail)]->deflated(12, &made));
+  CHECK(made_encoding(*block.back(), encoding::waltail)->deflated(12, &made));
   CHECK(made == 0);   // (compressed there too)
   REQUIRE(bg.jobs.size() == 3);   // this read of all of it (past its half) started the next block
 

@@ -13,33 +13,25 @@ payload_ptr encode_small(const logged_event& e, encoding enc, const transform::c
                          const transform::encoder_options& options, std::string& scratch);
 }  // namespace
 
-encoding encoding_for(const stream_request& r) {
-  switch (r.fmt) {
-    case transform::format::native: return encoding::native;
-    case transform::format::debezium: return encoding::debezium;
-    case transform::format::pgoutput2json: return r.compact ? encoding::pgoutput2json_compact : encoding::pgoutput2json;
-    case transform::format::waltail: return encoding::waltail;
-    case transform::format::wal2json: return encoding::wal2json;
-  }
-  return encoding::native;
-}
+encoding encoding_for(const stream_request& r) { return encoding_of(r.fmt, r.compact); }
 
 void encoding_cache::on_logged(const logged_event& e, const transform::change& c) {
-  for (std::size_t i = 0; i < eager_.size(); ++i)
-    if (eager_[i] > 0 && !e.json[i]) encode_into(e, static_cast<encoding>(i), c);
+  for (std::size_t i = 0; i < eager_.size(); ++i) {
+    if (eager_[i] <= 0) continue;
+    const encoded_forms* f = forms_if(e);
+    if (!f || !f->json[i]) encode_into(e, static_cast<encoding>(i), c);
+  }
 }
 
 payload_ptr encoding_cache::get(const logged_event& e, encoding enc, std::string& error) {
-  auto& slot = e.json[static_cast<std::size_t>(enc)];
-  if (!slot) {
-    auto r = transform::read_record(protocol::as_bytes(e.record), record_scratch_);
-    if (!r) {
-      error = "event #" + std::to_string(e.seq) + " in the event log cannot be read (" + r.error().message() + ")";
-      return nullptr;
-    }
-    encode_into(e, enc, record_scratch_.get());
+  if (auto p = made_encoding(e, enc)) return p;
+  auto r = transform::read_record(protocol::as_bytes(e.record), record_scratch_);
+  if (!r) {
+    error = "event #" + std::to_string(e.seq) + " in the event log cannot be read (" + r.error().message() + ")";
+    return nullptr;
   }
-  return slot;
+  encode_into(e, enc, record_scratch_.get());
+  return made_encoding(e, enc);
 }
 
 const transform::change* encoding_cache::decode(const logged_event& e, std::string& error) {
@@ -109,23 +101,26 @@ bool apply_mask(transform::change& c, const std::string& mask, masked_change& m,
 }  // namespace
 
 payload_ptr encoding_cache::get_as(const logged_event& e, encoding enc, transform::op as, std::string& error) {
-  if (!e.moved) e.moved = std::make_shared<std::array<payload_ptr, 2 * static_cast<std::size_t>(encoding::count_)>>();
-  auto& slot = (*e.moved)[static_cast<std::size_t>(enc) * 2 + (as == transform::op::insert ? 0 : 1)];
-  if (slot) return slot;
+  const std::size_t at = static_cast<std::size_t>(enc) * 2 + (as == transform::op::insert ? 0 : 1);
+  if (const encoded_forms* f = forms_if(e); f && f->moved && (*f->moved)[at]) return (*f->moved)[at];
   const transform::change* from = decode(e, error);
   if (!from) return nullptr;
   transform::change c = *from;
   if (!as_op(c, as, e, error)) return nullptr;
-  slot = encode_small(e, enc, c, opts_.encoder, encode_scratch_);
-  log_.account_encoding(e, slot->memory());
-  return slot;
+  auto p = encode_small(e, enc, c, opts_.encoder, encode_scratch_);
+  bool made = false;
+  auto& forms = forms_of(e, &made);
+  if (!forms.moved) forms.moved = std::make_unique<std::array<payload_ptr, 2 * encoding_count>>();
+  (*forms.moved)[at] = p;
+  count_made(e, made, p->memory());
+  return p;
 }
 
 payload_ptr encoding_cache::get_masked(const logged_event& e, encoding enc, transform::op as, const std::string& mask,
                                        std::string& error) {
-  if (!e.masked) e.masked = std::make_shared<std::vector<logged_event::masked_encoding>>();
-  for (const auto& m : *e.masked)
-    if (!m.keyed && m.enc == enc && m.as == as && m.mask == mask) return m.bytes;
+  if (const encoded_forms* f = forms_if(e))
+    for (const auto& m : f->masked)
+      if (!m.keyed && m.enc == enc && m.as == as && m.mask == mask) return m.bytes;
   const transform::change* from = decode(e, error);
   if (!from) return nullptr;
   if (!from->relation) {
@@ -136,8 +131,9 @@ payload_ptr encoding_cache::get_masked(const logged_event& e, encoding enc, tran
   masked_change m;
   if (!as_op(c, as, e, error) || !apply_mask(c, mask, m, e, error)) return nullptr;
   auto p = encode_small(e, enc, c, opts_.encoder, encode_scratch_);
-  e.masked->push_back({enc, as, mask, p});
-  log_.account_encoding(e, sizeof(logged_event::masked_encoding) + mask.size() + p->memory());
+  bool made = false;
+  forms_of(e, &made).masked.push_back({enc, as, mask, p});
+  count_made(e, made, sizeof(encoded_forms::masked_encoding) + mask.size() + p->memory());
   return p;
 }
 
@@ -188,14 +184,15 @@ std::string encoding_cache::key_of(const logged_event& e, encoding enc, transfor
 payload_ptr encoding_cache::keyed(const logged_event& e, encoding enc, transform::op as, const std::string* mask,
                                   const payload_ptr& value, std::string& error) {
   const std::string mask_key = mask ? *mask : std::string("*");
-  if (!e.masked) e.masked = std::make_shared<std::vector<logged_event::masked_encoding>>();
-  for (const auto& m : *e.masked)
-    if (m.keyed && m.enc == enc && m.as == as && m.mask == mask_key) return m.bytes;
+  if (const encoded_forms* f = forms_if(e))
+    for (const auto& m : f->masked)
+      if (m.keyed && m.enc == enc && m.as == as && m.mask == mask_key) return m.bytes;
   std::string key = key_of(e, enc, as, mask, error);
   if (key.empty()) return nullptr;
   auto p = payload::framed("{\"key\":" + key + ",\"value\":", value, "}");
-  e.masked->push_back({enc, as, mask_key, p, true});
-  log_.account_encoding(e, sizeof(logged_event::masked_encoding) + mask_key.size() + p->memory());
+  bool made = false;
+  forms_of(e, &made).masked.push_back({enc, as, mask_key, p, true});
+  count_made(e, made, sizeof(encoded_forms::masked_encoding) + mask_key.size() + p->memory());
   return p;
 }
 
@@ -211,12 +208,12 @@ payload_ptr encoding_cache::tombstone(const logged_event& e, const std::string* 
 
 namespace {
 
-/// The format and options of an encoding.
+/// The format and options of an encoding (encoding_specs).
 std::pair<transform::format, transform::encoder_options> format_of(encoding enc, transform::encoder_options o) {
-  const bool compact = enc == encoding::pgoutput2json_compact || enc == encoding::pgoutput2json_schema;
-  o.compact = compact;
-  o.include_schema = enc == encoding::pgoutput2json_schema;
-  return {compact ? transform::format::pgoutput2json : static_cast<transform::format>(enc), o};
+  const encoding_spec* s = spec_of(enc);   // (every encoding has one: encoding_specs_complete)
+  o.compact = s && s->compact;
+  o.include_schema = s && s->include_schema;
+  return {s ? s->fmt : transform::format::native, o};
 }
 
 /// A small event's encoding: made in scratch (kept for the next one), held at its exact size.
@@ -240,13 +237,17 @@ log_reader::prepare_fn encoding_cache::preparer() const {
     thread_local transform::record_view view;
     thread_local std::string scratch;
     bool parsed = false;
-    for (std::size_t i = 0; i < e.json.size(); ++i) {
-      if (!(want & want_encoding(static_cast<encoding>(i)))) continue;
-      auto& slot = e.json[i];
+    for (std::size_t i = 0; i < encoding_count; ++i) {
+      const auto enc = static_cast<encoding>(i);
+      if (!(want & want_encoding(enc))) continue;
+      payload_ptr slot = made_encoding(e, enc);
       if (!slot) {
         if (!parsed && !transform::read_record(protocol::as_bytes(e.record), view)) return;   // (said on demand)
         parsed = true;
-        slot = encode_small(e, static_cast<encoding>(i), view.get(), options, scratch);
+        slot = encode_small(e, enc, view.get(), options, scratch);
+        // (Not counted: the event is the background read's alone, not in the memory tail; its
+        // block counts its memory() when it is done.)
+        forms_of(e).json[i] = slot;
       }
       for (int w = 9; w <= 15; ++w)
         if (want & want_deflate(w)) slot->deflated(w);
@@ -255,7 +256,7 @@ log_reader::prepare_fn encoding_cache::preparer() const {
 }
 
 void encoding_cache::encode_into(const logged_event& e, encoding enc, const transform::change& from) {
-  auto& slot = e.json[static_cast<std::size_t>(enc)];
+  payload_ptr slot;   // (put in e's forms once made: the forms are made only for what they hold)
   if (e.record.size() < (1u << 20)) {
     slot = encode_small(e, enc, from, opts_.encoder, encode_scratch_);
   } else {
@@ -280,7 +281,9 @@ void encoding_cache::encode_into(const logged_event& e, encoding enc, const tran
       slot = payload::in_memory(std::move(bytes));
     }
   }
-  log_.account_encoding(e, slot->memory());
+  bool made = false;
+  forms_of(e, &made).json[static_cast<std::size_t>(enc)] = slot;
+  count_made(e, made, slot->memory());
 }
 
 std::string encoding_cache::schema_signature(const logged_event& e, const std::string* mask) {

@@ -227,7 +227,7 @@ void event_log::evict() {
   tail_.evict(segments_.back().base + segments_.back().bytes);
 }
 
-void event_log::account_encoding(const logged_event& e, std::size_t bytes) {
+void event_log::account_memory(const logged_event& e, std::size_t bytes) {
   if (tail_.account(e, bytes)) evict();
 }
 

@@ -45,7 +45,7 @@ struct log_options {
   std::filesystem::path dir;
   std::size_t segment_bytes = 64u << 20;
   std::size_t retention_bytes = 1u << 30;   ///< Oldest segments are removed past this.
-  std::size_t memory_bytes = 16u << 20;     ///< In-memory tail for live clients, with their encodings.
+  std::size_t memory_bytes = 16u << 20;     ///< In-memory tail for live clients, with what they attach to events.
   bool fsync = true;                        ///< false only for tests and benchmarks that say so.
   /// Where the slot was acknowledged to (its confirmed_flush_lsn), when it could be read before
   /// the log was opened: recovery cuts no transaction that commits before it (nor before ACKED).
@@ -149,8 +149,9 @@ class event_log final : public log_reader {
   /// With a background runner and fetching given, what is not in memory is read on the runner's
   /// thread in blocks of up to 512 KiB of records (or one large record), which every reader
   /// near them shares while the blocks are kept (until read from, at most 5 s; then 0.5 s after
-  /// their last use, at most 16 MiB of those read from), with the encodings `prepare` asks for made there; a reader in the second half of
-  /// a block starts the next one, so that a reader going through the file rarely waits.
+  /// their last use, at most 16 MiB of those read from), with what `prepare` asks for made there
+  /// (by the prepare hook, set_prepare); a reader in the second half of a block starts the next
+  /// one, so that a reader going through the file rarely waits.
   std::vector<event_ptr> read(std::uint64_t seq, std::size_t max_events, std::size_t max_bytes,
                               std::string* error = nullptr, bool* fetching = nullptr,
                               std::uint32_t prepare = 0) const override;
@@ -204,9 +205,9 @@ class event_log final : public log_reader {
   void register_metrics(metrics_registry& r) const;
   /// Byte position of the end of the log (see logged_event::end_offset).
   std::uint64_t end_offset() const { return segments_.back().base + segments_.back().bytes + pending_.size(); }
-  /// Counts an encoding just cached on e against the memory tail (if e is in it), evicting the
-  /// oldest events past the bound.
-  void account_encoding(const logged_event& e, std::size_t bytes) override;
+  /// Counts bytes just attached to e (logged_event::attached) against the memory tail (if e is
+  /// in it), evicting the oldest events past the bound.
+  void account_memory(const logged_event& e, std::size_t bytes) override;
 
  private:
   struct index_entry {

@@ -1,15 +1,29 @@
 // The read side of a log of events, as subscriptions see it: the position of an id, events
 // from a position, how far is visible, and a notification when more is. event_log (the segment
 // store in the data directory) is the first implementation; subscriptions, transports and
-// encoders know only this interface, so that another (a JetStream stream) needs no change there.
-// Single-threaded: called on the executor that appends.
+// encoders know only this interface, so that another (a JetStream stream, a test double) needs
+// no change there. The log knows nothing of clients or of what they are sent: what a reader
+// keeps with an event (the fan-out's encodings, fanout/encodings.hpp) is an opaque attachment
+// whose memory the log counts, and what a background read makes of the events it read is a hook
+// (set_prepare) whose bits the hook's owner defines. Single-threaded: called on the executor
+// that appends.
+//
+// The attachment (logged_event::attached), as the fan-out uses it (encoded_forms,
+// fanout/encodings.hpp):
+//   - made by its owner on first use, never by the log: on the log's executor for the events
+//     it is given (read(), in_memory(), the publish hook), and by the prepare hook on a
+//     background reader's thread for events that reader has just read, before any other thread
+//     can see them (they reach the executor with the read's notification, on_fetched);
+//   - counted in logged_event::memory(): an event entering the memory tail counts what it has
+//     then; what is attached after that is counted by its owner's account_memory() calls, so
+//     that what the tail counts for an event stays its memory();
+//   - freed with the event (when the last reader and the log let it go).
 #pragma once
 
 #include "walgate/protocol/lsn.hpp"
-#include "walgate/proxy/payload.hpp"
 #include "walgate/transform/change.hpp"
 
-#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -19,17 +33,13 @@
 
 namespace walgate::proxy {
 
-/// The encodings an event can be asked for; pgoutput2json compact without "s" is shared too, and
-/// so is compact with "s" (sent to a client with the first row of a table, and after a change).
-enum class encoding : std::uint8_t {
-  native, debezium, pgoutput2json, waltail, wal2json, pgoutput2json_compact, pgoutput2json_schema, count_
+/// What a reader keeps with an event (the fan-out's encodings, fanout/encodings.hpp), opaque to
+/// the log: it only counts its memory (memory()) while the event is in the memory tail.
+struct event_attachment {
+  virtual ~event_attachment() = default;
+  /// What it holds in memory, itself included.
+  virtual std::size_t memory() const = 0;
 };
-
-/// What a read in the background makes ready for the events it reads, off the event loop: bit i
-/// for encoding i (want_encoding), bit 16 + w for an encoding's permessage-deflate form with
-/// window w (want_deflate, 9-15), made of each encoding asked for.
-constexpr std::uint32_t want_encoding(encoding e) { return 1u << static_cast<unsigned>(e); }
-constexpr std::uint32_t want_deflate(int window_bits) { return 1u << (16 + window_bits); }
 
 struct logged_event {
   std::uint64_t seq = 0;           ///< Position in the log; Waltail's seq.
@@ -44,33 +54,13 @@ struct logged_event {
   /// laid end to end from the oldest retained one): a client's lag in bytes is the log's
   /// end_offset() minus that of the last event it was given.
   std::uint64_t end_offset = 0;
-  /// Encodings, made once on first demand and shared by every client (single-threaded).
-  mutable std::array<payload_ptr, static_cast<std::size_t>(encoding::count_)> json;
-  /// Encodings of the event as another op, per encoding: an update that moves a row into a
-  /// client's row grant is sent to it as an insert, out of it as a delete (made on demand).
-  mutable std::shared_ptr<std::array<payload_ptr, 2 * static_cast<std::size_t>(encoding::count_)>> moved;
-  /// Encodings of the event with only some columns (column grants): per encoding, op and
-  /// column mask (table_rows::masks), made on demand.
-  struct masked_encoding {
-    encoding enc;
-    transform::op as;
-    std::string mask;   ///< ("*" for a keyed form of every column)
-    payload_ptr bytes;
-    bool keyed = false;   ///< keys=true's {"key":…,"value":…} form (encoding_cache::keyed)
-  };
-  mutable std::shared_ptr<std::vector<masked_encoding>> masked;
-  mutable bool in_tail = false;   ///< held by the log's memory tail (its encodings count there)
+  /// What a reader keeps with the event (see event_attachment): made by its owner on first use
+  /// (the event is const to readers, hence mutable); null until then.
+  mutable std::unique_ptr<event_attachment> attached;
+  mutable bool in_tail = false;   ///< held by the log's memory tail (what is attached counts there)
   mutable std::size_t accounted = 0;   ///< what the tail counts for it: memory() when last counted
   std::size_t memory() const {
-    std::size_t n = sizeof(*this) + record.size() + schema.size() + table.size();
-    for (const auto& j : json)
-      if (j) n += j->memory();
-    if (moved)
-      for (const auto& j : *moved)
-        if (j) n += j->memory();
-    if (masked)
-      for (const auto& m : *masked) n += sizeof(m) + m.mask.size() + (m.bytes ? m.bytes->memory() : 0);
-    return n;
+    return sizeof(*this) + record.size() + schema.size() + table.size() + (attached ? attached->memory() : 0);
   }
 };
 using event_ptr = std::shared_ptr<const logged_event>;
@@ -107,17 +97,21 @@ class log_reader {
   /// there. When the log cannot be read, the events before the fault are returned and *error
   /// says what failed. With fetching given, events not in memory may be read in the background
   /// instead (in large sequential blocks shared by every reader near them), with what `prepare`
-  /// asks for (want_encoding, want_deflate) made for them there: then nothing is returned,
-  /// *fetching is set, and the notification (on_fetched) comes when they are in memory.
+  /// asks for made for them there (bits of the prepare hook, set_prepare; the log ORs those of
+  /// the readers of a block and passes them on): then nothing is returned, *fetching is set,
+  /// and the notification (on_fetched) comes when they are in memory.
   virtual std::vector<event_ptr> read(std::uint64_t seq, std::size_t max_events, std::size_t max_bytes,
                                       std::string* error = nullptr, bool* fetching = nullptr,
                                       std::uint32_t prepare = 0) const = 0;
   /// The visible event seq when it is in the memory tail (no allocation, no I/O); null
   /// otherwise — read() it then.
   virtual event_ptr in_memory(std::uint64_t seq) const { (void)seq; return nullptr; }
-  /// What a background read runs on each event it read, with the bits asked for (see
-  /// want_encoding): the encodings' maker (encoding_cache::preparer). Copied by each read, so
-  /// it owns what it uses. Empty: nothing is made in the background.
+  /// What a background read runs on each event it read (on the reader's thread, before the
+  /// event is handed to anyone), with the bits its readers asked for (read()'s prepare): bits
+  /// the hook's owner defines; the log only ORs what readers ask for and passes them on. In the
+  /// server, the fan-out's encodings' maker (encoding_cache::preparer, want_encoding and
+  /// want_deflate in fanout/encodings.hpp), which attaches what it made (logged_event::attached).
+  /// Copied by each read, so it owns what it uses. Empty: nothing is made in the background.
   using prepare_fn = std::function<void(logged_event&, std::uint32_t)>;
   virtual void set_prepare(prepare_fn f) { (void)f; }
   /// Where a reader that processed id resumes.
@@ -130,8 +124,9 @@ class log_reader {
   /// here the transactions that were logged before it was taken but that it did not see as
   /// committed (their commit was decoded before the server stopped listing them as running).
   virtual std::optional<std::uint64_t> first_recent_transaction(const std::function<bool(std::uint32_t)>& pred) const = 0;
-  /// Counts an encoding just cached on e against what the log keeps in memory for it.
-  virtual void account_encoding(const logged_event& e, std::size_t bytes) = 0;
+  /// Counts bytes just attached to e (logged_event::attached) against what the log keeps in
+  /// memory for it: nothing when the log does not keep e (not in its memory tail).
+  virtual void account_memory(const logged_event& e, std::size_t bytes) = 0;
 
   /// Tail notifications: f is called (on the log's executor) each time events became visible
   /// (once for a burst of transactions, not once per event). The returned handle removes it.

@@ -1,4 +1,4 @@
-// The event log's memory: the newest events (with the encodings cached on them) within a byte
+// The event log's memory: the newest events (with what readers attached to them) within a byte
 // budget, so that live readers share them instead of reading the file; and, weakly, events out
 // of it that a reader still holds, so that other readers share those too. Single-threaded.
 #pragma once
@@ -24,7 +24,8 @@ class memory_tail {
   /// Evicts the oldest events past the budget — never one ending after `written` (not in the
   /// file yet: a reader behind the tail must find it there), nor a lingering one.
   void evict(std::uint64_t written);
-  /// An encoding of bytes was just cached on e: counted if e is here (true: evict may be due).
+  /// bytes were just attached to e (logged_event::attached): counted if e is here (true: evict
+  /// may be due).
   bool account(const logged_event& e, std::size_t bytes);
   /// The transaction being appended committed: its lingering events' 5 s start.
   void committed();

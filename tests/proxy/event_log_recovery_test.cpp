@@ -525,6 +525,75 @@ TEST_CASE("damage with whole frames after it, all past the slot's confirmed posi
   }
 }
 
+TEST_CASE("damage with whole frames after it, past the slot: still refused when ACKED is past it, or the initial snapshot is pending") {
+  temp_dir d;
+  std::string error;
+  auto o = options(d.path);
+  writer w;
+  const std::uint64_t after_first = three_then_fifties(o, w, 20);
+  auto seg = segments(d.path).at(0);
+  flip(seg, after_first + 20, char(0x10));
+  const std::string damaged = file_bytes(seg);
+  auto by_slot = o;
+  by_slot.acknowledged = lsn{0x108};   // the slot: nothing after the first transaction
+  // ACKED (stored while everything logged was synced) past the damaged transaction's end: it was
+  // acknowledged whatever the slot says.
+  REQUIRE(event_log::store_acked(d.path, lsn{0x208}, false, error));
+  CHECK_FALSE(event_log::open(by_slot, error));
+  CHECK_MESSAGE(error.find("whole, valid frames follow") != std::string::npos, error);
+  CHECK(file_bytes(seg) == damaged);
+  REQUIRE(event_log::store_acked(d.path, lsn{0x100}, false, error));
+  // The initial snapshot pending: the slot's position acknowledged nothing of the log.
+  std::ofstream(d.path / "SNAPSHOT") << "pending\n";
+  CHECK_FALSE(event_log::open(by_slot, error));
+  CHECK_MESSAGE(error.find("the initial snapshot pending") != std::string::npos, error);
+  CHECK(file_bytes(seg) == damaged);
+  CHECK_FALSE(fs::exists(d.path / "damaged"));
+  // Neither: cut.
+  fs::remove(d.path / "SNAPSHOT");
+  auto log = event_log::open(by_slot, error);
+  REQUIRE_MESSAGE(log, error);
+  CHECK(log->visible_seq() == 3);
+}
+
+TEST_CASE("damage in a segment with whole transactions in the next, none acknowledged: the later segment moved aside too") {
+  temp_dir d;
+  std::string error;
+  auto o = options(d.path);
+  o.segment_bytes = 256;   // every transaction after the first opens a segment
+  writer w;
+  {
+    auto log = event_log::open(o, error);
+    REQUIRE(log);
+    w.whole(*log, 0x100, 5);
+    w.whole(*log, 0x200, 5);
+    w.whole(*log, 0x300, 5);
+    REQUIRE(log->sync());
+  }
+  auto segs = segments(d.path);
+  REQUIRE(segs.size() == 3);
+  // Damage in the second segment's transaction; the third is whole.
+  flip(segs[1], 30, char(0x01));
+  const std::string third = file_bytes(segs[2]);
+  auto by_slot = o;
+  by_slot.acknowledged = lsn{0x109};   // the first transaction (ends at 0x108) and no more
+  CHECK_FALSE(event_log::open(by_slot, error));   // one byte past its end: refused
+  CHECK(segments(d.path).size() == 3);
+  by_slot.acknowledged = lsn{0x108};
+  {
+    auto log = event_log::open(by_slot, error);
+    REQUIRE_MESSAGE(log, error);
+    CHECK(log->visible_seq() == 5);
+  }
+  segs = segments(d.path);
+  REQUIRE(segs.size() == 2);   // the second, cut to nothing; the third moved aside whole
+  CHECK(fs::file_size(segs[1]) == 0);
+  bool kept = false;
+  for (const auto& e : fs::directory_iterator(d.path / "damaged"))
+    kept = kept || (e.path().filename().string().find(".cut") != std::string::npos && file_bytes(e.path()) == third);
+  CHECK(kept);
+}
+
 TEST_CASE("a torn tail — cut short, zeros after it, a garbage write — is cut and moved aside; an acknowledged one is refused") {
   temp_dir d;
   std::string error;

@@ -884,7 +884,7 @@ TEST_CASE("idle connections never keep others out: an address's waiting connecti
   REQUIRE(n > 0);
   const std::string answer(buf, static_cast<std::size_t>(n));
   CHECK_MESSAGE(answer.rfind("HTTP/1.1 429 Too Many Requests\r\n", 0) == 0, answer);
-  CHECK(answer.find("--max-connections-per-address") != std::string::npos);
+  CHECK_MESSAGE(answer.find("for one address, --max-other-connections") != std::string::npos, answer);
   ::close(refused);
   for (int fd : burst) ::close(fd);
   for (int fd : idle) ::close(fd);

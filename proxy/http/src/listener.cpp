@@ -116,8 +116,8 @@ struct server::impl : std::enable_shared_from_this<server::impl> {
       if (!core.make_room(address)) {
         ++core.connections_refused_address;
         const std::string body = "{\"error\":\"too many connections from this address, each busy with a request (limit " +
-                                 std::to_string(core.opts.max_connections_per_address) +
-                                 ", --max-connections-per-address); try again\"}\n";
+                                 std::to_string(core.opts.max_other_connections) +
+                                 " for one address, --max-other-connections); try again\"}\n";
         const std::string refused = "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
                                     "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
         boost::system::error_code wec;

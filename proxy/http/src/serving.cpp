@@ -162,11 +162,11 @@ server_core::server_core(boost::asio::any_io_executor ex, server_options o, gate
                     [this] { return connections; });
   metrics.add_value("walgate_connections_replaced_total", "counter",
                     "Waiting connections that were not streams (idle keep-alive, a request head not yet whole) "
-                    "closed to make room for a new one (--max-connections-per-address, 256 in all).",
+                    "closed to make room for a new one (--max-connections-per-address, --max-other-connections in all).",
                     [this] { return connections_replaced; });
   metrics.add_value("walgate_connections_refused_total", "counter",
-                    "Connections refused at accept (429): every connection of that address that is not a stream busy "
-                    "with a request, at --max-connections-per-address.",
+                    "Connections refused at accept (429): the address holds --max-other-connections connections that "
+                    "are not streams, none of them waiting (over --max-connections-per-address, none to replace).",
                     [this] { return connections_refused_address; });
   metrics.add_value("walgate_accept_pauses_total", "counter",
                     "Times accepting paused (connection limit reached, or out of file descriptors).",

@@ -456,8 +456,13 @@ bool event_log::recover(std::string& error) {
                 std::to_string(r.total) + " bytes, and whole, valid frames follow (" +
                 (valid_after ? "in it at offset " + std::to_string(*valid_after) : "in " + later_valid) +
                 "): this is damage inside the history walgate acknowledged, not a torn last write, and cutting it "
-                "would lose what follows. Nothing was changed. Restore the data directory from a copy, or move it "
-                "away and start over with an empty one (clients then need a new snapshot)";
+                "would lose what follows. Nothing was changed. " +
+                (slot.valid() ? std::string()
+                              : "The slot's confirmed position could not be read now (PostgreSQL not answering, or "
+                                "the initial snapshot pending): when it shows nothing from the damage on was "
+                                "acknowledged, a start then cuts it. ") +
+                "Restore the data directory from a copy, or move it away and start over with an empty one "
+                "(clients then need a new snapshot)";
         return false;
       }
       // A torn tail: moved aside (damaged/ in the data directory), then cut; segments after it

@@ -10,17 +10,20 @@
 //   are not guarded: no other thread touches them). nats.c's threads, which call the closed,
 //   disconnected and reconnected callbacks (they touch only closed_, under m_, and link_up_), and
 //   the settings' ack_handler.
-// - The owner calls start once, and stop from another thread than the connection's (its loop, or
-//   its destructor): stop waits for run to return. wake, stopped, fault and link_up may be called
-//   from any thread (fault and link_up are atomics, read by /metrics on the loop); post and say
-//   from any thread the functions given allow (the owners: the thread, and the loop for wake).
+// - The owner calls start once, and stop from another thread than the connection's, once its loop
+//   has stopped running (below): stop waits for run to return. wake, stopped, fault and link_up
+//   may be called from any thread (fault and link_up are atomics, read by /metrics on the loop);
+//   post and say from any thread the functions given allow (the owners: the thread, and the loop
+//   for wake).
 // - Lifetime: this object outlives the thread (its owner calls stop before destroying it or what
 //   run uses), and run calls disconnect before it returns, so that no nats.c callback comes after
 //   it is gone (disconnect waits up to 5 s for the closed callback). Nothing here stops the thread
 //   or closes the connection by itself: a destructor with the thread running ends the process
 //   (std::thread's).
 // - on_loop is never called on the loop (it would wait for itself until a stop). A function it
-//   gave up on (stopping) may still run on the loop later.
+//   gave up on (stopping) may still run on the loop later, and the owners' functions refer to
+//   the thread's stack: so stop is called only once the loop has stopped running (serve.cpp
+//   stops both after io.run() returns), never from a handler on a loop that goes on.
 // - The connection reconnects by itself, forever (nats.c's reconnect); the owner drops it
 //   (disconnect) only when nats.c has closed it or when it stops, and then connects again or not.
 #pragma once

@@ -6,11 +6,12 @@
 // Segment file: frames of  Byte1 type | Int32 length | payload | Int32 checksum (CRC-32C of
 // type, length and payload). The data directory's FORMAT file names the layout ("walgate event
 // log 2"); a directory of another layout is refused, never read as damaged. 'E' events: Int64 seq | record. 'C' transaction ends:
-// Int64 commit_lsn | Int64 end_lsn. On open, a torn or unterminated tail (events after the
-// last 'C', or a frame whose checksum fails) is cut off: it was never acknowledged; what is kept
-// is fsynced (segments and directory) before anything is acknowledged. A torn segment that is not
-// the last is cut the same way when the segments after it hold no complete transaction (a power
-// cut after a roll), and refused when cutting it would lose transactions after it.
+// Int64 commit_lsn | Int64 end_lsn. On open, a torn tail (after the first frame that is not whole
+// and valid, no whole, valid frame in that segment or a later one) is cut at its last complete
+// transaction and moved to damaged/: it was never acknowledged; what is kept is fsynced (segments
+// and directory) before anything is acknowledged. Damage with whole frames after it is refused,
+// unless the slot's confirmed position (log_options::acknowledged) and ACKED show that nothing
+// from the damage on was acknowledged: then it is cut the same way (event_log_recovery.cpp).
 //
 // What clients see: only committed transactions. Events of a transaction still arriving are
 // held (in memory, on disk when large) and become visible together at its commit frame; a
@@ -22,7 +23,6 @@
 #include "walgate/proxy/log_reader.hpp"
 #include "walgate/proxy/memory_tail.hpp"
 #include "walgate/proxy/metrics.hpp"
-#include "walgate/proxy/payload.hpp"
 #include "walgate/transform/change.hpp"
 #include "walgate/transform/record.hpp"
 

@@ -45,6 +45,7 @@ void row_router::remove(target* t) {
     it = list.empty() ? by_table_.erase(it) : std::next(it);
   }
   if (found) --targets_;
+  seen_index_.erase(t);
 }
 
 void row_router::kick_all(std::uint64_t from_seq) {
@@ -55,6 +56,7 @@ void row_router::kick_all(std::uint64_t from_seq) {
   std::sort(all.begin(), all.end());
   all.erase(std::unique(all.begin(), all.end()), all.end());
   by_table_.clear();   // (every target leaves: no search per target)
+  seen_index_.clear();
   targets_ = 0;
   for (auto* t : all) t->unroutable(from_seq, false);
 }
@@ -90,11 +92,12 @@ void row_router::route() {
       // given once per event, after every index of the table was looked at.
       constexpr unsigned by_new = 1, by_old = 2, undecided = 4;
       auto mark = [&](target* t, unsigned how) {
-        for (auto& [x, bits] : seen_)
-          if (x == t) {
-            bits |= how;
-            return;
-          }
+        auto& at = seen_index_[t];
+        if (at.event == events_) {
+          seen_[at.pos].second |= how;
+          return;
+        }
+        at = seen_at{events_, seen_.size()};
         seen_.emplace_back(t, how);
       };
       auto give = [&](target* t) { mark(t, undecided); };

@@ -83,6 +83,14 @@ class row_router {
   std::size_t targets_ = 0;
   std::uint64_t events_ = 0, queued_ = 0, decided_ = 0;
   std::vector<std::pair<target*, unsigned>> seen_;   // (targets given the current event: how found)
+  /// Where each target is in seen_, stamped with the event it was given (events_): finding a
+  /// target there is one lookup, not a search of seen_ (an event given to every one of k
+  /// subscriptions of a table — a truncate, a row without its indexed value — was k² steps).
+  struct seen_at {
+    std::uint64_t event = 0;
+    std::size_t pos = 0;
+  };
+  std::unordered_map<target*, seen_at> seen_index_;
 };
 
 }  // namespace walgate::proxy

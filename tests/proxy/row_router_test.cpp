@@ -59,15 +59,15 @@ namespace json = boost::json;
 
 namespace {
 
-/// true: grants the router finds rows of but that cannot be served at all — a row predicate on
-/// a column outside the replica identity besides the indexed one (`tenant = … and v is not null`
-/// on public.acct, REPLICA IDENTITY DEFAULT), two grants of a table showing different columns.
-/// The subscription reading every event is closed (end::grant) at the table's first event; the
-/// routed one only at the first event the router queues for it (or never: row_router.cpp sends
-/// every event of a table to its subscribers only when the *indexed* column is outside the
-/// replica identity, and table_rows::make also fails on the others). Off: that difference is
-/// known, and a failure with it off is something else.
-constexpr bool late_grant_failures = false;
+/// true: also grants the router finds rows of but that cannot be served at all — a row predicate
+/// on a column outside the replica identity besides the indexed one (`tenant = … and v is not
+/// null` on public.acct, REPLICA IDENTITY DEFAULT), two grants of a table showing different
+/// columns. The subscription reading every event is closed (end::grant) at the table's first
+/// event it does not filter out otherwise; the routed one must be closed at the same event: the
+/// router gives a subscriber every event of a table until it has checked the table's definition
+/// (row_router::target::checked). It once closed it only at the first event of its own rows, or
+/// never.
+constexpr bool late_grant_failures = true;
 
 struct rnd {
   std::mt19937 g;

@@ -25,6 +25,7 @@ void row_router::add(target* t, const std::vector<interest>& interests) {
     }
     ix->subs.emplace_back(t, in.values);
     ix->keyed = false;   // (keyed again at its next event)
+    ix->untold.push_back(t);   // (given the table's events until it has checked their definition)
   }
   ++targets_;
 }
@@ -36,6 +37,7 @@ void row_router::remove(target* t) {
     for (auto& ix : list) {
       const auto before = ix->subs.size();
       std::erase_if(ix->subs, [t](const auto& s) { return s.first == t; });
+      std::erase(ix->untold, t);
       if (ix->subs.size() != before) {
         found = true;
         ix->keyed = false;
@@ -46,6 +48,23 @@ void row_router::remove(target* t) {
   }
   if (found) --targets_;
   seen_index_.erase(t);
+}
+
+std::uint64_t row_router::definition_of(const protocol::pgoutput::cached_relation& r) {
+  std::uint64_t h = 1469598103934665603ull;   // FNV-1a
+  auto mix = [&h](std::string_view bytes) {
+    for (unsigned char ch : bytes) {
+      h ^= ch;
+      h *= 1099511628211ull;
+    }
+  };
+  for (const auto& col : r.columns) {
+    mix(col.name);
+    const std::string type = '\x1f' + std::to_string(col.type_oid) + (col.key ? "k" : "") + '\x1e';
+    mix(type);
+  }
+  mix(std::string_view(&r.replica_identity, 1));
+  return h | 1;   // (never 0: 0 is "none told yet")
 }
 
 void row_router::kick_all(std::uint64_t from_seq) {
@@ -133,8 +152,20 @@ void row_router::route() {
       }
       auto& list = it->second;
       std::vector<target*> kick;
+      const std::uint64_t definition = definition_of(*c->relation);
       for (std::size_t k = 0; k < list.size(); ++k) {
         index& ix = *list[k];
+        if (definition != ix.announced) {   // a new definition: no subscriber has checked it
+          ix.announced = definition;
+          ix.untold.clear();
+          for (auto& [t, values] : ix.subs) ix.untold.push_back(t);
+        }
+        if (!ix.untold.empty())
+          std::erase_if(ix.untold, [&](target* t) {
+            if (t->checked(definition)) return true;
+            give(t);
+            return false;
+          });
         const auto& cols = c->relation->columns;
         auto col = std::find_if(cols.begin(), cols.end(), [&](const auto& x) { return x.name == ix.column; });
         if (col == cols.end()) continue;   // no such column: none of its rows is held by equality on it

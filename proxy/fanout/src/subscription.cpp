@@ -26,7 +26,13 @@ namespace walgate::proxy {
 struct subscription::row_state {
   std::map<std::string, table_rows> tables;   // schema.table + definition signature
   std::vector<predicate::cell> cells;
+  std::vector<std::uint64_t> checked;         // row_router::definition_of of each of tables' keys
 };
+
+bool subscription::checked(std::uint64_t definition) const {
+  return row_state_ && std::find(row_state_->checked.begin(), row_state_->checked.end(), definition) !=
+                           row_state_->checked.end();
+}
 
 subscription::row_verdict subscription::rows_verdict(const logged_event& e, std::string& error) {
   mask_ = nullptr;
@@ -52,6 +58,7 @@ subscription::row_verdict subscription::rows_verdict(const logged_event& e, std:
     std::vector<table_rows::column> cols;
     for (const auto& col : rel.columns) cols.push_back({col.name, col.type_oid, col.key});
     it = row_state_->tables.emplace(key, table_rows::make(request_, e.schema, e.table, cols, rel.replica_identity, true)).first;
+    row_state_->checked.push_back(row_router::definition_of(rel));   // (the router stops giving it every event)
   }
   const auto& t = it->second;
   if (!t.failed.empty()) {

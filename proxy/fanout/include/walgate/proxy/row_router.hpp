@@ -45,6 +45,8 @@ class row_router {
    public:
     virtual void routed(std::uint64_t seq, found how) = 0;
     virtual void unroutable(std::uint64_t from_seq, bool for_good) = 0;
+    /// Whether it has checked its grants against this table definition (definition_of).
+    virtual bool checked(std::uint64_t definition) const { (void)definition; return true; }
 
    protected:
     ~target() = default;
@@ -65,6 +67,10 @@ class row_router {
   void count_decided() { ++decided_; }
   std::uint64_t decided() const { return decided_; }
 
+  /// A fingerprint of a table definition as a grant is checked against it (columns, their types
+  /// and key flags, the replica identity; subscription.cpp's rows_verdict keys it the same way).
+  static std::uint64_t definition_of(const protocol::pgoutput::cached_relation& r);
+
  private:
   struct index {
     std::string schema, table, column;
@@ -72,6 +78,13 @@ class row_router {
     std::uint32_t type_oid = 0;                                       // keyed for this type
     bool keyed = false;
     std::unordered_map<std::string, std::vector<target*>> by_key;
+    /// A subscriber that has not checked its grants against the table's current definition
+    /// (target::checked) is given every event of the table, whatever its values, until it has:
+    /// as a subscription reading every event does, it checks them at the first event it does
+    /// not filter out otherwise — one that cannot be served ends there, not at the first of its
+    /// own rows, or never. untold: those subscribers; announced: the definition they are for.
+    std::vector<target*> untold;
+    std::uint64_t announced = 0;
   };
   void kick_all(std::uint64_t from_seq);
 

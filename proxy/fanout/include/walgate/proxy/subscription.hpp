@@ -123,6 +123,7 @@ class subscription : private row_router::target {
   void snapshot_batch(std::vector<item>& out);
   void routed(std::uint64_t seq, row_router::found how) override;
   void unroutable(std::uint64_t from_seq, bool for_good) override;
+  bool checked(std::uint64_t definition) const override;
   enum class phase { rows, changes, live };
 
   const log_reader& log_;

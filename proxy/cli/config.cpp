@@ -52,7 +52,8 @@ constexpr unsigned on_serve = 1, on_demo = 2, on_stream = 4, on_edge = 8;
 bool edge_takes(const char* name) {
   for (const char* not_edge : {"pg", "slot", "publication", "create-publication", "status-interval", "streaming", "origin",
                                "snapshot", "snapshot-workers", "snapshot-concurrency", "snapshot-queue", "snapshot-timeout",
-                               "snapshot-client-kb", "nats-replicas", "nats-max-mb", "nats-max-age", "no-fsync"})
+                               "snapshot-client-kb", "snapshots-per-minute-per-address", "snapshots-per-minute-per-subject",
+                               "snapshots-per-minute-per-mux", "nats-replicas", "nats-max-mb", "nats-max-age", "no-fsync"})
     if (std::string_view(name) == not_edge) return false;
   return true;
 }

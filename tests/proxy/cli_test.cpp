@@ -89,6 +89,10 @@ TEST_CASE("a wrong setting is a one-line error naming it") {
   auto edge_pg = run("edge --pg 'host=x' --nats nats://127.0.0.1:4222 --nats-stream S");
   CHECK(edge_pg.status != 0);   // (an edge takes no PostgreSQL settings)
   CHECK(edge_pg.output.find("--pg") != std::string::npos);
+  // nor the snapshot limits (an edge answers snapshot=true with 501)
+  auto edge_snap = run("edge --nats nats://127.0.0.1:4222 --nats-stream S --snapshots-per-minute-per-address 5");
+  CHECK(edge_snap.status == 2);
+  CHECK(edge_snap.output.find("--snapshots-per-minute-per-address") != std::string::npos);
   {   // an edge's data directory is never an origin's
     const std::string dir = "/tmp/walgate-cli-test-edge-dir";
     std::filesystem::create_directories(dir);

@@ -293,24 +293,31 @@ TEST_CASE("the data directory runs out of space mid-stream, then space returns: 
   CHECK(client.connections >= 2);
 }
 
+namespace {
+/// Inserts a row into table at every poll (until the slot exists a change is not streamed) until
+/// p exits, within 30 s; its exit status (128 + signal when killed).
+int exit_while_inserting(walgate_process& p, const std::string& table) {
+  int rc = -1, row = 0;
+  REQUIRE(test::wait_until(
+      [&] {
+        if (row < 300) test::cluster().sql("INSERT INTO " + table + " VALUES (" + std::to_string(++row) + ", 'boom')");
+        int status = 0;
+        if (waitpid(p.pid, &status, WNOHANG) != p.pid) return false;
+        rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        p.pid = -1;
+        p.reader.join();
+        return true;
+      },
+      std::chrono::seconds(30)));
+  return rc;
+}
+}  // namespace
+
 TEST_CASE("an exception in the stream path ends walgate with a non-zero exit and the reason") {
   scenario sc("fx");
   sc.gw.env = {"WALGATE_TEST_THROW_IN_STREAM=1"};
   sc.start();
-  int rc = -1, row = 0;
-  REQUIRE(test::wait_until(
-      [&] {
-        // (until the slot exists, a change is not streamed: a row at every poll)
-        if (row < 300) test::cluster().sql("INSERT INTO fx_a VALUES (" + std::to_string(++row) + ", 'boom')");
-        int status = 0;
-        if (waitpid(sc.gw.pid, &status, WNOHANG) != sc.gw.pid) return false;
-        rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        sc.gw.pid = -1;
-        sc.gw.reader.join();
-        return true;
-      },
-      std::chrono::seconds(30)));
-  CHECK(rc == 1);
+  CHECK(exit_while_inserting(sc.gw, "fx_a") == 1);
   MESSAGE(sc.gw.log());
   CHECK(sc.gw.log().find("the replication stream failed: test hook: an exception in the stream path") !=
         std::string::npos);
@@ -323,19 +330,7 @@ TEST_CASE("an exception in walgate stream's stream path: exit 1 and the reason")
   p.args = {"stream", "--pg", test::cluster().conninfo(), "--slot", "fy_slot", "--publication", "fy_pub"};
   p.env = {"WALGATE_TEST_THROW_IN_STREAM=1"};
   p.start();
-  int rc = -1, row = 0;
-  REQUIRE(test::wait_until(
-      [&] {
-        if (row < 300) test::cluster().sql("INSERT INTO fy_a VALUES (" + std::to_string(++row) + ", 'boom')");
-        int status = 0;
-        if (waitpid(p.pid, &status, WNOHANG) != p.pid) return false;
-        rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        p.pid = -1;
-        p.reader.join();
-        return true;
-      },
-      std::chrono::seconds(30)));
-  CHECK(rc == 1);
+  CHECK(exit_while_inserting(p, "fy_a") == 1);
   CHECK_MESSAGE(p.log().find("the replication stream failed: test hook: an exception in the stream path") != std::string::npos,
                 p.log());
 }

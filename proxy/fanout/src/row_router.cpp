@@ -58,10 +58,12 @@ std::uint64_t row_router::definition_of(const protocol::pgoutput::cached_relatio
       h *= 1099511628211ull;
     }
   };
+  // (per routed event: no allocation)
   for (const auto& col : r.columns) {
     mix(col.name);
-    const std::string type = '\x1f' + std::to_string(col.type_oid) + (col.key ? "k" : "") + '\x1e';
-    mix(type);
+    char type[6] = {'\x1f', static_cast<char>(col.type_oid), static_cast<char>(col.type_oid >> 8),
+                    static_cast<char>(col.type_oid >> 16), static_cast<char>(col.type_oid >> 24), col.key ? 'k' : '-'};
+    mix(std::string_view(type, sizeof type));
   }
   mix(std::string_view(&r.replica_identity, 1));
   return h | 1;   // (never 0: 0 is "none told yet")

@@ -31,6 +31,7 @@
 #include "walgate/proxy/row_router.hpp"
 #include "walgate/proxy/subscription.hpp"
 
+#include "encoded_log.hpp"
 #include "temp_dir.hpp"
 
 #include <boost/json/array.hpp>
@@ -532,12 +533,9 @@ struct tally {
 
 std::string id_of(const std::string& item) { return item.substr(0, item.find(' ')); }
 
-struct world {
+struct world : test::encoded_log {   // (the log and the cache outlive everything below)
   std::uint32_t seed;
   rnd r;
-  test::temp_dir dir{"walgate-router"};
-  std::unique_ptr<event_log> log;
-  std::unique_ptr<encoding_cache> enc;
   std::unique_ptr<row_router> router;
   std::vector<table_spec> tables = make_tables();
   std::map<std::string, std::string> notes;   // event id -> what it is
@@ -546,15 +544,7 @@ struct world {
   tally& totals;
   std::vector<std::unique_ptr<pair_of>> pairs;   // (last: gone before the router, the cache and the log)
 
-  world(std::uint32_t s, tally& t) : seed(s), r(s), totals(t) {
-    log_options o;
-    o.dir = dir.path;
-    o.fsync = false;
-    std::string error;
-    log = event_log::open(o, error);
-    REQUIRE_MESSAGE(log, error);
-    enc = std::make_unique<encoding_cache>(*log, encoding_cache::options{});
-    log->set_publish([this](const logged_event& e, const transform::change& c) { enc->on_logged(e, c); });
+  world(std::uint32_t s, tally& t) : encoded_log("walgate-router"), seed(s), r(s), totals(t) {
     router = std::make_unique<row_router>(*log, *enc);
   }
   world(const world&) = delete;

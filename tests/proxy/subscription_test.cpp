@@ -4,6 +4,7 @@
 #include "walgate/proxy/policy.hpp"
 #include "walgate/proxy/subscription.hpp"
 
+#include "encoded_log.hpp"
 #include "temp_dir.hpp"
 
 #include <doctest/doctest.h>
@@ -157,20 +158,9 @@ struct writer {
   }
 };
 
-struct fixture {
-  test::temp_dir dir{"walgate-sub"};
-  std::unique_ptr<event_log> log;
-  std::unique_ptr<encoding_cache> enc;
+struct fixture : test::encoded_log {
   writer w;
-  explicit fixture(log_options o = {}) {
-    o.dir = dir.path;
-    o.fsync = false;
-    std::string error;
-    log = event_log::open(o, error);
-    REQUIRE_MESSAGE(log, error);
-    enc = std::make_unique<encoding_cache>(*log, encoding_cache::options{});
-    log->set_publish([this](const logged_event& e, const transform::change& c) { enc->on_logged(e, c); });
-  }
+  explicit fixture(log_options o = {}) : encoded_log("walgate-sub", o) {}
   stream_request request(std::string_view query) {
     request_error err;
     auto r = parse_stream_query(query, err);

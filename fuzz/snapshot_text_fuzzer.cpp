@@ -1,7 +1,8 @@
 // Server bytes of a snapshot: a COPY text row (split on its tabs, unescaped, \N) and
-// pg_current_snapshot()'s text. Never a crash or a read past the input; a parsed row holds no
+// pg_current_snapshot()'s text, and a timeline history file. Never a crash or a read past the input; a parsed row holds no
 // more columns than allowed and views only its input or its storage; a parsed snapshot prints back to
 // something that parses to the same snapshot, and its visibility test agrees with its bounds.
+#include "walgate/protocol/commands.hpp"
 #include "walgate/protocol/snapshot.hpp"
 
 #include <cstddef>
@@ -34,6 +35,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (!again || again->xmin != s->xmin || again->xmax != s->xmax || again->xip != s->xip) std::abort();
     for (std::uint64_t x : s->xip)
       if (s->sees(static_cast<std::uint32_t>(x)) && s->widen(static_cast<std::uint32_t>(x)) == x) std::abort();
+  }
+  // A timeline history file: timelines increasing, switch points not decreasing, each found.
+  if (auto h = parse_timeline_history(in)) {
+    for (std::size_t i = 0; i < h->size(); ++i) {
+      if ((*h)[i].timeline == 0 || (i && ((*h)[i].timeline <= (*h)[i - 1].timeline ||
+                                          (*h)[i].switchpoint < (*h)[i - 1].switchpoint)))
+        std::abort();
+      if (switchpoint_of(*h, (*h)[i].timeline) != (*h)[i].switchpoint) std::abort();
+    }
   }
   return 0;
 }

@@ -1,5 +1,6 @@
 #include "walgate/protocol/commands.hpp"
 
+#include <charconv>
 #include <cctype>
 
 namespace walgate::protocol {
@@ -58,12 +59,15 @@ command build_create_slot(const create_slot_options& o, int server_major) {
   std::string s = "CREATE_REPLICATION_SLOT " + o.slot;
   if (o.temporary) s += " TEMPORARY";
   s += " LOGICAL pgoutput";
+  if (o.failover && server_major < 17) return fail("failover slots need PostgreSQL 17 or later");
+  if (o.failover && o.temporary) return fail("a temporary slot cannot be a failover slot");
   if (server_major >= 15) {
     const char* snap = o.snapshot == snapshot_action::export_snapshot ? "'export'"
                        : o.snapshot == snapshot_action::use       ? "'use'"
                                                                   : "'nothing'";
     s += std::string(" (SNAPSHOT ") + snap;
     if (o.two_phase) s += ", TWO_PHASE";
+    if (o.failover) s += ", FAILOVER";
     s += ")";
   } else {
     if (o.two_phase) return fail("two-phase slots need PostgreSQL 15 or later");
@@ -119,6 +123,58 @@ command build_start_replication(const start_replication_options& o, int server_m
   if (o.origin) s += ", origin " + quote_literal(*o.origin);
   s += ")";
   return command{s, {}};
+}
+
+}  // namespace walgate::protocol
+
+namespace walgate::protocol {
+
+command build_timeline_history(std::uint32_t timeline) {
+  command c;
+  if (timeline < 1) {
+    c.error = "timeline 0 has no history";
+    return c;
+  }
+  c.text = "TIMELINE_HISTORY " + std::to_string(timeline);
+  return c;
+}
+
+std::optional<std::vector<timeline_switch>> parse_timeline_history(std::string_view text) {
+  constexpr std::size_t max_lines = 1u << 16;
+  std::vector<timeline_switch> out;
+  std::size_t lines = 0;
+  auto blank = [](char c) { return c == ' ' || c == '\t' || c == '\r'; };
+  while (!text.empty()) {
+    if (++lines > max_lines) return std::nullopt;
+    const std::size_t nl = text.find('\n');
+    std::string_view line = text.substr(0, nl);
+    text = nl == std::string_view::npos ? std::string_view() : text.substr(nl + 1);
+    std::size_t i = 0;
+    while (i < line.size() && blank(line[i])) ++i;
+    if (i == line.size() || line[i] == '#') continue;
+    // <tli>
+    const std::size_t tli_at = i;
+    while (i < line.size() && line[i] >= '0' && line[i] <= '9') ++i;
+    std::uint32_t tli = 0;
+    auto r = std::from_chars(line.data() + tli_at, line.data() + i, tli, 10);
+    if (i == tli_at || r.ec != std::errc{} || r.ptr != line.data() + i) return std::nullopt;
+    if (i == line.size() || !blank(line[i])) return std::nullopt;
+    while (i < line.size() && blank(line[i])) ++i;
+    // <X/X>, then blanks and the reason (or nothing)
+    const std::size_t lsn_at = i;
+    while (i < line.size() && !blank(line[i])) ++i;
+    auto at = lsn::parse(line.substr(lsn_at, i - lsn_at));
+    if (!at) return std::nullopt;
+    if (tli == 0 || (!out.empty() && (tli <= out.back().timeline || *at < out.back().switchpoint))) return std::nullopt;
+    out.push_back({tli, *at});
+  }
+  return out;
+}
+
+std::optional<lsn> switchpoint_of(const std::vector<timeline_switch>& history, std::uint32_t timeline) {
+  for (const auto& s : history)
+    if (s.timeline == timeline) return s.switchpoint;
+  return std::nullopt;
 }
 
 }  // namespace walgate::protocol

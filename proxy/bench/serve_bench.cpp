@@ -140,47 +140,66 @@ bool wait_ready(std::uint16_t port) {
 
 /// An NDJSON client of walgate on port, reading from the first event until it has counted
 /// `changes` event lines (or the connection ends); returns how many it counted.
+/// How many times a drain was ended by walgate (a slow client's close: more than --client-lag-mb
+/// behind) and went on from its resume_from, as a client does; said with the figures.
+std::atomic<long> drain_resumes{0};
+
 long ndjson_drain(std::uint16_t port, long changes) {
   long received = 0;
-  asio::io_context io;
-  tcp::socket s(io);
-  s.connect({asio::ip::make_address("127.0.0.1"), port});
-  std::string req = "GET /v1/stream?format=native&from=0/0:0 HTTP/1.1\r\nHost: localhost\r\n\r\n";
-  asio::write(s, asio::buffer(req));
-  // One event per line; a blank line is a keep-alive. (Counting a marker such as {"id": would
-  // also count rows whose first column is named id.)
-  std::vector<char> buf(1 << 20);
-  char prev = '\n';
-  std::string head;   // the response head, skipped
-  bool in_body = false;
-  while (received < changes) {
-    boost::system::error_code ec;
-    std::size_t n = s.read_some(asio::buffer(buf), ec);
-    if (ec) break;
-    std::size_t i = 0;
-    if (!in_body) {
-      head.append(buf.data(), n);
-      auto end = head.find("\r\n\r\n");
-      if (end == std::string::npos) continue;
-      in_body = true;
-      i = n - (head.size() - end - 4);
-    }
-    // Chunk-size lines end in \r\n, events in \n alone: count a \n after a character other
-    // than \n or \r.
-    while (i < n) {
-      const char* nl = static_cast<const char*>(std::memchr(buf.data() + i, '\n', n - i));
-      if (!nl) {
-        prev = buf[n - 1];
-        break;
+  std::string from = "0/0:0";
+  // A stream walgate ends says why and where to resume in its last line: the drain goes on from
+  // there (the end line is not an event), as a client does. Anything else ends the drain.
+  for (;;) {
+    asio::io_context io;
+    tcp::socket s(io);
+    s.connect({asio::ip::make_address("127.0.0.1"), port});
+    std::string req = "GET /v1/stream?format=native&from=" + from + " HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    asio::write(s, asio::buffer(req));
+    // One event per line; a blank line is a keep-alive. (Counting a marker such as {"id": would
+    // also count rows whose first column is named id.)
+    std::vector<char> buf(1 << 20);
+    char prev = '\n';
+    std::string head;   // the response head, skipped
+    std::string last;   // the body's last bytes: the end line, when walgate ends the stream
+    bool in_body = false;
+    while (received < changes) {
+      boost::system::error_code ec;
+      std::size_t n = s.read_some(asio::buffer(buf), ec);
+      if (ec) break;
+      std::size_t i = 0;
+      if (!in_body) {
+        head.append(buf.data(), n);
+        auto end = head.find("\r\n\r\n");
+        if (end == std::string::npos) continue;
+        in_body = true;
+        i = n - (head.size() - end - 4);
       }
-      std::size_t at = static_cast<std::size_t>(nl - buf.data());
-      char before = at > i ? buf[at - 1] : prev;
-      if (before != '\n' && before != '\r') ++received;
-      prev = '\n';
-      i = at + 1;
+      last.append(buf.data() + i, n - i);
+      if (last.size() > 4096) last.erase(0, last.size() - 4096);
+      // Chunk-size lines end in \r\n, events in \n alone: count a \n after a character other
+      // than \n or \r.
+      while (i < n) {
+        const char* nl = static_cast<const char*>(std::memchr(buf.data() + i, '\n', n - i));
+        if (!nl) {
+          prev = buf[n - 1];
+          break;
+        }
+        std::size_t at = static_cast<std::size_t>(nl - buf.data());
+        char before = at > i ? buf[at - 1] : prev;
+        if (before != '\n' && before != '\r') ++received;
+        prev = '\n';
+        i = at + 1;
+      }
     }
+    if (received >= changes) return received;
+    const auto line = last.rfind("{\"error\":\"slow client");
+    const auto key = line == std::string::npos ? line : last.find("\"resume_from\":\"", line);
+    if (key == std::string::npos) return received;
+    const auto id_at = key + std::string("\"resume_from\":\"").size();
+    from = last.substr(id_at, last.find('"', id_at) - id_at);
+    --received;   // (the end line)
+    ++drain_resumes;
   }
-  return received;
 }
 
 /// The floor consumer (walgate-bench-serve --floor CONNINFO SLOT END_LSN): walgate's own
@@ -309,7 +328,7 @@ int main(int argc, char** argv) {
     int status = 0;
     double ref_s = 0, ref_cpu = 0, ref_walsender = 0, floor_s = 0, floor_cpu = 0, floor_walsender = 0;
     double gw_s = 0, gw_cpu = 0, gw_walsender = 0, ready_s = 0;
-    long ref_waits = 0, gw_waits = 0, gw_hwm = 0, received = 0;
+    long ref_waits = 0, gw_waits = 0, gw_hwm = 0, received = 0, gw_resumes = 0;
     auto run_ref = [&]() -> bool {
       // --- the reference ---
       walsender_watch ref_ws(conninfo, "bench_ref" + suffix);
@@ -377,7 +396,9 @@ int main(int argc, char** argv) {
         argv_attach.push_back(std::to_string(gw));
         perf = spawn(argv_attach);
       }
+      const long resumes_before = drain_resumes;
       received = ndjson_drain(port, changes);
+      gw_resumes = drain_resumes - resumes_before;
       gw_s = std::chrono::duration<double>(clock_type::now() - t0).count();
       gw_cpu = cpu_seconds(gw);
       gw_hwm = rss_kib(gw, "VmHWM:");
@@ -389,6 +410,8 @@ int main(int argc, char** argv) {
       }
       if (received != changes) {
         std::fprintf(stderr, "the NDJSON client received %ld of %ld changes\n", received, changes);
+        kill(gw, SIGKILL);   // (no walgate left behind, reconnecting to a server that is gone)
+        waitpid(gw, &status, 0);
         return false;
       }
       if (!last) {   // the last round's walgate serves the phases below
@@ -403,8 +426,11 @@ int main(int argc, char** argv) {
     std::printf("  pg_recvlogical   %6.2f s wall, %5.2f CPU s; walsender %5.2f CPU s, %ld waits\n", ref_s, ref_cpu, ref_walsender, ref_waits);
     std::printf("  floor consumer   %6.2f s wall, %5.2f CPU s; walsender %5.2f CPU s (%.0f%%)\n", floor_s, floor_cpu,
                 floor_walsender, 100.0 * floor_cpu / std::max(floor_walsender, 0.001));
-    std::printf("  walgate (NDJSON) %6.2f s wall, %5.2f CPU s; walsender %5.2f CPU s, %ld waits; peak RSS %ld MiB\n", gw_s, gw_cpu,
-                gw_walsender, gw_waits, gw_hwm / 1024);
+    std::printf("  walgate (NDJSON) %6.2f s wall, %5.2f CPU s; walsender %5.2f CPU s, %ld waits; peak RSS %ld MiB%s\n", gw_s,
+                gw_cpu, gw_walsender, gw_waits, gw_hwm / 1024,
+                gw_resumes ? ("; the client was " + std::to_string(gw_resumes) +
+                              " times more than --client-lag-mb behind and resumed from its resume_from").c_str()
+                           : "");
     std::printf("  (walgate was streaming and serving %.2f s after it was started)\n", ready_s);
     std::printf("  ratio walgate/reference wall %.2f; walgate CPU / its walsender CPU %.0f%%\n", gw_s / ref_s,
                 100.0 * gw_cpu / std::max(gw_walsender, 0.001));

@@ -14,6 +14,9 @@ namespace walgate::cli {
 void log_line(const std::string& s);
 /// What an exception a coroutine ended with says ("unknown exception" when it is no std::exception).
 std::string exception_text(std::exception_ptr e);
+/// serve()'s exit code when it must start again (main then executes itself again, same pid,
+/// same arguments): the event log is to be cut before streaming on (history.hpp).
+inline constexpr int restart_exit = 75;
 /// The gateway (serve.cpp), until SIGINT/SIGTERM or a failure; on_listening gets the port.
 int serve(const config& c, const std::function<void(std::uint16_t)>& on_listening = {});
 /// An edge (serve.cpp): the HTTP API served from the JetStream stream an origin publishes to.

@@ -50,10 +50,11 @@ struct setting {
 constexpr unsigned on_serve = 1, on_demo = 2, on_stream = 4, on_edge = 8;
 /// What `walgate edge` takes: what serving takes, but what concerns PostgreSQL and publishing.
 bool edge_takes(const char* name) {
-  for (const char* not_edge : {"pg", "slot", "publication", "create-publication", "status-interval", "streaming", "origin",
+  for (const char* not_edge : {"pg", "slot", "publication", "create-publication", "status-interval", "streaming", "failover-slot", "origin",
                                "snapshot", "snapshot-workers", "snapshot-concurrency", "snapshot-queue", "snapshot-timeout",
                                "snapshot-client-kb", "snapshots-per-minute-per-address", "snapshots-per-minute-per-subject",
-                               "snapshots-per-minute-per-mux", "nats-replicas", "nats-max-mb", "nats-max-age", "no-fsync"})
+                               "snapshots-per-minute-per-mux", "nats-replicas", "nats-max-mb", "nats-max-age", "no-fsync",
+                               "replication-listen", "replication-timeout"})
     if (std::string_view(name) == not_edge) return false;
   return true;
 }
@@ -149,20 +150,29 @@ setting choice(const char* name, const char* help, T config::*field, std::vector
           }};
 }
 
-std::string check_listen(config& c, const std::string& listen) {
+/// HOST:PORT of the setting `name`, split; "" or the error.
+std::string split_host_port(const char* name, const std::string& listen, std::string& host, std::uint16_t& port_out) {
   auto colon = listen.rfind(':');
-  if (colon == std::string::npos) return source_names("listen") + ": expected HOST:PORT, got '" + listen + "'";
-  std::string host = listen.substr(0, colon);
+  if (colon == std::string::npos) return source_names(name) + ": expected HOST:PORT, got '" + listen + "'";
+  host = listen.substr(0, colon);
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   std::uint64_t port = 0;
   if (!digits(listen.substr(colon + 1), port) || port > 65535)
-    return source_names("listen") + ": invalid port in '" + listen + "'";
+    return source_names(name) + ": invalid port in '" + listen + "'";
   boost::system::error_code ec;
   boost::asio::ip::make_address(host, ec);
-  if (ec) return source_names("listen") + ": invalid address '" + host + "' (an IP address: 127.0.0.1, 0.0.0.0, [::1])";
+  if (ec) return source_names(name) + ": invalid address '" + host + "' (an IP address: 127.0.0.1, 0.0.0.0, [::1])";
+  port_out = static_cast<std::uint16_t>(port);
+  return {};
+}
+
+std::string check_listen(config& c, const std::string& listen) {
+  std::string host;
+  std::uint16_t port = 0;
+  if (auto e = split_host_port("listen", listen, host, port); !e.empty()) return e;
   c.listen = listen;
   c.listen_host = host;
-  c.listen_port = static_cast<std::uint16_t>(port);
+  c.listen_port = port;
   return {};
 }
 
@@ -200,6 +210,33 @@ const std::vector<setting>& settings() {
                    },
                    [](const config& c, toml::table& t, const char* key) { t.insert(key, c.listen); }};
     s.push_back(listen);
+    s.push_back(setting{"replication-listen",
+                        "HOST:PORT of walgate's own walsender: replication clients (pg_recvlogical) read the log there "
+                        "(a loopback address: SCRAM is not built yet)",
+                        kind::text, on_serve,
+                        [](config& c, const std::vector<std::string>& v) -> fault {
+                          if (v.front().empty()) {   // (off: what --print-config writes when it is)
+                            c.replication_listen.clear();
+                            return {};
+                          }
+                          std::string host;
+                          std::uint16_t port = 0;
+                          if (auto e = split_host_port("replication-listen", v.front(), host, port); !e.empty()) return {false, e};
+                          boost::system::error_code ec;
+                          if (!boost::asio::ip::make_address(host, ec).is_loopback())
+                            return {false, source_names("replication-listen") + ": " + v.front() +
+                                               " is not a loopback address, and replication clients are not authenticated "
+                                               "yet (SCRAM and --replication-users are to come): listen on 127.0.0.1 or [::1]"};
+                          c.replication_listen = v.front();
+                          c.replication_listen_host = host;
+                          c.replication_listen_port = port;
+                          return {};
+                        },
+                        [](const config& c, toml::table& t, const char* key) {
+                          t.insert(key, c.replication_listen);
+                        }});
+    s.push_back(number("replication-timeout", "a replication client silent this long is disconnected, s (1-3600)",
+                       &config::replication_timeout_s, 1, 3600, on_serve, " s"));
     s.push_back(text("data-dir", "directory of the event log", &config::data_dir, on_serve,
                      [](const std::string& v) {
                        return v.empty() ? source_names("data-dir") + ": an empty path" : std::string();
@@ -305,6 +342,11 @@ const std::vector<setting>& settings() {
         "streaming",
         "on: PostgreSQL 14+ sends large transactions while they run (held here until their commit); off: at commit",
         &config::streaming, {{"on", true}, {"off", false}}));
+    s.push_back(choice<bool>(
+        "failover-slot",
+        "on: on PostgreSQL 17+ the slot is a failover slot, synchronised to standbys (sync_replication_slots) so that the "
+        "stream goes on from a promoted one; off: it is not",
+        &config::failover_slot, {{"on", true}, {"off", false}}));
     s.push_back(text("origin",
                      "none: changes replayed from a replication origin are not streamed (bidirectional setups); any "
                      "(PostgreSQL 16+)",
@@ -520,7 +562,7 @@ load_result load(config& c, int argc, char** argv) {
       } else {
         g.opt = cmd->add_option(flag_name, g.values, s.help);
         if (s.k == kind::list) g.opt->delimiter(',')->type_name("LIST");
-        else g.opt->expected(1)->type_name(s.k == kind::number ? "N" : std::string(s.name) == "listen" ? "HOST:PORT" : "TEXT");
+        else g.opt->expected(1)->type_name(s.k == kind::number ? "N" : std::string(s.name) == "listen" || std::string(s.name) == "replication-listen" ? "HOST:PORT" : "TEXT");
         toml::table t;
         s.show(defaults, t, "v");
         if (auto v = t["v"].value<std::string>(); v && !v->empty()) g.opt->default_str(*v);

@@ -21,6 +21,10 @@ struct config {
   std::string listen_host = "127.0.0.1";   ///< from listen
   std::uint16_t listen_port = 8080;        ///< from listen
   std::string data_dir = "walgate-data";
+  std::string replication_listen;             ///< HOST:PORT of walgate's own walsender ("": off)
+  std::string replication_listen_host;        ///< from replication_listen
+  std::uint16_t replication_listen_port = 0;  ///< from replication_listen
+  std::size_t replication_timeout_s = 60;     ///< a replication client silent this long is disconnected
   bool allow_unauthenticated = false;
   bool auth_jwt = false;                ///< --auth jwt: stream clients need a bearer token (a JWT)
   std::string jwt_secret_file, jwks_file, jwt_issuer, jwt_audience;
@@ -53,6 +57,7 @@ struct config {
   transform::encoder_options::decimal_mode decimal = transform::encoder_options::decimal_mode::string;
   transform::encoder_options::time_precision time = transform::encoder_options::time_precision::adaptive_time_microseconds;
   bool streaming = true;                ///< ask PostgreSQL 14+ to stream large transactions while they run
+  bool failover_slot = true;            ///< PostgreSQL 17+: the slot is a failover slot (synchronised to standbys)
   std::string origin;                   ///< --origin none|any (PostgreSQL 16+); empty: not asked (any)
   bool no_fsync = false;
   bool initial_snapshot = true;            ///< --snapshot initial (the slot's rows into the log when walgate creates it) or never

@@ -7,7 +7,16 @@
 // Settings (config.cpp): flags over WALGATE_* environment variables over the TOML config file.
 #include "commands.hpp"
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <vector>
 
 int main(int argc, char** argv) {
   using namespace walgate::cli;
@@ -23,6 +32,23 @@ int main(int argc, char** argv) {
     case command::demo: return run_demo(c);
     case command::stream: return run_stream(c);
     case command::edge: return run_edge(c);
-    default: return serve(c);
+    default: {
+      const int rc = serve(c);
+      if (rc != restart_exit) return rc;
+      // Started again as the same process (its pid, arguments and environment): a supervisor
+      // sees no exit, and the start runs every check again.
+      std::fflush(nullptr);
+      // Nothing but stdin, stdout and stderr goes across (a connection left behind, a lock).
+      std::error_code ec;
+      std::vector<int> fds;
+      for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+        const int fd = std::atoi(e.path().filename().c_str());
+        if (fd > 2) fds.push_back(fd);
+      }
+      for (int fd : fds) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+      ::execv("/proc/self/exe", argv);
+      std::fprintf(stderr, "walgate: cannot start again (%s): exiting for the supervisor to start it\n", std::strerror(errno));
+      return 1;
+    }
   }
 }

@@ -13,11 +13,14 @@
 #include "walgate/protocol/commands.hpp"
 #include "walgate/proxy/auth.hpp"
 #include "walgate/proxy/event_log.hpp"
+#include "walgate/proxy/failover.hpp"
 #include "walgate/proxy/gateway.hpp"
+#include "walgate/proxy/history.hpp"
 #include "walgate/proxy/initial_snapshot.hpp"
 #include "walgate/proxy/jetstream.hpp"
 #include "walgate/proxy/pg_connection.hpp"
 #include "walgate/proxy/replication_client.hpp"
+#include "walgate/proxy/replication_server.hpp"
 #include "walgate/proxy/server.hpp"
 
 #include <boost/asio/as_tuple.hpp>
@@ -108,22 +111,42 @@ asio::awaitable<proxy::outcome<void>> drop_unfinished_slot(proxy::conn_params co
 
 // Reads the slot's retained WAL every 10 s for /metrics (a plain SQL connection). It starts a
 // second after the gateway, so the server starts the walsender's backend first, undisturbed.
-asio::awaitable<void> watch_slot(proxy::conn_params conn, std::string slot, proxy::gateway_metrics& m, std::atomic<bool>& stop) {
+/// The slot's retained WAL every 10 s, and (with --failover-slot on) whether it can survive a
+/// failover at the first look and every minute: /metrics, and a log line when that changes.
+asio::awaitable<void> watch_slot(proxy::conn_params conn, std::string slot, bool failover_slot, proxy::gateway_metrics& m,
+                                 std::atomic<bool>& stop) {
   asio::steady_timer t(co_await asio::this_coro::executor);
   t.expires_after(std::chrono::seconds(1));
   co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+  std::string said;   // the failover line last logged
+  auto next_failover_check = std::chrono::steady_clock::now();
   while (!stop) {
     proxy::pg_connection c(co_await asio::this_coro::executor);
     if (auto r = co_await c.connect(conn, false); r) {
       while (!stop) {
-        auto q = co_await c.query("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint FROM "
-                                  "pg_catalog.pg_replication_slots WHERE slot_name = " + protocol::quote_literal(slot));
+        auto q = co_await c.query(
+            "SELECT pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() "
+            "END, restart_lsn)::bigint FROM pg_catalog.pg_replication_slots WHERE slot_name = " + protocol::quote_literal(slot));
         if (!q) break;
         m.slot_retained_wal = q->rows.empty() || !q->rows[0][0] ? -1 : std::stoll(*q->rows[0][0]);
+        if (!failover_slot) {
+          m.slot_failover_ready = 0;
+        } else if (std::chrono::steady_clock::now() >= next_failover_check) {
+          next_failover_check = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+          auto report = co_await proxy::check_failover(c, conn, slot);
+          if (!report) break;
+          m.slot_failover_ready = report->ready ? 1 : 0;
+          if (auto line = report->summary(slot); line != said) {
+            log_line(line);
+            said = std::move(line);
+          }
+        }
         t.expires_after(std::chrono::seconds(10));
         co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
       }
     }
+    if (failover_slot) m.slot_failover_ready = -1;   // (not known while the server cannot be asked)
+    said.clear();
     t.expires_after(std::chrono::seconds(10));
     co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
   }
@@ -202,13 +225,102 @@ bool client_limit(std::size_t requested, proxy::server_options& so, std::string&
 /// that walgate then exits non-zero, saying why).
 class stream_sink final : public proxy::replication_sink {
  public:
-  stream_sink(proxy::gateway& g, proxy::initial_snapshot* initial)
-      : gw_(g), initial_(initial), throw_(std::getenv("WALGATE_TEST_THROW_IN_STREAM") != nullptr) {}
+  /// pg: --pg; pinned: the libpq conninfo of the stream's server, set at each stream start
+  /// (read by the snapshot service on the loop, while the stream runs).
+  stream_sink(proxy::gateway& g, proxy::initial_snapshot* initial, std::string pg, std::string& pinned, const config& s)
+      : gw_(g),
+        initial_(initial),
+        pg_(std::move(pg)),
+        pinned_(pinned),
+        s_(s),
+        throw_(std::getenv("WALGATE_TEST_THROW_IN_STREAM") != nullptr) {}
+  /// Set when the log must be cut before streaming on (the server's timeline left the log's
+  /// history behind): serve then starts itself again, and the start makes the cut.
+  bool restart_for_cut = false;
+
+  // Which history the log follows, checked at every connection before anything is streamed.
+  // Assumptions broken here (failover_test.cpp): the server is always the cluster the log came
+  // from (a different system identifier: refused); a server on a later timeline shares the
+  // log's WAL up to the switch point its history names and nothing after (the log past it is
+  // cut: its positions may name other changes there, and the slot would skip the new
+  // timeline's changes up to what walgate acknowledged on the old one).
+  asio::awaitable<proxy::outcome<void>> on_connected(const proxy::stream_start_info& i) override {
+    using k = proxy::history_verdict::kind;
+    const std::filesystem::path dir = s_.data_dir;
+    const bool fsync = !s_.no_fsync;
+    const auto stored = proxy::read_followed_timeline(dir);
+    // Everything visible to clients is durable first: the verdict goes by all the log holds (a
+    // commit clients saw but not yet synced is history past the switch point too).
+    gw_.flush();
+    // (and by the last commit logged, synced or not: a sync job under way moves durable later)
+    protocol::lsn reach = gw_.durable_lsn();
+    if (const auto last = gw_.log().last_commit_lsn(); last.valid() && protocol::lsn{last.value + 1} > reach)
+      reach = protocol::lsn{last.value + 1};
+    auto v = proxy::check_history(stored, i.system_id, i.timeline, i.timeline_history, reach,
+                                  "PostgreSQL at " + i.server.host + ":" + std::to_string(i.server.port), i.slot_confirmed);
+    std::string error;
+    switch (v.what) {
+      case k::same:
+        // Whether the server is a standby is kept too (check_history: a log decoded on a standby
+        // follows that standby's later timelines).
+        if (stored && stored->standby != i.in_recovery &&
+            !proxy::write_followed_timeline(dir, {i.system_id, i.timeline, i.in_recovery}, fsync, error))
+          co_return proxy::failure{{}, error, {}, false};
+        co_return proxy::outcome<void>{};
+      case k::retry: co_return proxy::failure{{}, v.message, {}, true};
+      case k::refuse:
+        if (!i.timeline_history_error.empty() && stored && stored->timeline != i.timeline)
+          v.message += " (the server's timeline history could not be read: " + i.timeline_history_error + ")";
+        co_return proxy::failure{{}, v.message, {}, false};
+      case k::follow:
+        if (!v.message.empty()) log_line(v.message);
+        // A client may hold ids past the log's end from before a crash (visible, never synced):
+        // on the timeline left they are not sent again, and the new one may reuse their
+        // positions up to where its WAL is now — a resume from one there is answered 410.
+        // (only before this process first streamed: within one, everything clients saw was
+        // synced above, and a promotion followed live costs its clients nothing)
+        // (not when the log's history past the switch point is the new timeline's own)
+        if (!streamed_ && !v.promoted_under_us && stored && stored->timeline != i.timeline && i.server_wal_end > v.at &&
+            !gw_.log().record_history_cut({v.at, i.server_wal_end, stored->timeline, i.timeline}))
+          co_return proxy::failure{{}, gw_.log().error(), {}, false};
+        if (!proxy::write_followed_timeline(dir, {i.system_id, i.timeline, i.in_recovery}, fsync, error))
+          co_return proxy::failure{{}, error, {}, false};
+        co_return proxy::outcome<void>{};
+      case k::cut: break;
+    }
+    if (!s_.nats.empty())
+      co_return proxy::failure{{}, "HISTORY DIVERGED: " + v.message + ". With --nats the JetStream stream holds that "
+                                   "history too and is not cut: walgate stops. Start over with an empty --data-dir and "
+                                   "stream (clients then need a new snapshot)",
+                               {}, false};
+    if (!proxy::write_cut_request(dir, {v.at, {}, stored->timeline, i.timeline}, fsync, error))
+      co_return proxy::failure{{}, error, {}, false};
+    restart_for_cut = true;
+    co_return proxy::failure{{}, "HISTORY DIVERGED: " + v.message + ". The event log is cut at " + v.at.to_string() +
+                                 " (what is cut is kept in damaged/ of the data directory): walgate starts again to cut "
+                                 "it, then streams timeline " + std::to_string(i.timeline) +
+                                 "; clients resuming from an id the cut covers (from " + v.at.to_string() +
+                                 " to its last commit) are answered 410 and need a new snapshot",
+                             {}, false};
+  }
   asio::awaitable<proxy::outcome<void>> on_slot_created(const proxy::stream_start_info& i) override {
     if (!initial_ || !i.exported_snapshot) co_return proxy::outcome<void>{};
+    // The exported snapshot exists on the stream's server alone: the copy's connections go there.
+    std::string error, pinned = proxy::pinned_conninfo(pg_, i.server, i.server.address, error);
+    if (pinned.empty()) co_return proxy::failure{{}, "--pg: " + error, {}, false};
+    initial_->set_conninfo(std::move(pinned));
     co_return co_await initial_->run(*i.exported_snapshot, i.consistent_point);
   }
-  void on_stream_start(const proxy::stream_start_info& i) override { gw_.on_stream_start(i); }
+  void on_stream_start(const proxy::stream_start_info& i) override {
+    streamed_ = true;
+    std::string error, pinned = proxy::pinned_conninfo(pg_, i.server, i.server.address, error);
+    if (!pinned.empty() && pinned != pinned_)
+      log_line("streaming from PostgreSQL at " + i.server.host + ":" + std::to_string(i.server.port) +
+               "; snapshots are taken there");
+    pinned_ = std::move(pinned);
+    gw_.on_stream_start(i);
+    identity_ = proxy::upstream_identity{i.system_id, i.timeline, i.dbname, i.server_parameters};
+  }
   boost::system::error_code on_xlog_data(const protocol::xlog_data& x) override {
     if (throw_) throw std::runtime_error("test hook: an exception in the stream path at " + x.wal_start.to_string());
     return gw_.on_xlog_data(x);
@@ -216,11 +328,18 @@ class stream_sink final : public proxy::replication_sink {
   bool retry_after_failure() const override { return gw_.retry_after_failure(); }
   void on_keepalive(const protocol::primary_keepalive& k) override { gw_.on_keepalive(k); }
   protocol::lsn durable_lsn() const override { return gw_.durable_lsn(); }
+  /// The upstream as the last stream start found it (walgate's walsender reports it).
+  const std::optional<proxy::upstream_identity>& identity() const { return identity_; }
 
  private:
+  std::optional<proxy::upstream_identity> identity_;
   proxy::gateway& gw_;
   proxy::initial_snapshot* initial_;
+  std::string pg_;
+  std::string& pinned_;
+  const config& s_;
   bool throw_;
+  bool streamed_ = false;   // (this process has streamed: what clients saw was synced before any verdict)
 };
 
 /// SIGHUP: the key files and the TLS certificate read again (the connections stay; what is in
@@ -334,7 +453,7 @@ bool server_options_of(const config& s, const std::string& database, proxy::serv
   so.encoder.database = database;
   so.encoder.decimal = s.decimal;
   so.encoder.time = s.time;
-  so.snapshot.conninfo = s.pg;
+  so.snapshot.conninfo = s.pg;   // (serve() gives it the default target and the stream's server)
   so.snapshot.publications = s.publications;
   so.snapshot.max_running = s.snapshot_concurrency;
   so.snapshot.max_queued = s.snapshot_queue;
@@ -359,10 +478,30 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
     return 2;
   }
   std::string error;
+  // Which host of --pg: the one target_session_attrs names (libpq's keyword), primary when it
+  // names none and there are several — for the stream and for every libpq connection
+  // (snapshots, the catalog, the slot read before recovery). While the stream runs, libpq
+  // connections go to its server (pinned_conninfo): an exported snapshot exists there alone.
+  // (one host: whatever it is, as before — a single standby streams on 16+)
+  if (!parsed.params->target_session_attrs && parsed.params->endpoints.size() > 1)
+    parsed.params->target_session_attrs = proxy::session_target::primary;
+  const std::string libpq_conninfo =
+      parsed.params->target_session_attrs ? proxy::with_default_target(s.pg, *parsed.params->target_session_attrs, error) : s.pg;
+  if (libpq_conninfo.empty()) {
+    log_line("--pg: " + error);
+    return 2;
+  }
   if (!listens_on_loopback(s) && !s.auth_jwt)
     log_line("WARNING: serving unauthenticated on " + s.listen + ": anyone who can reach it reads every change");
   proxy::server_options so;
   if (!server_options_of(s, parsed.params->dbname, so)) return 2;
+  std::string stream_conninfo;   // (the stream's server, once it runs: stream_sink)
+  so.snapshot.conninfo = libpq_conninfo;
+  proxy::replication_client* streaming_client = nullptr;   // (made below)
+  // Pinned while the stream runs; between streams (a failover under way) libpq chooses again.
+  so.snapshot.pinned = [&stream_conninfo, &streaming_client] {
+    return streaming_client && streaming_client->streaming() ? stream_conninfo : std::string();
+  };
   if (std::filesystem::exists(std::filesystem::path(s.data_dir) / "EDGE")) {
     log_line("--data-dir " + s.data_dir + " is a walgate edge's copy of a stream (it has an EDGE file): give this walgate a data directory of its own");
     return 1;
@@ -373,7 +512,17 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
   lo.retention_bytes = s.retention_mb << 20;
   lo.memory_bytes = s.tail_mb << 20;
   lo.fsync = !s.no_fsync;
-  lo.acknowledged = slot_confirmed(s.data_dir, s.pg, s.slot);
+  {
+    // A cut the last run asked for (the server's timeline left the log's history): made
+    // before anything reads the log.
+    std::string said;
+    if (!proxy::event_log::cut_history(s.data_dir, lo.fsync, said, error)) {
+      log_line(error);
+      return 1;
+    }
+    if (!said.empty()) log_line(said);
+  }
+  lo.acknowledged = slot_confirmed(s.data_dir, libpq_conninfo, s.slot);
   auto log = proxy::event_log::open(lo, error);
   if (!log) {
     log_line(error);
@@ -415,10 +564,12 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
   proxy::gateway gw(io.get_executor(), *log, ao);
   proxy::replication_settings rs;
   rs.conn = *parsed.params;
+  rs.log = [](const std::string& line) { log_line(line); };
   rs.slot = s.slot;
   rs.publications = s.publications;
   rs.messages_when_supported = true;
   rs.streaming_when_supported = s.streaming;
+  rs.failover_slot = s.failover_slot;
   if (!s.origin.empty()) rs.origin = s.origin;   // (PostgreSQL 16+: before, the stream does not start, saying so)
   rs.status_interval = std::chrono::milliseconds(s.status_interval_ms);
   // The initial snapshot: when walgate creates the slot (never for one that exists), its exported
@@ -426,7 +577,7 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
   std::unique_ptr<proxy::initial_snapshot> initial;
   if (s.initial_snapshot) {
     proxy::initial_snapshot_options io_opts;
-    io_opts.conninfo = s.pg;
+    io_opts.conninfo = libpq_conninfo;   // (pinned to the stream's server when the slot is made: stream_sink)
     io_opts.publications = s.publications;
     io_opts.workers = s.snapshot_workers;
     io_opts.fsync = !s.no_fsync;
@@ -463,8 +614,9 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
       }
     }
   }
-  stream_sink sink(gw, initial.get());
+  stream_sink sink(gw, initial.get(), s.pg, stream_conninfo, s);
   proxy::replication_client client(io.get_executor(), rs, sink);
+  streaming_client = &client;
   gw.set_backlog_probe([&client] { return client.backlog(); });
   struct unprobe {   // (gone before the client)
     proxy::gateway& g;
@@ -506,28 +658,57 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
   }
   log_line("listening on " + s.listen_host + ":" + std::to_string(srv.port()) + (so.tls_cert.empty() ? "" : " (TLS)") +
            "; event log in " + s.data_dir + " (next event " + std::to_string(log->next_seq()) + ")");
+  // walgate's own walsender: replication clients read the log as from the server.
+  std::unique_ptr<proxy::replication_server> walsender;
+  if (!s.replication_listen.empty()) {
+    proxy::replication_server_options ro;
+    ro.host = s.replication_listen_host;
+    ro.port = s.replication_listen_port;
+    ro.data_dir = s.data_dir;
+    ro.fsync = !s.no_fsync;
+    ro.identity = [&sink] { return sink.identity(); };
+    ro.durable_lsn = [&gw] { return gw.durable_lsn(); };
+    ro.timeout = std::chrono::seconds(s.replication_timeout_s);
+    ro.log = [](const std::string& line) { log_line(line); };
+    walsender = std::make_unique<proxy::replication_server>(io, std::move(ro), *log);
+    if (!walsender->start(error)) {
+      log_line(error);
+      return 1;
+    }
+    log_line("replication clients served on " + s.replication_listen_host + ":" + std::to_string(walsender->port()) +
+             " (logical, test_decoding; trust on loopback)");
+  }
   if (on_listening) on_listening(srv.port());
 
   reloads reload(io, s, so, srv);
 
   std::atomic<bool> stop{false};
-  asio::co_spawn(io, watch_slot(*parsed.params, s.slot, gw.metrics(), stop), asio::detached);
+  asio::co_spawn(io, watch_slot(*parsed.params, s.slot, s.failover_slot, gw.metrics(), stop), asio::detached);
   int rc = 0;
   asio::signal_set signals(io, SIGINT, SIGTERM);
+  bool signalled = false;   // (SIGINT/SIGTERM: no start again in place, even for a cut — the next start makes it)
   auto shutdown = [&] {
     stop = true;
     srv.stop();       // clients: going away, with their resume ids
+    if (walsender) walsender->stop();
+    if (initial) initial->stop();   // (a copy under way: cancelled, dropped, taken again next start)
     gw.flush();       // everything logged is durable...
     client.stop();    // ...and the final status update says so
-    signals.cancel();
     reload.cancel();
   };
-  signals.async_wait([&](boost::system::error_code ec, int) {
-    if (!ec) {
-      log_line("stopping");
-      shutdown();
-    }
-  });
+  // Armed until the loop ends: a signal during the shutdown is seen too (not swallowed).
+  std::function<void()> on_signal = [&] {
+    signals.async_wait([&](boost::system::error_code ec, int) {
+      if (ec) return;
+      signalled = true;
+      if (!stop) {
+        log_line("stopping");
+        shutdown();
+      }
+      on_signal();
+    });
+  };
+  on_signal();
   bool failure_logged = false;
   // The event log failed (disk full, I/O error): stop rather than go on without storing. Nothing
   // past the durable position was acknowledged; a restart resumes from it.
@@ -565,6 +746,10 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
   if (publisher) publisher->stop();   // (what it had in flight is found in the stream next time)
   auto p = client.positions();
   log_line("stopped; durable " + gw.durable_lsn().to_string() + ", acknowledged " + p.acknowledged.to_string());
+  if (sink.restart_for_cut && !signalled) {
+    log_line("starting again to cut the event log");
+    return restart_exit;
+  }
   return rc;
 }
 

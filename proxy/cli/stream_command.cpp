@@ -110,6 +110,9 @@ int run_stream(const config& s) {
   print_sink sink;
   proxy::replication_settings rs;
   rs.conn = *parsed.params;
+  // (with several hosts, primary unless --pg's target_session_attrs names another: as walgate serve)
+  if (!rs.conn.target_session_attrs && rs.conn.endpoints.size() > 1) rs.conn.target_session_attrs = proxy::session_target::primary;
+  rs.log = [](const std::string& line) { log_line(line); };
   rs.slot = s.slot;
   rs.publications = s.publications;
   rs.status_interval = std::chrono::milliseconds(s.status_interval_ms);

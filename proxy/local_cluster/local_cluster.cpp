@@ -14,10 +14,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -202,8 +204,8 @@ std::unique_ptr<local_cluster> local_cluster::start(const cluster_options& o, st
     chown_tree(c->dir_, as);
   }
 
-  for (int attempt = 0; attempt < 5; ++attempt) {
-    c->port_ = free_port();
+  for (int attempt = 0; attempt < (o.port ? 1 : 5); ++attempt) {
+    c->port_ = o.port ? o.port : free_port();
     std::ostringstream conf;
     conf << "\n# walgate test cluster\n"
          << "listen_addresses = '127.0.0.1'\n"
@@ -270,6 +272,156 @@ std::unique_ptr<local_cluster> local_cluster::start(const cluster_options& o, st
   }
   error = "postgres failed to start:" + tail(log);
   return nullptr;
+}
+
+namespace {
+
+/// Waits for a just-spawned postgres: 1 when it accepts connections (postmaster.pid's 8th line
+/// "ready", or "standby" for a hot standby), 0 when it exited, -1 after 60 s.
+int wait_ready(pid_t pid, const fs::path& datadir) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) return 0;
+    std::ifstream pidfile(datadir / "postmaster.pid");
+    std::string line;
+    for (int i = 0; i < 8 && std::getline(pidfile, line); ++i) {
+    }
+    if (line.rfind("ready", 0) == 0 || line.rfind("standby", 0) == 0) return 1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return -1;
+}
+
+/// A running server's data directory copied for a base backup: what PostgreSQL's own base
+/// backup leaves out is left out (postmaster.pid and .opts, pg_wal's and pg_replslot's contents,
+/// temporary statistics); a file that goes while it is copied is passed over (the backup's
+/// WAL replay makes it whole).
+void copy_datadir(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  fs::create_directories(to, ec);
+  for (auto it = fs::recursive_directory_iterator(from, fs::directory_options::skip_permission_denied, ec);
+       it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (ec) {
+      ec.clear();
+      continue;
+    }
+    const fs::path rel = fs::relative(it->path(), from, ec);
+    if (ec) {
+      ec.clear();
+      continue;
+    }
+    const std::string first = rel.begin()->string();
+    const std::string name = rel.filename().string();
+    const bool skip_contents = first == "pg_wal" || first == "pg_replslot" || first == "pg_stat_tmp";
+    if (name == "postmaster.pid" || name == "postmaster.opts" || name == "backup_label" ||
+        (skip_contents && std::distance(rel.begin(), rel.end()) > 1)) {
+      if (it->is_directory(ec)) it.disable_recursion_pending();
+      continue;
+    }
+    if (it->is_directory(ec)) fs::create_directories(to / rel, ec);
+    else fs::copy_file(it->path(), to / rel, fs::copy_options::overwrite_existing, ec);
+    ec.clear();
+  }
+  fs::create_directories(to / "pg_wal" / "archive_status", ec);
+  fs::permissions(to, fs::perms::owner_all, ec);   // (postgres refuses a data directory others may read)
+}
+
+}  // namespace
+
+std::unique_ptr<local_cluster> local_cluster::start_standby(const local_cluster& primary, std::string& error,
+                                                           const std::vector<std::string>& extra_conf,
+                                                           std::uint16_t port) {
+  run_as as = server_user(error);
+  if (!error.empty()) return nullptr;
+  std::unique_ptr<local_cluster> c(new local_cluster());
+  std::string tmpl = (fs::temp_directory_path() / "walgate-standby-XXXXXX").string();
+  if (!mkdtemp(tmpl.data())) {
+    error = "cannot create a temporary directory: " + std::string(std::strerror(errno));
+    return nullptr;
+  }
+  c->dir_ = tmpl;
+  c->datadir_ = c->dir_ / "data";
+  c->bindir_ = primary.bindir_;
+  c->major_ = primary.major_;
+  std::string suffix = c->dir_.filename().string().substr(std::string("walgate-standby-").size());
+  for (auto& ch : suffix) ch = static_cast<char>(std::isalnum(static_cast<unsigned char>(ch)) ? std::tolower(ch) : '_');
+  c->standby_slot_ = "standby_" + suffix;
+  try {
+    // Physical replication is matched by "replication" in pg_hba.conf, never by "all".
+    {
+      std::ifstream hba(primary.datadir_ / "pg_hba.conf");
+      std::string text((std::istreambuf_iterator<char>(hba)), std::istreambuf_iterator<char>());
+      if (text.find("local replication all trust") == std::string::npos) {
+        write_file(primary.datadir_ / "pg_hba.conf", "local replication all trust\n" + text);
+        chown_tree(primary.datadir_ / "pg_hba.conf", as);
+        primary.sql("SELECT pg_reload_conf()");
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      }
+    }
+    primary.sql("SELECT pg_create_physical_replication_slot('" + c->standby_slot_ + "', true)");
+    // The backup's start and stop in one session (non-exclusive).
+    PGconn* conn = PQconnectdb(primary.conninfo().c_str());
+    struct finish {
+      PGconn* c;
+      ~finish() { PQfinish(c); }
+    } finished{conn};
+    if (PQstatus(conn) != CONNECTION_OK) throw std::runtime_error(std::string("connect: ") + PQerrorMessage(conn));
+    auto one = [conn](const std::string& q) {
+      PGresult* r = PQexec(conn, q.c_str());
+      std::string v;
+      const bool ok = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1;
+      if (ok) v = PQgetvalue(r, 0, 0);
+      std::string e = ok ? "" : PQresultErrorMessage(r);
+      PQclear(r);
+      if (!ok) throw std::runtime_error(q + ": " + e);
+      return v;
+    };
+    const bool v15 = primary.major_ >= 15;
+    one(v15 ? "SELECT pg_backup_start('walgate standby', true)" : "SELECT pg_start_backup('walgate standby', true, false)");
+    copy_datadir(primary.datadir_, c->datadir_);
+    const std::string label =
+        one(v15 ? "SELECT labelfile FROM pg_backup_stop(false)" : "SELECT labelfile FROM pg_stop_backup(false, false)");
+    write_file(c->datadir_ / "backup_label", label);
+  } catch (const std::exception& e) {
+    error = std::string("base backup: ") + e.what();
+    return nullptr;
+  }
+  write_file(c->datadir_ / "standby.signal", "");
+  c->port_ = port ? port : free_port();
+  {
+    std::ofstream out(c->datadir_ / "postgresql.conf", std::ios::app);
+    out << "\n# walgate test standby\n"
+        << "port = " << c->port_ << "\n"
+        << "unix_socket_directories = '" << c->dir_.string() << "'\n"
+        << "primary_conninfo = 'host=" << primary.dir_.string() << " port=" << primary.port_
+        << " user=postgres dbname=postgres application_name=" << c->standby_slot_ << "'\n"
+        << "primary_slot_name = '" << c->standby_slot_ << "'\n"
+        << "hot_standby = on\n"
+        << "hot_standby_feedback = on\n";
+    for (const auto& l : extra_conf) out << l << "\n";
+  }
+  chown_tree(c->dir_, as);
+  pid_t pid = spawn({(c->bindir_ / "postgres").string(), "-D", c->datadir_.string()}, c->log_file(), as);
+  if (pid < 0) {
+    error = "could not start the standby: " + std::string(std::strerror(errno));
+    return nullptr;
+  }
+  c->pid_ = pid;
+  const int ready = wait_ready(pid, c->datadir_);
+  if (ready == 1) return c;
+  if (ready < 0) kill(pid, SIGQUIT);
+  waitpid(pid, nullptr, 0);
+  c->pid_ = -1;
+  error = "the standby did not start:" + tail(c->log_file());
+  return nullptr;
+}
+
+void local_cluster::stop_immediate() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGQUIT);
+  waitpid(pid_, nullptr, 0);
+  pid_ = -1;
 }
 
 local_cluster::~local_cluster() { stop(); }

@@ -294,3 +294,85 @@ TEST_CASE("a server that skips SCRAM's final message is refused: AuthenticationO
                        "knows the password): refused");
   }
 }
+
+namespace {
+/// A first host that refuses every connection with a FATAL of the given SQLSTATE (as a server
+/// that is starting up does: 57P03), the test cluster second: what connect() does with it.
+attempt refused_then_cluster(const std::string& sqlstate, std::vector<std::string>& passed) {
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor(io, {asio::ip::make_address("127.0.0.1"), 0});
+  const auto port = acceptor.local_endpoint().port();
+  std::thread server([&] {
+    asio::io_context sio;
+    asio::ip::tcp::socket s(sio);
+    boost::system::error_code ec;
+    acceptor.accept(s, ec);
+    if (ec) return;
+    std::array<char, 4> len{};
+    asio::read(s, asio::buffer(len), ec);
+    const std::uint32_t n = (std::uint32_t(std::uint8_t(len[0])) << 24) | (std::uint32_t(std::uint8_t(len[1])) << 16) |
+                            (std::uint32_t(std::uint8_t(len[2])) << 8) | std::uint8_t(len[3]);
+    std::vector<char> rest(n - 4);
+    asio::read(s, asio::buffer(rest), ec);
+    std::string fields = std::string("SFATAL") + '\0' + "C" + sqlstate + '\0' + "Mthe server refuses" + '\0' + '\0';
+    const std::uint32_t l = static_cast<std::uint32_t>(fields.size() + 4);
+    std::string msg = "E";
+    for (int shift : {24, 16, 8, 0}) msg.push_back(static_cast<char>((l >> shift) & 0xff));
+    asio::write(s, asio::buffer(msg + fields), ec);
+    s.shutdown(asio::ip::tcp::socket::shutdown_send, ec);
+  });
+  auto parsed = parse_conninfo("host=127.0.0.1," + test::cluster().socket_dir().string() + " port=" + std::to_string(port) +
+                               "," + std::to_string(test::cluster().port()) +
+                               " user=postgres dbname=postgres sslmode=disable connect_timeout=5");
+  REQUIRE_MESSAGE(parsed.params, parsed.error);
+  attempt a;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        pg_connection c(co_await asio::this_coro::executor);
+        auto r = co_await c.connect(*parsed.params, true, [&](const std::string& line) { passed.push_back(line); });
+        a.ok = r.has_value();
+        if (r) a.info = c.info();
+        else a.error = r.error();
+      },
+      asio::detached);
+  io.run();
+  server.join();
+  return a;
+}
+}  // namespace
+
+TEST_CASE("several hosts: one that cannot take connections now (SQLSTATE class 57) is passed over; one that refuses otherwise stops there") {
+  std::vector<std::string> passed;
+  auto starting = refused_then_cluster("57P03", passed);
+  REQUIRE_MESSAGE(starting.ok, starting.error.message);
+  CHECK(starting.info.host == test::cluster().socket_dir().string());
+  REQUIRE(passed.size() == 1);
+  CHECK(passed[0].find("127.0.0.1:") != std::string::npos);
+  CHECK(passed[0].find("57P03") != std::string::npos);
+  passed.clear();
+  // An authentication failure refuses again, on any host: it stops at the first.
+  auto wrong = refused_then_cluster("28P01", passed);
+  CHECK_FALSE(wrong.ok);
+  CHECK(wrong.error.sqlstate == "28P01");
+  CHECK_FALSE(wrong.error.retryable);
+  CHECK(passed.empty());
+}
+
+TEST_CASE("hostaddr: that address is connected to, and the name is never resolved") {
+  // (a name that cannot resolve: .invalid is reserved, RFC 2606)
+  auto a = try_connect("host=walgate-test.invalid hostaddr=127.0.0.1 port=" + std::to_string(test::cluster().port()) +
+                       " user=trust_user dbname=postgres sslmode=disable");
+  REQUIRE_MESSAGE(a.ok, a.error.message);
+  CHECK(a.info.host == "walgate-test.invalid");
+  CHECK(a.info.address == "127.0.0.1");
+  auto bad = try_connect("host=x hostaddr=not-an-address port=1 user=u dbname=d sslmode=disable");
+  REQUIRE_FALSE(bad.ok);
+  CHECK(bad.error.message.find("invalid hostaddr \"not-an-address\"") != std::string::npos);
+  CHECK_FALSE(bad.error.retryable);
+  // With more hosts, that host is passed over (as in libpq), not the whole list.
+  auto next = try_connect("host=x," + test::cluster().socket_dir().string() + " hostaddr=not-an-address, port=1," +
+                          std::to_string(test::cluster().port()) + " user=postgres dbname=postgres sslmode=disable");
+  REQUIRE_MESSAGE(next.ok, next.error.message);
+  CHECK(next.info.host == test::cluster().socket_dir().string());
+}

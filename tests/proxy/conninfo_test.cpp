@@ -136,3 +136,71 @@ TEST_CASE("pgpass lookup: wildcards, escapes, and unsafe permissions") {
   CHECK_FALSE(lookup_passfile(file, ep, "shop", "alice"));
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("conninfo: target_session_attrs as given, never libpq's built-in default") {
+  env_guard env;
+  env.set("PGTARGETSESSIONATTRS", nullptr);
+  // Unset: each connection's own default (walgate's stream: primary), not libpq's "any".
+  auto none = parse_conninfo("host=a,b port=1,2");
+  REQUIRE(none.params);
+  CHECK_FALSE(none.params->target_session_attrs);
+  const std::pair<const char*, session_target> values[] = {
+      {"any", session_target::any},         {"read-write", session_target::read_write},
+      {"read-only", session_target::read_only}, {"primary", session_target::primary},
+      {"standby", session_target::standby}, {"prefer-standby", session_target::prefer_standby}};
+  for (const auto& [text, value] : values) {
+    CAPTURE(text);
+    auto p = parse_conninfo(std::string("host=a target_session_attrs=") + text);
+    REQUIRE(p.params);
+    REQUIRE(p.params->target_session_attrs);
+    CHECK(*p.params->target_session_attrs == value);
+    CHECK(to_string(value) == text);
+    auto uri = parse_conninfo(std::string("postgresql://a,b/db?target_session_attrs=") + text);
+    REQUIRE_MESSAGE(uri.params, uri.error);
+    CHECK(uri.params->target_session_attrs == value);
+  }
+  env.set("PGTARGETSESSIONATTRS", "standby");
+  CHECK(parse_conninfo("host=a").params->target_session_attrs == session_target::standby);
+  CHECK(parse_conninfo("host=a target_session_attrs=primary").params->target_session_attrs == session_target::primary);
+  env.set("PGTARGETSESSIONATTRS", nullptr);
+  // libpq itself refuses an unknown value; so do we, in one line.
+  auto bad = parse_conninfo("host=a target_session_attrs=master");
+  CHECK_FALSE(bad.params);
+  CHECK(bad.error.find("target_session_attrs") != std::string::npos);
+}
+
+TEST_CASE("conninfo: which states each target keeps") {
+  const session_state primary{false, false}, read_only_primary{false, true}, standby{true, true};
+  CHECK(passed_over(session_target::any, standby).empty());
+  CHECK(passed_over(session_target::primary, primary).empty());
+  CHECK(passed_over(session_target::primary, read_only_primary).empty());
+  CHECK(passed_over(session_target::primary, standby) == "a standby (in recovery)");
+  CHECK(passed_over(session_target::read_write, read_only_primary) == "read-only (default_transaction_read_only on)");
+  CHECK(passed_over(session_target::read_write, standby) == "a standby (in recovery)");
+  CHECK(passed_over(session_target::read_only, primary) == "read-write");
+  CHECK(passed_over(session_target::read_only, read_only_primary).empty());
+  CHECK(passed_over(session_target::standby, primary) == "a primary (not in recovery)");
+  CHECK(passed_over(session_target::prefer_standby, standby).empty());
+}
+
+TEST_CASE("conninfo: hostaddr pairs with host, as in libpq") {
+  auto both = parse_conninfo("host=db.example,other hostaddr=127.0.0.1,::1 port=5432,5433");
+  REQUIRE_MESSAGE(both.params, both.error);
+  REQUIRE(both.params->endpoints.size() == 2);
+  CHECK(both.params->endpoints[0].host == "db.example");
+  CHECK(both.params->endpoints[0].address == "127.0.0.1");
+  CHECK(both.params->endpoints[1].address == "::1");
+  CHECK_FALSE(both.params->endpoints[0].is_unix_socket());
+  // hostaddr alone names the hosts too; a socket directory with hostaddr goes over TCP (libpq).
+  auto alone = parse_conninfo("hostaddr=10.0.0.5 port=1");
+  REQUIRE(alone.params);
+  CHECK(alone.params->endpoints[0].host == "10.0.0.5");
+  CHECK(alone.params->endpoints[0].address == "10.0.0.5");
+  auto socket_dir = parse_conninfo("host=/tmp hostaddr=127.0.0.1");
+  REQUIRE(socket_dir.params);
+  CHECK_FALSE(socket_dir.params->endpoints[0].is_unix_socket());
+  CHECK(parse_conninfo("host=/tmp").params->endpoints[0].is_unix_socket());
+  auto mismatch = parse_conninfo("host=a,b hostaddr=127.0.0.1");
+  CHECK_FALSE(mismatch.params);
+  CHECK(mismatch.error == "invalid connection string: could not match 2 host names to 1 hostaddr values");
+}

@@ -23,27 +23,11 @@ using namespace walgate::test::nats_harness;
 
 namespace {
 
-std::string http_get(std::uint16_t port, const std::string& target, const std::string& bearer = {}) {
-  asio::io_context io;
-  tcp::socket s(io);
-  boost::system::error_code ec;
-  s.connect({asio::ip::make_address("127.0.0.1"), port}, ec);
-  if (ec) return {};
-  http::request<http::empty_body> req{http::verb::get, target, 11};
-  req.set(http::field::host, "localhost");
-  if (!bearer.empty()) req.set(http::field::authorization, "Bearer " + bearer);
-  http::write(s, req, ec);
-  if (ec) return {};
-  beast::flat_buffer b;
-  http::response<http::string_body> res;
-  http::read(s, b, res, ec);
-  return ec ? std::string() : res.body();
-}
 
 /// A metric's value from walgate's /metrics (-1: not there, or walgate not answering); with
 /// --auth jwt, bearer is a token with the admin claim.
 long long metric(std::uint16_t port, const std::string& name, const std::string& bearer = {}) {
-  const std::string text = http_get(port, "/metrics", bearer);
+  const std::string text = http_get(port, "/metrics", bearer).second;
   const auto at = text.find("\n" + name + " ");
   if (at == std::string::npos) return -1;
   return std::stoll(text.substr(at + name.size() + 2));
@@ -501,7 +485,7 @@ TEST_CASE("walgate edge: two edges serve the stream on every transport; an edge 
   e1.start();
   e2.start();
   // An edge takes no snapshot.
-  CHECK(http_get(e1.port, "/v1/stream?snapshot=true").find("an edge (walgate edge) takes no snapshots") != std::string::npos);
+  CHECK(http_get(e1.port, "/v1/stream?snapshot=true").second.find("an edge (walgate edge) takes no snapshots") != std::string::npos);
   std::vector<std::unique_ptr<resuming_client>> clients;
   {
     writer w(test::cluster().conninfo(), "jse", 5);
@@ -554,7 +538,7 @@ TEST_CASE("walgate edge: two edges serve the stream on every transport; an edge 
   CHECK(metric(e1.port, "walgate_edge_consuming") == 1);
   CHECK(metric(e1.port, "walgate_edge_events_mirrored_total") > 0);
   CHECK(metric(e1.port, "walgate_edge_fault") == 0);
-  CHECK(http_get(e1.port, "/readyz") == "{\"status\":\"streaming\"}\n");
+  CHECK(http_get(e1.port, "/readyz").second == "{\"status\":\"streaming\"}\n");
   // Every format, from both edges, byte for byte what the origin sends, the whole log (Debezium's
   // source.db from --debezium-db; Waltail's seq equal too: the stream holds the origin's log from
   // its first event).
@@ -612,8 +596,8 @@ TEST_CASE("walgate edge: serves while NATS is unreachable (not ready); SIGHUP an
             secret.string()};
   p.start();
   REQUIRE_MESSAGE(test::wait_until([&] { return p.listening.load(); }, std::chrono::seconds(30)), p.log());
-  CHECK(http_get(port, "/healthz") == "{\"status\":\"ok\"}\n");
-  CHECK(http_get(port, "/readyz").find("not streaming") != std::string::npos);
+  CHECK(http_get(port, "/healthz").second == "{\"status\":\"ok\"}\n");
+  CHECK(http_get(port, "/readyz").second.find("not streaming") != std::string::npos);
   CHECK(metric(port, "walgate_edge_consuming", test::token(test::hmac_key("HS256", std::string(40, 'k')),
                                                            R"("walgate_admin":true)")) == 0);
   CHECK(metric(port, "walgate_edge_consuming") == -1);   // (/metrics needs the admin claim under --auth jwt)
@@ -682,7 +666,7 @@ TEST_CASE("walgate edge: not served until it has copied the stream; where its co
   edge e2(nats.url(0));
   REQUIRE_MESSAGE(test::wait_until([&] { return metric(e2.port, "walgate_edge_consuming") == 1; }, std::chrono::seconds(30)), e2.p.log());
   CHECK(status_of(e2.port, "/v1/stream") == 503);
-  CHECK(http_get(e2.port, "/readyz").find("not streaming") != std::string::npos);
+  CHECK(http_get(e2.port, "/readyz").second.find("not streaming") != std::string::npos);
   CHECK(metric(e2.port, "walgate_edge_ready") == 0);
   // Its copy begins with the next transaction: what came before it is gone there (410), while
   // e1 and the origin still have it.

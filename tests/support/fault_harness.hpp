@@ -175,6 +175,16 @@ struct resuming_client {
   std::uint64_t events = 0, connections = 0, disconnects = 0, duplicates = 0;
   std::vector<std::string> problems;   // anything a client must never see
   std::vector<std::string> close_reasons;
+  /// A 410 (its history cut after a failover, or retention) is then no problem: the client
+  /// drops its model and starts over from 0/0:0, as an application takes a new snapshot.
+  std::atomic<bool> start_over_on_410{false};
+  std::uint64_t starts_over = 0;
+  void start_over() {   // (m held)
+    tables.clear();
+    last = {};
+    last_id = "0/0:0";
+    ++starts_over;
+  }
 
   bool sse = false;   // Server-Sent Events instead of NDJSON
   bool ws = false;
@@ -263,7 +273,10 @@ struct resuming_client {
           // nothing when the exchange itself failed: only a WebSocket-level refusal counts.
           // A 503 (an edge still copying the stream, too many clients) says to try again.
           if (ec.category() == websocket::make_error_code(websocket::error::upgrade_declined).category() &&
-              res.result_int() != 503)
+              res.result_int() == 410 && start_over_on_410)
+            start_over();
+          else if (ec.category() == websocket::make_error_code(websocket::error::upgrade_declined).category() &&
+                   res.result_int() != 503)
             problems.push_back("HTTP " + std::to_string(res.result_int()) + " resuming from " + from + ": " + why_refused(from));
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -352,7 +365,9 @@ struct resuming_client {
         ++connections;
         if (parser.get().result_int() != 200) {
           // (a 503 says to try again: an edge still copying the stream, too many clients)
-          if (parser.get().result_int() != 503)
+          if (parser.get().result_int() == 410 && start_over_on_410)
+            start_over();
+          else if (parser.get().result_int() != 503)
             problems.push_back("HTTP " + std::to_string(parser.get().result_int()) + " resuming from " + from);
           refused = true;
         }
@@ -477,6 +492,41 @@ inline table_model select_table(sql_conn& c, const std::string& t) {
   return m;
 }
 
+/// Waits until c's replay of <prefix>_a and <prefix>_b equals SELECT through q (a and b: the
+/// tables as last selected); false after 90 s.
+inline bool replay_equals(resuming_client& c, sql_conn& q, const std::string& prefix, table_model& a, table_model& b) {
+  return test::wait_until(
+      [&] {
+        a = select_table(q, prefix + "_a");
+        b = select_table(q, prefix + "_b");
+        std::lock_guard<std::mutex> g(c.m);
+        return c.tables[prefix + "_a"] == a && c.tables[prefix + "_b"] == b;
+      },
+      std::chrono::seconds(90));
+}
+
+/// A GET of target from walgate (with a bearer token when given): status and body ({0, ""} when
+/// it does not answer).
+inline std::pair<unsigned, std::string> http_get(std::uint16_t port, const std::string& target, const std::string& bearer = "") {
+  asio::io_context io;
+  tcp::socket s(io);
+  boost::system::error_code ec;
+  s.connect({asio::ip::make_address("127.0.0.1"), port}, ec);
+  if (ec) return {0, {}};
+  asio::write(s, asio::buffer("GET " + target + " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n" +
+                              (bearer.empty() ? std::string() : "Authorization: Bearer " + bearer + "\r\n") + "\r\n"),
+              ec);
+  beast::flat_buffer buf;
+  http::response<http::string_body> res;
+  http::read(s, buf, res, ec);
+  return {res.result_int(), res.body()};
+}
+
+/// walgate's /metrics text (with a bearer token when given; "" when it does not answer).
+inline std::string metrics_text(std::uint16_t port, const std::string& bearer = "") {
+  return http_get(port, "/metrics", bearer).second;
+}
+
 struct scenario {
   std::string prefix, slot, pub;
   std::filesystem::path data_dir;
@@ -524,14 +574,7 @@ struct scenario {
     w.finish();
     sql_conn q(test::cluster().conninfo());
     table_model a, b;
-    bool equal = test::wait_until(
-        [&] {
-          a = select_table(q, prefix + "_a");
-          b = select_table(q, prefix + "_b");
-          std::lock_guard<std::mutex> g(c.m);
-          return c.tables[prefix + "_a"] == a && c.tables[prefix + "_b"] == b;
-        },
-        std::chrono::seconds(90));
+    bool equal = replay_equals(c, q, prefix, a, b);
     c.finish();
     MESSAGE("statements " << w.statements.load() << ", large transactions " << w.bigs.load() << ", events received " << c.events
                           << ", connections " << c.connections << ", rows " << a.size() + b.size());

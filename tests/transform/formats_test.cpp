@@ -4,6 +4,8 @@
 #include "split_helpers.hpp"
 
 #include <boost/json/parse.hpp>
+#include "tuple_columns.hpp"
+
 #include <doctest/doctest.h>
 
 using namespace walgate;
@@ -12,9 +14,9 @@ namespace pg = walgate::protocol::pgoutput;
 using protocol::lsn;
 
 namespace {
-pg::tuple_column t(std::string_view v) { return {pg::column_kind::text, protocol::as_bytes(v)}; }
-pg::tuple_column null() { return {pg::column_kind::null, {}}; }
-pg::tuple_column toast() { return {pg::column_kind::unchanged_toast, {}}; }
+const auto t = test::text_column;
+const auto null = test::null_column;
+const auto toast = test::unchanged_toast_column;
 
 struct sample {
   pg::cached_relation rel;

@@ -45,7 +45,7 @@ void read_tuple(cursor& c, std::vector<pg::tuple_column>& out) {
 
 // Byte1 version | Byte1 op | Int64 commit_lsn | Int64 end_lsn | Int64 commit_time | Int32 xid |
 // Int64 change_lsn | Int32 index | Str16 origin | Int64 origin_lsn | Str16 gid | Byte1 flags (1 streamed,
-//   2 the last row of a snapshot) |
+//   2 the last row of a snapshot, 4 a truncate's CASCADE, 8 its RESTART IDENTITY) |
 // relation: Int32 oid | Str16 nsp | Str16 name | Byte1 identity | Int16 n | n × (Byte1 key | Str16 name |
 //           Int32 type | Int32 typmod) |
 // Int16 ntypes | ntypes × (Int32 oid | Str16 nsp | Str16 name) |
@@ -60,7 +60,8 @@ void write_header(writer& w, const change& c) {
   str16(w, t.origin.value_or(""));
   w.u64(t.origin_lsn.value);
   str16(w, t.gid);
-  w.u8((t.streamed ? 1 : 0) | (c.snapshot_last ? 2 : 0));
+  w.u8((t.streamed ? 1 : 0) | (c.snapshot_last ? 2 : 0) | ((c.truncate_options & 1) ? 4 : 0) |
+       ((c.truncate_options & 2) ? 8 : 0));
 }
 
 void write_relation(writer& w, const change& c) {
@@ -250,6 +251,7 @@ boost::system::result<void, protocol::decode_error> read_record(protocol::bytes_
   ch.message = has_message ? &v->message_ : nullptr;
   ch.types = &v->types_;
   ch.snapshot_last = snapshot_last;
+  ch.truncate_options = static_cast<std::uint8_t>(((flags & 4) ? 1 : 0) | ((flags & 8) ? 2 : 0));
   return {};
 }
 

@@ -38,6 +38,7 @@ void row_router::remove(target* t) {
       const auto before = ix->subs.size();
       std::erase_if(ix->subs, [t](const auto& s) { return s.first == t; });
       std::erase(ix->untold, t);
+      std::erase(ix->refused, t);
       if (ix->subs.size() != before) {
         found = true;
         ix->keyed = false;
@@ -160,14 +161,15 @@ void row_router::route() {
         if (definition != ix.announced) {   // a new definition: no subscriber has checked it
           ix.announced = definition;
           ix.untold.clear();
+          ix.refused.clear();
           for (auto& [t, values] : ix.subs) ix.untold.push_back(t);
         }
-        if (!ix.untold.empty())
-          std::erase_if(ix.untold, [&](target* t) {
-            if (t->checked(definition)) return true;
-            give(t);
-            return false;
-          });
+        // Each subscriber checked once per definition; those that cannot be served are given
+        // every event of the table from then on (they end at the first they read).
+        for (target* t : ix.untold)
+          if (!t->check(*e, *c->relation)) ix.refused.push_back(t);
+        ix.untold.clear();
+        for (target* t : ix.refused) give(t);
         const auto& cols = c->relation->columns;
         auto col = std::find_if(cols.begin(), cols.end(), [&](const auto& x) { return x.name == ix.column; });
         if (col == cols.end()) continue;   // no such column: none of its rows is held by equality on it

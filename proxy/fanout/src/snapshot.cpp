@@ -178,13 +178,25 @@ void snapshot_job::run() {
   }
   // The first statement takes the transaction's snapshot; W is read after it, so every commit
   // the snapshot sees ends before W.
+  // A standby (walgate streaming from one, 16+) is refused: its snapshots do not list the
+  // transactions they see as running (pg_current_snapshot() gives xmin:xmax and no xip — they
+  // are kept elsewhere in recovery), and it has no insert position; which logged transactions
+  // such a snapshot saw cannot be told by xid, and a row would be lost or sent twice.
   auto head = exec(conn.c,
-                   "SELECT pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text, "
+                   "SELECT pg_current_snapshot()::text, "
+                   "CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_wal_insert_lsn()::text END, "
                    "current_setting('wal_block_size')::int, "
                    "(extract(epoch FROM transaction_timestamp()) * 1000000)::bigint",
                    PGRES_TUPLES_OK, error);
   if (!head) {
     fail(503, error);
+    return;
+  }
+  if (PQgetisnull((*head)->r, 0, 1)) {
+    fail(501, "per-client snapshots are not taken on a standby, and walgate streams from one: a standby's "
+              "snapshot does not say which transactions it sees as running, so its rows cannot be joined "
+              "exactly to the stream. from=0/0:0 replays what the log holds (the initial snapshot and every "
+              "change since, while the log retains its beginning); or stream from the primary");
     return;
   }
   auto snap = protocol::parse_pg_snapshot(PQgetvalue((*head)->r, 0, 0));
@@ -496,7 +508,10 @@ std::shared_ptr<snapshot_job> snapshot_service::admit(const stream_request& r, c
     return nullptr;
   }
   for (auto* q : rate_keys) q->push_back(rate_now);
-  auto j = std::make_shared<snapshot_job>(loop_, r, enc, opts_);
+  auto o = opts_;
+  if (opts_.pinned)
+    if (auto pinned = opts_.pinned(); !pinned.empty()) o.conninfo = std::move(pinned);
+  auto j = std::make_shared<snapshot_job>(loop_, r, enc, o);
   queue_.push_back(j);
   dispatch();
   // What the request holds: when its last copy goes (the client gone, or never made: a failed

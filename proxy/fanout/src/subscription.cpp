@@ -3,15 +3,18 @@
 // token's grants (rows and columns) and encoded in its format (shared encodings, keys=,
 // Debezium's transaction block); transaction records (transactions=true, group=transaction,
 // empty_transactions); and, with snapshot=true, the snapshot's rows, its window of changes and
-// its end marker first.
-// Over 700 lines. Every part is a member working on the same cursor and open transaction, which
-// is why it is one file, but not why it is this long. take() is about 180 lines: one event's
-// whole decision in order (resume skip, message prefix, filters, row verdict, encoding, the
-// transaction's begin and counts, keys=, compression, into the batch), with the same "stop
-// here, closed if the batch is empty" exit written five times; it should be split into named
-// steps. rows_verdict and the free functions before the constructor (the router's interests,
-// known_to) could be a file of their own (about 175 lines).
+// its end marker first. How row grants and where= decide an event (rows_verdict), what the row
+// router finds a request's events by, and which transactions a client may know of are in
+// subscription_rows.cpp (what both files use: subscription_internal.hpp).
+// take() is one event's decision as the ordered list of its steps (the resume, a message's
+// prefix, the selection, the rows, the encoding, the transaction, keys=, compression, into the
+// batch), each a member below it, in that order; stop_at is their one way of ending the batch.
+// Over 600 lines: the batch's reading (log and router), the transaction records, take()'s steps
+// (about 200 lines) and the snapshot's phases are all members working on the same cursor and
+// open transaction, and the steps write the transaction records' state: kept as one file.
 #include "walgate/proxy/subscription.hpp"
+
+#include "subscription_internal.hpp"
 
 #include "walgate/proxy/policy.hpp"
 #include "walgate/proxy/predicate.hpp"
@@ -21,87 +24,6 @@
 #include <algorithm>
 
 namespace walgate::proxy {
-
-/// A granted table's row conditions, per definition of it (table_rows, policy.hpp).
-struct subscription::row_state {
-  std::map<std::string, table_rows> tables;   // schema.table + definition signature
-  std::vector<predicate::cell> cells;
-  std::vector<std::uint64_t> checked;         // row_router::definition_of of each of tables' keys
-};
-
-bool subscription::checked(std::uint64_t definition) const {
-  return row_state_ && std::find(row_state_->checked.begin(), row_state_->checked.end(), definition) !=
-                           row_state_->checked.end();
-}
-
-subscription::row_verdict subscription::rows_verdict(const logged_event& e, std::string& error) {
-  mask_ = nullptr;
-  const grants* g = request_.granted.get();
-  const char op = static_cast<char>(e.kind);
-  if (e.table.empty() || e.kind == transform::op::truncate) return row_verdict::pass;
-  const bool by_grant = g && g->row_filtered(e.schema, e.table, op);
-  const bool by_where = request_.where != nullptr;
-  const bool by_columns = g && g->column_limited(e.schema, e.table);
-  if (!by_grant && !by_where && !by_columns) return row_verdict::pass;
-  const transform::change* c = encodings_.decode(e, error);
-  if (!c || !c->relation) {
-    if (error.empty()) error = "event #" + std::to_string(e.seq) + " in the event log has no table definition";
-    return row_verdict::damaged;
-  }
-  if (!row_state_) row_state_ = std::make_unique<row_state>();
-  const auto& rel = *c->relation;
-  std::string key = e.schema + '\0' + e.table + '\0';   // (no name holds a NUL)
-  for (const auto& col : rel.columns) key += col.name + '\x1f' + std::to_string(col.type_oid) + (col.key ? "k" : "") + '\x1e';
-  key += rel.replica_identity;
-  auto it = row_state_->tables.find(key);
-  if (it == row_state_->tables.end()) {
-    std::vector<table_rows::column> cols;
-    for (const auto& col : rel.columns) cols.push_back({col.name, col.type_oid, col.key});
-    it = row_state_->tables.emplace(key, table_rows::make(request_, e.schema, e.table, cols, rel.replica_identity, true)).first;
-    row_state_->checked.push_back(row_router::definition_of(rel));   // (the router stops giving it every event)
-  }
-  const auto& t = it->second;
-  if (!t.failed.empty()) {
-    error = t.failed;
-    return row_verdict::failed;
-  }
-  // The columns shown: those of the op's grants (an update moved in or out: the update's).
-  if (const auto& m = t.mask(op == 'r' ? 'c' : op); !m.empty()) mask_ = &m;
-  if (!by_grant && !by_where) return row_verdict::pass;
-  // Whether a row's values are within the grants of this op and the request's where=.
-  // (A TOASTed value an update did not change is not in the new row: the old row's is the same.)
-  auto within = [&](protocol::pgoutput::tuple_view row, protocol::pgoutput::tuple_view old = {}) {
-    auto& cells = row_state_->cells;
-    cells.clear();
-    for (std::size_t k = 0; k < row.size(); ++k) {
-      const auto* col = &row[k];
-      if (col->kind == protocol::pgoutput::column_kind::unchanged_toast && k < old.size() &&
-          old[k].kind != protocol::pgoutput::column_kind::unchanged_toast && old[k].kind != protocol::pgoutput::column_kind::null)
-        col = &old[k];
-      predicate::cell x;
-      if (col->kind == protocol::pgoutput::column_kind::null) x.s = predicate::cell::state::null;
-      else if (col->kind == protocol::pgoutput::column_kind::unchanged_toast) x.s = predicate::cell::state::unchanged;
-      else x = {predicate::cell::state::text, protocol::as_string_view(col->value)};
-      cells.push_back(x);
-    }
-    return t.within(g, op, cells);
-  };
-  switch (c->kind) {
-    case transform::op::insert:
-    case transform::op::read: return within(c->after) ? row_verdict::pass : row_verdict::skip;
-    case transform::op::delete_: return within(c->before) ? row_verdict::pass : row_verdict::skip;
-    case transform::op::update: {
-      const bool now = within(c->after, c->before);
-      // No old row sent: the key did not change, and the predicate's columns are key columns.
-      const bool before = c->before.empty() ? now : within(c->before);
-      if (before && now) return row_verdict::pass;
-      if (now) return row_verdict::as_insert;
-      if (before) return row_verdict::as_delete;
-      return row_verdict::skip;
-    }
-    default: return row_verdict::pass;
-  }
-}
 
 namespace {
 
@@ -119,80 +41,6 @@ payload_ptr with_transaction_block(const payload_ptr& p, const std::string& bloc
   }
   if (end != none) return nullptr;
   return payload::with_tail(p, p->size() - 5, block + "}");   // (5: null})
-}
-
-/// What a request's events can be found by in the row router: for each table it may see, the
-/// column and values every grant of it limits rows to by equality; nullopt when some table's
-/// rows are not all so limited (a grant of every row, or of schema.*, an `or`, where=,
-/// messages).
-std::optional<std::vector<row_router::interest>> interests_of(const stream_request& r) {
-  const grants* g = r.granted.get();
-  if (!g || r.where) return std::nullopt;
-  if (g->messages && (r.ops == 0 || (r.ops & op_bit_of('m')))) return std::nullopt;
-  std::vector<row_router::interest> out;
-  for (std::size_t i = 0; i < g->tables.size(); ++i) {
-    const auto& pattern = g->tables[i].first;
-    if (pattern.any) return std::nullopt;
-    if (!r.tables.empty() && std::none_of(r.tables.begin(), r.tables.end(), [&](const table_pattern& t) {
-          return t.schema == pattern.schema && (t.any || t.table == pattern.table);
-        }))
-      continue;   // (not asked for: none of its events)
-    if (!g->rows[i]) return std::nullopt;
-    auto eq = predicate::equality_of(*g->rows[i]);
-    if (!eq) return std::nullopt;
-    auto same = std::find_if(out.begin(), out.end(), [&](const row_router::interest& x) {
-      return x.schema == pattern.schema && x.table == pattern.table;
-    });
-    if (same == out.end()) {
-      out.push_back({pattern.schema, pattern.table, eq->column, eq->values});
-    } else {
-      if (same->column != eq->column) return std::nullopt;
-      same->values.insert(same->values.end(), eq->values.begin(), eq->values.end());
-    }
-  }
-  if (out.empty()) return std::nullopt;
-  return out;
-}
-
-/// The router's finding is the whole decision for r (row_router::found): each table it routes
-/// is granted by exactly one entry, whose rows are `column = value` or `column in (…)` alone
-/// (no `and`), with every column shown, and r adds no where=. (Otherwise the grant decides each
-/// event the router finds, as ever.)
-bool router_decides(const stream_request& r, const std::vector<row_router::interest>& interests) {
-  const grants* g = r.granted.get();
-  if (!g || r.where) return false;
-  for (const auto& in : interests) {
-    int entries = 0;
-    for (std::size_t i = 0; i < g->tables.size(); ++i) {
-      const auto& pattern = g->tables[i].first;
-      if (pattern.schema != in.schema || !(pattern.any || pattern.table == in.table)) continue;
-      if (++entries > 1 || pattern.any || !g->rows[i] || g->columns[i]) return false;
-      const auto& n = *g->rows[i];
-      if (n.k != predicate::node::kind::compare) return false;
-      auto eq = predicate::equality_of(n);
-      if (!eq || eq->column != in.column) return false;
-    }
-    if (entries != 1) return false;
-  }
-  return true;
-}
-
-/// empty_transactions=true: whether e makes its transaction one the client of r may know of
-/// (its empty records, when it is sent none of it): e is of a table its token may see — the
-/// table and e's op granted (--policy), whatever rows its grants hold — that it asked for
-/// (tables=), or a logical message it may receive (granted; by prefixes=, or with no tables=),
-/// whatever its ops=, where= and row grants then leave of it. A transaction of tables (or
-/// messages) outside its grants or tables= alone is another's: its xid, commit LSN, time and
-/// origin are not sent. (Assumption: a grant of the table for other ops than e's does not make
-/// e's transaction known — the token may not see that op of it.)
-bool known_to(const stream_request& r, const logged_event& e, std::string_view prefix) {
-  if (r.granted && !r.granted->allows(e.schema, e.table, static_cast<char>(e.kind))) return false;
-  if (e.kind == transform::op::message && !r.prefixes.empty())
-    return std::any_of(r.prefixes.begin(), r.prefixes.end(), [&](const std::string& g) { return glob_match(g, prefix); });
-  if (r.tables.empty()) return true;
-  if (e.table.empty()) return false;   // (a message, with tables= and no prefixes=: not asked for)
-  return std::any_of(r.tables.begin(), r.tables.end(),
-                     [&](const table_pattern& t) { return t.schema == e.schema && (t.any || t.table == e.table); });
 }
 
 }  // namespace
@@ -222,10 +70,10 @@ subscription::subscription(const log_reader& log, encoding_cache& encodings, str
       snapshot_(std::move(snapshot)),
       router_(router) {
   // (empty_transactions=true follows every transaction: it reads every event, never routed)
-  if (router_ && !request_.empty_transactions) interests_ = interests_of(request_);
+  if (router_ && !request_.empty_transactions) interests_ = subscription_rows::interests_of(request_);
   if (request_.where) event_cost_ = 1 + predicate::cost(*request_.where);
   if (request_.tables.size() > 4) tables_index_.emplace(request_.tables);   // (a few: compared in turn)
-  exact_ = interests_ && router_decides(request_, *interests_);
+  exact_ = interests_ && subscription_rows::router_decides(request_, *interests_);
   if (snapshot_) phase_ = phase::rows;
   // Where it resumes, should it end before an event: the id it started after.
   if (request_.from) resume_id_ = request_.from->to_string();
@@ -470,11 +318,8 @@ void subscription::flush_part(std::vector<item>& out, std::size_t& bytes, bool l
 bool subscription::open_txn(const event_ptr& e, kind what, const std::vector<item>& out) {
   std::string error;
   const transform::change* c = encodings_.decode(*e, error);
-  if (!c || !c->txn) {
-    cursor_ = e->seq;
-    if (out.empty()) close(end::damaged, error.empty() ? "event #" + std::to_string(e->seq) + " has no transaction" : error);
-    return false;
-  }
+  if (!c || !c->txn)
+    return stop_at(e, out, end::damaged, error.empty() ? "event #" + std::to_string(e->seq) + " has no transaction" : error);
   txn_.emplace();
   txn_->info = *c->txn;
   txn_->what = what;
@@ -510,187 +355,206 @@ void subscription::end_transaction(std::vector<item>& out, std::size_t& bytes) {
   out.push_back({payload::for_one(std::move(commit)), {t.info.commit_lsn, 0, transform::event_id::mark::commit}, t.what});
 }
 
+bool subscription::stop_at(const event_ptr& e, const std::vector<item>& out, end why, std::string message) {
+  cursor_ = e->seq;
+  if (out.empty()) close(why, std::move(message));
+  return false;
+}
+
 bool subscription::take(const event_ptr& e, std::vector<item>& out, std::size_t& bytes, bool window) {
+  take_state st;
+  st.in_txn = in_transaction(*e);
+  st.what = window ? kind::snapshot_change : kind::event;
   // An event of another transaction (or of none): the open one is over.
-  const bool in_txn = in_transaction(*e);
-  if (txn_ && (!in_txn || txn_->info.commit_lsn != e->id.commit_lsn)) end_transaction(out, bytes);
+  if (txn_ && (!st.in_txn || txn_->info.commit_lsn != e->id.commit_lsn)) end_transaction(out, bytes);
   // Up to skip_through: seen already (with transaction records, still counted for the commit).
-  bool silent = false;
-  if (skip_through_) {
-    if (!(*skip_through_ < e->id)) {
-      // A transaction seen to its end (the id is its commit's, or a later transaction's): no
-      // records again; one seen in part (the id is its begin's or an event's): counted, not sent.
-      if (!in_txn || skip_through_->commit_lsn > e->id.commit_lsn || skip_through_->at == transform::event_id::mark::commit)
-        return true;
-      silent = true;
-    } else {
-      skip_through_.reset();
-    }
-  }
+  const seen before = seen_already(*e, st.in_txn);
+  if (before == seen::whole) return true;
+  st.silent = before == seen::in_part;
   // empty_transactions=true: every transaction is followed, whatever this client is sent of it
   // (one the snapshot saw is not: its rows are); it has records of its own only if it is one
   // this client may know of (fresh: below, once a message's prefix is known).
-  const bool follows = in_txn && request_.empty_transactions && !(window && snapshot_->covers(*e));
-  if (follows && !txn_ && !open_txn(e, window ? kind::snapshot_change : kind::event, out)) return false;
-  // prefixes=: a logical message by its prefix, whatever tables= says (the record is read for it).
-  std::string error;
-  std::string_view prefix;
-  if (e->kind == transform::op::message && (!request_.prefixes.empty() || request_.message_events)) {
-    const transform::change* c = encodings_.decode(*e, error);
-    if (!c || !c->message) {
-      cursor_ = e->seq;
-      if (out.empty()) close(end::damaged, error.empty() ? "event #" + std::to_string(e->seq) + " is not a message" : error);
-      return false;
-    }
-    prefix = c->message->prefix;   // (a view into the decoded record: copied below before the next decode)
-  }
-  std::string prefix_copy(prefix);
-  if (follows && !silent && known_to(request_, *e, prefix_copy)) txn_->fresh = true;
-  if (e->kind == transform::op::message && !request_.prefixes.empty()) {
-    if (request_.ops && !(request_.ops & (1u << ('m' - 'a')))) return true;
-    if (request_.granted && !request_.granted->allows(e->schema, e->table, 'm')) return true;
-    if (std::none_of(request_.prefixes.begin(), request_.prefixes.end(),
-                     [&](const std::string& g) { return glob_match(g, prefix_copy); }))
-      return true;
-  } else if (!matches(request_, *e, tables_index_ ? &*tables_index_ : nullptr)) {
-    return true;
-  }
+  const bool follows = st.in_txn && request_.empty_transactions && !(window && snapshot_->covers(*e));
+  if (follows && !txn_ && !open_txn(e, st.what, out)) return false;
+  if (!message_prefix(e, out, st)) return false;
+  if (follows && !st.silent && subscription_rows::known_to(request_, *e, st.prefix)) txn_->fresh = true;
+  if (!selected(*e, st.prefix)) return true;
   if (window && snapshot_->covers(*e)) return true;
+  if (!decide_rows(e, out, st)) return false;
+  if (st.verdict == row_verdict::skip) return true;
+  if (!encode(e, out, st)) return false;
+  if (st.p->empty()) return true;   // the format has no such event
+  if (st.in_txn && !count_in_transaction(e, out, bytes, st)) return false;
+  if (st.silent) return true;   // seen before the resume: counted in its transaction, not sent
+  if (st.in_txn && !add_transaction_block(e, out, st)) return false;
+  if (!add_key(e, out, st)) return false;
+  count_deflated(*e, st);
+  if (st.want == encoding::pgoutput2json_schema) *st.sent = std::move(st.signature);
+  deliver(e, out, bytes, st);
+  return true;
+}
+
+subscription::seen subscription::seen_already(const logged_event& e, bool in_txn) {
+  if (!skip_through_) return seen::not_yet;
+  if (*skip_through_ < e.id) {
+    skip_through_.reset();
+    return seen::not_yet;
+  }
+  // A transaction seen to its end (the id is its commit's, or a later transaction's): no
+  // records again; one seen in part (the id is its begin's or an event's): counted, not sent.
+  if (!in_txn || skip_through_->commit_lsn > e.id.commit_lsn || skip_through_->at == transform::event_id::mark::commit)
+    return seen::whole;
+  return seen::in_part;
+}
+
+bool subscription::message_prefix(const event_ptr& e, const std::vector<item>& out, take_state& st) {
+  // prefixes=: a logical message by its prefix, whatever tables= says (the record is read for it).
+  if (e->kind != transform::op::message || (request_.prefixes.empty() && !request_.message_events)) return true;
+  const transform::change* c = encodings_.decode(*e, st.error);
+  if (!c || !c->message)
+    return stop_at(e, out, end::damaged, st.error.empty() ? "event #" + std::to_string(e->seq) + " is not a message" : st.error);
+  st.prefix = std::string(c->message->prefix);   // (a view into the decoded record: copied before the next decode)
+  return true;
+}
+
+bool subscription::selected(const logged_event& e, const std::string& prefix) const {
+  if (e.kind == transform::op::message && !request_.prefixes.empty()) {
+    if (request_.ops && !(request_.ops & (1u << ('m' - 'a')))) return false;
+    if (request_.granted && !request_.granted->allows(e.schema, e.table, 'm')) return false;
+    return std::any_of(request_.prefixes.begin(), request_.prefixes.end(),
+                       [&](const std::string& g) { return glob_match(g, prefix); });
+  }
+  return matches(request_, e, tables_index_ ? &*tables_index_ : nullptr);
+}
+
+bool subscription::decide_rows(const event_ptr& e, const std::vector<item>& out, take_state& st) {
   // Row grants: the event's values decide; an update that moves a row in or out of them is
   // sent as an insert or a delete, so that the client's rows stay exactly what it may see.
-  auto verdict = row_verdict::pass;
+  st.verdict = row_verdict::pass;
   if (found_ != row_router::found::unknown) {
-    verdict = found_ == row_router::found::moved_in    ? row_verdict::as_insert
-              : found_ == row_router::found::moved_out ? row_verdict::as_delete
-                                                       : row_verdict::pass;
+    st.verdict = found_ == row_router::found::moved_in    ? row_verdict::as_insert
+                 : found_ == row_router::found::moved_out ? row_verdict::as_delete
+                                                          : row_verdict::pass;
     mask_ = nullptr;   // (exact_: no column lists)
     found_ = row_router::found::unknown;   // (used: read_routed counts it once the event is taken)
   } else if (request_.granted || request_.where) {
     std::string why;
-    verdict = rows_verdict(*e, why);
-    if (verdict == row_verdict::failed || verdict == row_verdict::damaged) {
-      cursor_ = e->seq;
-      if (out.empty()) close(verdict == row_verdict::damaged ? end::damaged : end::grant, why);
-      return false;
-    }
-    if (verdict == row_verdict::skip) return true;
+    st.verdict = rows_verdict(*e, why);
+    if (st.verdict == row_verdict::failed || st.verdict == row_verdict::damaged)
+      return stop_at(e, out, st.verdict == row_verdict::damaged ? end::damaged : end::grant, why);
   }
-  const bool moved = verdict == row_verdict::as_insert || verdict == row_verdict::as_delete;
-  const auto as = verdict == row_verdict::as_insert ? transform::op::insert : transform::op::delete_;
+  st.moved = st.verdict == row_verdict::as_insert || st.verdict == row_verdict::as_delete;
+  st.as = st.verdict == row_verdict::as_insert ? transform::op::insert : transform::op::delete_;
+  return true;
+}
+
+bool subscription::encode(const event_ptr& e, const std::vector<item>& out, take_state& st) {
   // pgoutput2json compact: the schema goes with the first row of a table for this client,
   // and again when the table's definition is not the one last sent — as the encoding of e's
   // row with its schema, made once and shared like the others.
   // Column grants: the columns this event shows to this client (null: every one).
-  const std::string* mask = (request_.granted || request_.where) ? mask_ : nullptr;
-  encoding want = enc_;
-  std::string* sent = nullptr;
-  std::string signature;
+  st.mask = (request_.granted || request_.where) ? mask_ : nullptr;
+  st.want = enc_;
   if (enc_ == encoding::pgoutput2json_compact) {
-    sent = &schemas_sent_[e->schema + "." + e->table];
+    st.sent = &schemas_sent_[e->schema + "." + e->table];
     // The signature of what its "s" shows: the columns of the mask alone (a hidden column's
     // change sends no new "s"; other columns shown, another). Never empty, the mark of none sent
     // (not even when every column is hidden).
-    signature = '\x1d' + encodings_.schema_signature(*e, mask);
-    if (*sent != signature) want = encoding::pgoutput2json_schema;
+    st.signature = '\x1d' + encodings_.schema_signature(*e, st.mask);
+    if (*st.sent != st.signature) st.want = encoding::pgoutput2json_schema;
   }
-  auto p = mask ? encodings_.get_masked(*e, want, moved ? as : e->kind, *mask, error)
-           : moved ? encodings_.get_as(*e, want, as, error)
-                   : encodings_.get(*e, want, error);
-  if (!p) {
-    // A damaged record: the batch ends before it; with nothing before it, the client is
-    // closed with the reason and the id to resume from.
-    cursor_ = e->seq;
-    if (out.empty()) close(end::damaged, error);
-    return false;
+  st.p = st.mask ? encodings_.get_masked(*e, st.want, st.moved ? st.as : e->kind, *st.mask, st.error)
+         : st.moved ? encodings_.get_as(*e, st.want, st.as, st.error)
+                    : encodings_.get(*e, st.want, st.error);
+  // A damaged record: the batch ends before it; with nothing before it, the client is
+  // closed with the reason and the id to resume from.
+  if (!st.p) return stop_at(e, out, end::damaged, st.error);
+  return true;
+}
+
+bool subscription::count_in_transaction(const event_ptr& e, std::vector<item>& out, std::size_t& bytes, take_state& st) {
+  // The transaction's begin before its first event for this client; its counts.
+  if (!txn_ && !open_txn(e, st.what, out)) return false;
+  auto& t = *txn_;
+  if (!t.begun) {
+    t.begun = true;
+    if (!st.silent && !group_) {
+      std::string begin;
+      transform::encode_begin(begin, request_.fmt, t.info);
+      begin = keyed_record(std::move(begin), t.info);
+      bytes += begin.size();
+      out.push_back({payload::for_one(std::move(begin)), {t.info.commit_lsn, 0, transform::event_id::mark::begin}, st.what});
+    }
   }
-  if (p->empty()) return true;   // the format has no such event
-  const auto what = window ? kind::snapshot_change : kind::event;
-  if (in_txn) {
-    // The transaction's begin before its first event for this client; its counts.
-    if (!txn_ && !open_txn(e, what, out)) return false;
-    auto& t = *txn_;
-    if (!t.begun) {
-      t.begun = true;
-      if (!silent && !group_) {
-        std::string begin;
-        transform::encode_begin(begin, request_.fmt, t.info);
-        begin = keyed_record(std::move(begin), t.info);
-        bytes += begin.size();
-        out.push_back({payload::for_one(std::move(begin)), {t.info.commit_lsn, 0, transform::event_id::mark::begin}, what});
-      }
-    }
-    ++t.events;
-    std::uint64_t table_order = 0;
-    if (!e->table.empty()) {
-      auto it = std::find_if(t.tables.begin(), t.tables.end(),
-                             [&](const transform::table_count& x) { return x.table == e->table && x.schema == e->schema; });
-      if (it == t.tables.end()) it = t.tables.insert(t.tables.end(), {e->schema, e->table, 0});
-      table_order = ++it->events;
-    }
-    if (group_) {
-      // The part so far is sent first when this event would take it past the limit.
-      if (t.part_bytes && t.part_bytes + p->size() > limits_.group_bytes) flush_part(out, bytes, false);
-      t.part_bytes += p->size() + 1;
-      t.last_id = e->id;
-      if (silent) return true;
-    } else if (silent) {
-      return true;
-    }
-    // Debezium: the change's transaction block, with its order among what this client is sent.
-    if (request_.fmt == transform::format::debezium && !group_) {
-      std::string block;
-      transform::append_debezium_transaction(block, t.info, t.events, table_order ? table_order : 1);
-      p = with_transaction_block(p, block);
-      if (!p) {
-        cursor_ = e->seq;
-        if (out.empty()) close(end::damaged, "event #" + std::to_string(e->seq) + ": its Debezium encoding has no transaction field");
-        return false;
-      }
-    }
-  } else if (silent) {
-    return true;
+  ++t.events;
+  st.table_order = 0;
+  if (!e->table.empty()) {
+    auto it = std::find_if(t.tables.begin(), t.tables.end(),
+                           [&](const transform::table_count& x) { return x.table == e->table && x.schema == e->schema; });
+    if (it == t.tables.end()) it = t.tables.insert(t.tables.end(), {e->schema, e->table, 0});
+    st.table_order = ++it->events;
   }
+  if (group_) {
+    // The part so far is sent first when this event would take it past the limit.
+    if (t.part_bytes && t.part_bytes + st.p->size() > limits_.group_bytes) flush_part(out, bytes, false);
+    t.part_bytes += st.p->size() + 1;
+    t.last_id = e->id;
+  }
+  return true;
+}
+
+bool subscription::add_transaction_block(const event_ptr& e, const std::vector<item>& out, take_state& st) {
+  // Debezium: the change's transaction block, with its order among what this client is sent.
+  if (request_.fmt != transform::format::debezium || group_) return true;
+  std::string block;
+  transform::append_debezium_transaction(block, txn_->info, txn_->events, st.table_order ? st.table_order : 1);
+  st.p = with_transaction_block(st.p, block);
+  if (!st.p) return stop_at(e, out, end::damaged, "event #" + std::to_string(e->seq) + ": its Debezium encoding has no transaction field");
+  return true;
+}
+
+bool subscription::add_key(const event_ptr& e, const std::vector<item>& out, take_state& st) {
   // keys=true: {"key":…,"value":…}, shared like the encoding (a client's own form: its own).
-  if (request_.keys) {
-    const auto op_as = moved ? as : e->kind;
-    if (in_txn && request_.fmt == transform::format::debezium && !group_) {
-      std::string key = encodings_.key_of(*e, want, op_as, mask, error);
-      if (!key.empty()) p = payload::framed("{\"key\":" + key + ",\"value\":", p, "}", true);
-      else p = nullptr;
-    } else {
-      p = encodings_.keyed(*e, want, op_as, mask, p, error);
-    }
-    if (!p) {
-      cursor_ = e->seq;
-      if (out.empty()) close(end::damaged, error);
-      return false;
-    }
+  if (!request_.keys) return true;
+  const auto op_as = st.moved ? st.as : e->kind;
+  if (st.in_txn && request_.fmt == transform::format::debezium && !group_) {
+    std::string key = encodings_.key_of(*e, st.want, op_as, st.mask, st.error);
+    if (!key.empty()) st.p = payload::framed("{\"key\":" + key + ",\"value\":", st.p, "}", true);
+    else st.p = nullptr;
+  } else {
+    st.p = encodings_.keyed(*e, st.want, op_as, st.mask, st.p, st.error);
   }
-  const bool own = in_txn && (group_ || request_.fmt == transform::format::debezium);   // (a client's own form: never compressed)
+  if (!st.p) return stop_at(e, out, end::damaged, st.error);
+  return true;
+}
+
+void subscription::count_deflated(const logged_event& e, const take_state& st) {
+  const bool own = st.in_txn && (group_ || request_.fmt == transform::format::debezium);   // (a client's own form: never compressed)
   if (deflate_bits_ && !own) {
     std::size_t made = 0;
-    p->deflated(deflate_bits_, &made);
-    if (made) encodings_.account(*e, made);
+    st.p->deflated(deflate_bits_, &made);
+    if (made) encodings_.account(e, made);
   }
-  if (want == encoding::pgoutput2json_schema) *sent = std::move(signature);
-  if (group_ && in_txn) {   // into the transaction's message (tombstones too), not sent on its own
+}
+
+void subscription::deliver(const event_ptr& e, std::vector<item>& out, std::size_t& bytes, take_state& st) {
+  if (group_ && st.in_txn) {   // into the transaction's message (tombstones too), not sent on its own
     auto& t = *txn_;
-    t.part.push_back(std::move(p));
-    if (request_.tombstones && (moved ? as == transform::op::delete_ : e->kind == transform::op::delete_))
-      if (auto ts = encodings_.tombstone(*e, mask)) t.part.push_back(std::move(ts));   // (not counted in the limit)
-    return true;
+    t.part.push_back(std::move(st.p));
+    if (request_.tombstones && (st.moved ? st.as == transform::op::delete_ : e->kind == transform::op::delete_))
+      if (auto ts = encodings_.tombstone(*e, st.mask)) t.part.push_back(std::move(ts));   // (not counted in the limit)
+    return;
   }
-  bytes += p->size();
-  out.push_back({std::move(p), e->id, what});
+  bytes += st.p->size();
+  out.push_back({std::move(st.p), e->id, st.what});
   // message_events=true: named by its prefix over SSE (one that cannot be an SSE event name —
   // empty, a line break, not UTF-8 — goes as an unnamed event, as without).
-  if (request_.message_events && e->kind == transform::op::message && !prefix_copy.empty() &&
-      prefix_copy.find_first_of("\r\n") == std::string::npos && transform::is_utf8(prefix_copy) &&
-      prefix_copy != "error" && prefix_copy != "snapshot-end" && prefix_copy != "message")   // (walgate's own names)
-    out.back().event = std::move(prefix_copy);
-  if (request_.tombstones && (moved ? as == transform::op::delete_ : e->kind == transform::op::delete_))
-    if (auto t = encodings_.tombstone(*e, mask)) out.push_back({std::move(t), e->id, what});
-  return true;
+  if (request_.message_events && e->kind == transform::op::message && !st.prefix.empty() &&
+      st.prefix.find_first_of("\r\n") == std::string::npos && transform::is_utf8(st.prefix) &&
+      st.prefix != "error" && st.prefix != "snapshot-end" && st.prefix != "message")   // (walgate's own names)
+    out.back().event = std::move(st.prefix);
+  if (request_.tombstones && (st.moved ? st.as == transform::op::delete_ : e->kind == transform::op::delete_))
+    if (auto t = encodings_.tombstone(*e, st.mask)) out.push_back({std::move(t), e->id, st.what});
 }
 
 void subscription::snapshot_batch(std::vector<item>& out) {

@@ -1,14 +1,15 @@
-// The streaming loop of NDJSON and SSE over chunked HTTP/1.1: the response head, then the
-// subscription's batches as chunks, idle keep-alives, and a last line that says why the stream
-// ends and where to resume. What differs between the two — content type, what goes around an
-// event, the keep-alive, the end line — is the Framing (ndjson.cpp, sse.cpp).
+// NDJSON and SSE over chunked HTTP/1.1: the response head, then the subscription's batches as
+// chunks, idle keep-alives, and a last line that says why the stream ends and where to resume
+// (the loop is pump.hpp's, shared with WebSocket; writer below is this side of it). What differs
+// between the two — content type, what goes around an event, the keep-alive, the end line — is
+// the Framing (ndjson.cpp, sse.cpp).
 #pragma once
 
+#include "pump.hpp"
 #include "serving.hpp"
 #include "socket_sender.hpp"
 
 #include <boost/asio/as_tuple.hpp>
-#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
@@ -20,6 +21,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <optional>
+#include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -267,129 +269,142 @@ awaitable<void> write_end(client& c, Stream& s, const std::shared_ptr<watch_stat
   co_await timed_write(c, s, w, http::make_chunk_last(), left());
 }
 
-/// The stream, owning its connection: s (a bare socket, or a TLS stream), hold (what the
-/// connection holds while it lives); start is freed once the client is made and the head
-/// written (the stream's frame keeps neither it nor the request).
+/// One NDJSON or SSE stream, owning its connection — s (a bare socket, or a TLS stream) and hold
+/// (what the connection holds while it lives) — and its client: pump.hpp's serve_stream runs
+/// it (begin: the response head; send: its batches as chunks, its keep-alive line; end: the last
+/// line). What it starts from is freed once the head is written (not kept for the stream's life).
 template <class Framing, class Stream>
-awaitable<void> serve(server_core& core, Stream s, std::unique_ptr<chunked_start> start, connection_hold hold,
-                      Framing framing) {   // (by value: the entry points return this coroutine itself)
-  (void)hold;   // (held to the end)
-  if constexpr (!std::is_same_v<Stream, asio::ip::tcp::socket>)
-    beast::get_lowest_layer(s).expires_never();   // (the write timeout is the client's watchdog)
-  auto& sock = socket_of(s);
-  client c(core, Framing::kind, std::move(start->start));
-  auto& sub = c.sub;
-  // The watch's state: the loop runs (alive) — handlers that run after it ended touch nothing.
-  auto w = std::make_shared<watch_state>();
-  struct watch_guard {
-    std::shared_ptr<watch_state>& w;
-    ~watch_guard() { w->alive = false; }
-  } watching{w};
-  // Over plain TCP, with sender threads, they write (docs/architecture.md, Threads).
-  std::optional<offloaded_writes> offload;
-  if constexpr (std::is_same_v<Stream, asio::ip::tcp::socket>) {
-    if (core.sender) {
-      offload.emplace(core.sender, sock);
-      w->offload = &*offload;
+class connection {
+ public:
+  connection(server_core& core, Stream s, std::unique_ptr<chunked_start> start, connection_hold hold, Framing framing)
+      : core_(core),
+        s_(std::move(s)),
+        hold_(std::move(hold)),
+        framing_(std::move(framing)),
+        start_(std::move(start)),
+        c_(core, Framing::kind, std::move(start_->start)),
+        w_(std::make_shared<watch_state>()) {
+    if constexpr (!std::is_same_v<Stream, asio::ip::tcp::socket>)
+      beast::get_lowest_layer(s_).expires_never();   // (the write timeout is the client's watchdog)
+    // Over plain TCP, with sender threads, they write (docs/architecture.md, Threads).
+    if constexpr (std::is_same_v<Stream, asio::ip::tcp::socket>) {
+      if (core.sender) {
+        offload_.emplace(core.sender, socket_of(s_));
+        w_->offload = &*offload_;
+      }
     }
+  }
+  connection(const connection&) = delete;
+  connection& operator=(const connection&) = delete;
+  /// The watch's state: the stream runs (alive) — handlers that run after it ended touch nothing.
+  ~connection() { w_->alive = false; }
+
+  /// A failed write ends the stream there: no last line.
+  static constexpr bool says_why_after_failure = false;
+
+  client& c() { return c_; }
+
+  awaitable<bool> begin() {
+    auto ec = co_await write_head(c_, s_, w_, start_->version, Framing::content_type, start_->cors, framing_.preamble());
+    start_.reset();
+    if (ec) co_return false;
+    // A client that hangs up while idle is noticed at once (not at the next keep-alive write),
+    // so its slot is free for the next one. The client sends nothing after its request: the
+    // socket turning readable with nothing to read is its end; bytes to read (a pipelined
+    // request, a TLS alert) end the watch, and the next write finds out.
+    auto& sock = socket_of(s_);
+    sock.async_wait(asio::ip::tcp::socket::wait_read, [w = w_, &c = c_, &sock](boost::system::error_code ec) {
+      if (!w->alive || ec || w->timed_out) return;   // (timed out: the socket shut down by walgate, not the client)
+      if (peer_closed(sock.native_handle())) {
+        c.sub.close(subscription::end::client_gone, "the client closed the connection");
+        c.wake.cancel();
+      }
+    });
+    co_return true;
   }
 
-  {
-    auto ec = co_await write_head(c, s, w, start->version, Framing::content_type, start->cors, framing.preamble());
-    start.reset();
-    if (ec) co_return;
+  void trim() {
+    std::string().swap(out_);
+    if (offload_) offload_->trim();
   }
-  // A client that hangs up while idle is noticed at once (not at the next keep-alive write),
-  // so its slot is free for the next one. The client sends nothing after its request: the
-  // socket turning readable with nothing to read is its end; bytes to read (a pipelined
-  // request, a TLS alert) end the watch, and the next write finds out.
-  sock.async_wait(asio::ip::tcp::socket::wait_read, [w, &c, &sock](boost::system::error_code ec) {
-    if (!w->alive || ec || w->timed_out) return;   // (timed out: the socket shut down by walgate, not the client)
-    if (peer_closed(sock.native_handle())) {
-      c.sub.close(subscription::end::client_gone, "the client closed the connection");
-      c.wake.cancel();
-    }
-  });
-  std::vector<subscription::item> batch;
-  std::string out;
-  std::uint64_t seen = core.notifications;
-  bool trimmed = true, idle = false;   // (no buffers yet)
-  std::chrono::steady_clock::time_point idle_since{};
-  while (!core.stopping && !sub.ended()) {
-    if (core.behind_live(sub, seen)) co_await asio::post(core.executor, asio::use_awaitable);   // live clients first
-    if (core.stopping || sub.ended()) break;
-    sub.next_batch(batch);
-    if (sub.ended()) break;
-    out.clear();
-    if (batch.empty() && sub.pending()) {   // passed over events its filters do not take: go on after the others
-      co_await asio::post(core.executor, asio::use_awaitable);
-      continue;
-    }
-    if (batch.empty()) {
-      // Idle: it keeps its buffers for keep_buffers_for (a client of a steady stream has a batch
-      // again by then), then gives them back while it waits (the next burst makes them again,
-      // once). After --keepalive idle (or since the last keep-alive), a keep-alive line.
-      const auto now = std::chrono::steady_clock::now();
-      if (!idle) idle_since = now;
-      idle = true;
-      if (!trimmed && now >= idle_since + keep_buffers_for) {
-        std::vector<subscription::item>().swap(batch);
-        std::string().swap(out);
-        if (offload) offload->trim();
-        trimmed = true;
-      }
-      if (now < idle_since + core.opts.keepalive) {
-        c.wake.expires_at(trimmed ? idle_since + core.opts.keepalive
-                                  : std::min(idle_since + keep_buffers_for, idle_since + core.opts.keepalive));
-        co_await c.wake.async_wait(use_tuple);
-        continue;
-      }
-      out = Framing::keepalive;   // idle keep-alive (its few bytes kept: it stays idle)
-      idle_since = now;
-    } else {
-      idle = trimmed = false;
-    }
+
+  /// After --keepalive idle (or since the last keep-alive), a keep-alive line.
+  idle_step idle(std::chrono::steady_clock::time_point now, std::chrono::steady_clock::time_point idle_since,
+                 bool trimmed) const {
+    if (now < idle_since + core_.opts.keepalive)
+      return {idle_step::wait, trimmed ? idle_since + core_.opts.keepalive
+                                       : std::min(idle_since + keep_buffers_for, idle_since + core_.opts.keepalive)};
+    return {idle_step::keepalive, {}};
+  }
+
+  /// The batch's events (an empty batch: the keep-alive line) in chunks: the bytes sent, or
+  /// nullopt when a write failed (a write that timed out closes the subscription: slow).
+  awaitable<std::optional<std::size_t>> send(const std::vector<subscription::item>& batch) {
+    if (batch.empty()) out_ = Framing::keepalive;   // idle keep-alive (its few bytes kept: it stays idle)
+    else out_.clear();
     // Small events are copied into one chunk; a large one goes from where it is: from memory
     // as a chunk of its own, from its spill file in pieces.
     std::size_t sent = 0;
     boost::system::error_code ec;
     for (const auto& item : batch) {
       const auto& p = item.bytes;
-      framing.before(out, item);
+      framing_.before(out_, item);
       if (p->spilled() || p->size() >= large_payload) {
-        sent += out.size() + p->size();
-        ec = co_await write_chunk(c, s, w, out);
+        sent += out_.size() + p->size();
+        ec = co_await write_chunk(c_, s_, w_, out_);
         if (ec) break;
-        out.clear();
-        ec = co_await write_payload_chunks(c, s, w, *p);
+        out_.clear();
+        ec = co_await write_payload_chunks(c_, s_, w_, *p);
         if (ec) break;
       } else {
-        out += p->bytes();
+        out_ += p->bytes();
       }
-      out += Framing::after;
+      out_ += Framing::after;
     }
     if (!ec) {
-      sent += out.size();
-      ec = co_await write_chunk(c, s, w, out);
+      sent += out_.size();
+      ec = co_await write_chunk(c_, s_, w_, out_);
     }
     if (ec) {
       if (ec == beast::error::timeout) {
-        sub.close(subscription::end::slow, "slow client: a write took too long");
-        if (sub.why() != subscription::end::slow) ++core.disconnected_slow;   // (it had hung up meanwhile)
+        c_.sub.close(subscription::end::slow, "slow client: a write took too long");
+        if (c_.sub.why() != subscription::end::slow) ++core_.disconnected_slow;   // (it had hung up meanwhile)
       }
-      c.finished();
-      co_return;
+      co_return std::nullopt;
     }
-    if (!batch.empty()) c.delivered(batch.back(), batch.size(), sent);
     // The buffer is kept while batches follow one another (a client catching up reuses it:
     // no allocation of a batch's size per batch); it is given back when the client is idle
-    // (above), and one grown past that (it never should: larger events go from where they are).
-    if (out.capacity() > 2 * core.opts.batch_bytes + (1u << 20)) out = std::string();
+    // (trim), and one grown past that (it never should: larger events go from where they are).
+    if (out_.capacity() > 2 * core_.opts.batch_bytes + (1u << 20)) out_ = std::string();
+    co_return sent;
   }
-  c.finished();
-  if (core.stopping) sub.close(subscription::end::shutdown, "server shutting down");
-  // A last line that says why, and where to resume.
-  co_await write_end(c, s, w, framing.end(end_line(sub.reason(), sub.resume_id())));
+
+  /// A last line that says why, and where to resume (none after a failed write).
+  awaitable<void> end(bool failed) {
+    std::string().swap(out_);
+    if (failed) co_return;
+    co_await write_end(c_, s_, w_, framing_.end(end_line(c_.sub.reason(), c_.sub.resume_id())));
+  }
+
+ private:
+  server_core& core_;
+  Stream s_;
+  connection_hold hold_;   // (held to the end; destroyed before the socket)
+  Framing framing_;
+  std::unique_ptr<chunked_start> start_;
+  client c_;
+  std::shared_ptr<watch_state> w_;
+  std::optional<offloaded_writes> offload_;
+  std::string out_;
+};
+
+/// The stream (connection, above), served by pump.hpp's loop: the coroutine returned is the
+/// stream's only one (this function has no frame of its own).
+template <class Framing, class Stream>
+awaitable<void> serve(server_core& core, Stream s, std::unique_ptr<chunked_start> start, connection_hold hold,
+                      Framing framing) {
+  return serve_stream(core, std::make_unique<connection<Framing, Stream>>(core, std::move(s), std::move(start),
+                                                                           std::move(hold), std::move(framing)));
 }
 
 }  // namespace walgate::proxy::chunked

@@ -345,6 +345,17 @@ std::optional<refusal> position(server_core& core, stream_request r, std::string
   const log_reader& log = core.log;
   out.seq = log.visible_seq();
   if (r.from) {
+    // An id of a transaction cut from the log (a failover to a server that never had it): on
+    // the server's timeline its LSN names nothing, or another change — never resumed from.
+    for (const auto& cut : log.history_cuts())
+      if (cut.covers(r.from->commit_lsn))
+        return refusal{410, "from",
+                       "event " + r.from->to_string() + " was logged from PostgreSQL's timeline " +
+                           std::to_string(cut.from_timeline) + ", which the server left at " + cut.at.to_string() +
+                           " for timeline " + std::to_string(cut.to_timeline) +
+                           " (a failover to a server that never had it): it names no change of the server's history; "
+                           "take a new snapshot",
+                       {}};
     auto resume = log.resume_after(*r.from);
     if (!resume.error.empty()) {
       // Damage, not age: the log could not be read to find the position.

@@ -3,9 +3,11 @@
 //
 //   listener.cpp      the server class: binds, the TLS context, accepts (with its connection
 //                     limits)
-//   http_session.cpp  one connection: the TLS handshake, reads requests, limits, Host/Origin
-//                     policy, routing, 4xx/5xx answers, /healthz /readyz /metrics and the page;
-//                     hands stream requests to a transport
+//   route.cpp         what a request gets, without a socket: limits, Host/Origin policy, 4xx/5xx
+//                     answers, /healthz /readyz /metrics and the page, and the stream requests
+//                     admitted (admit_stream: /v1/stream, /v1/ws and each /v1/mux subscription)
+//   http_session.cpp  one connection: the TLS handshake, reads requests, writes route's answers,
+//                     waits for a stream's snapshot to begin; hands stream requests to a transport
 //   ndjson.cpp        NDJSON over chunked HTTP   } both on chunked_stream.hpp's loop
 //   sse.cpp           Server-Sent Events         }
 //   websocket.cpp     WebSocket: one stream per connection  } websocket_session.hpp: the

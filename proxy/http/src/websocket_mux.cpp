@@ -13,6 +13,7 @@
 // across rounds. The rest (about 290 lines: mux_sub, mux_session, the message
 // builders and on_client_message, the subscribe path) is separate already; with mux_session in an
 // internal header it could be a file of its own.
+#include "route.hpp"
 #include "websocket_session.hpp"
 
 #include "walgate/transform/json.hpp"
@@ -261,36 +262,13 @@ void on_client_message(mux_session<Stream>& m, std::string_view text, Send&& sen
     send(error_message(&name_json, 400, err.parameter, err.message));
     return;
   }
-  instantiate_where(*r, m.who ? &m.who->claims : nullptr);
-  const std::string_view subject = m.who ? std::string_view(m.who->subject) : std::string_view{};
-  auto refused = [&](admission::reason why, unsigned status, std::string_view message) {
-    core.admit.refused(why, status, "/v1/mux", m.peer, subject, message, std::chrono::steady_clock::now());
-  };
-  if (m.who)
-    if (auto no = within_grants(core, *m.who, *r)) {
-      refused(admission::reason::forbidden, no->status, no->message);
-      send(error_message(&name_json, no->status, no->parameter, no->message));
-      return;
-    }
-  if (auto no = servable_rows(core, *r)) {
+  // (the same admission as /v1/stream's: route.cpp)
+  auto admitted = admit_stream(core, std::move(*r), m.who, m.peer, "/v1/mux");
+  if (auto* no = std::get_if<refusal>(&admitted)) {
     send(error_message(&name_json, no->status, no->parameter, no->message));
     return;
   }
-  admission::reason over{};
-  std::string over_message;
-  auto slot = core.admit.take(subject, m.peer, over, over_message);
-  if (!slot) {
-    refused(over, 429, over_message);
-    send(error_message(&name_json, 429, "", over_message));
-    return;
-  }
-  stream_start start;
-  if (auto no = position(core, std::move(*r), {}, start)) {
-    if (no->status == 503 && no->parameter.empty()) refused(admission::reason::too_many_clients, 503, no->message);
-    send(error_message(&name_json, no->status, no->parameter, no->message));
-    return;
-  }
-  start.who = m.who;
+  auto& [start, slot] = std::get<admitted_stream>(admitted);
   auto s = std::make_unique<mux_sub>(core, name);
   s->slot = std::move(slot);
   if (start.request.snapshot && !start.request.from) {

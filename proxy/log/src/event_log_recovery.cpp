@@ -63,6 +63,7 @@ std::unique_ptr<event_log> event_log::open(const log_options& o, std::string& er
   // Read before recovery: what was acknowledged bounds what recovery may cut.
   log->acked_lsn_ = read_position_file(o.dir / "ACKED");
   log->origin_ = read_position_file(o.dir / "ORIGIN");
+  log->cuts_ = read_history_cuts(o.dir);
   if (!log->recover(error)) return nullptr;
   // What recovery keeps may be only in the page cache (a kill -9 between a write and its
   // fdatasync): it is made durable before anything is acknowledged from it, as PostgreSQL
@@ -521,6 +522,152 @@ bool event_log::recover(std::string& error) {
       last_visible_id_ = it->last_id;
       break;
     }
+  return true;
+}
+
+namespace log_file {
+bool append_cut(const fs::path& dir, const history_cut& c, bool fsync, std::string& error);   // (history.cpp)
+}
+
+bool event_log::cut_history(const fs::path& dir, bool fsync, std::string& said, std::string& error) {
+  // Assumptions (history.hpp): commits are logged in LSN order, so everything from the first
+  // commit frame at or past the switch point on is of the timeline the server left, and
+  // everything before it is shared with the new one. A frame that does not check out ends a
+  // segment's scan (recovery, which runs next, decides what damage is).
+  auto request = read_cut_request(dir);
+  if (!request) return true;
+  history_cut cut = *request;
+  const lsn origin = read_position_file(dir / "ORIGIN");
+  if (origin.valid() && origin >= cut.at) {
+    error = "the event log began at " + origin.to_string() + ", past " + cut.at.to_string() +
+            " where PostgreSQL left timeline " + std::to_string(cut.from_timeline) + " for timeline " +
+            std::to_string(cut.to_timeline) + ": everything in it, its initial snapshot too, is of the timeline "
+            "the server left. Move the data directory away, drop the slot on the new primary, and start over "
+            "(clients then need a new snapshot)";
+    return false;
+  }
+  std::vector<std::pair<std::uint64_t, fs::path>> files;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (auto first = segment_first_seq(e.path().filename().string())) files.emplace_back(*first, e.path());
+  std::sort(files.begin(), files.end());
+  std::optional<std::size_t> cut_file;   // the segment the cut begins in, and where
+  std::optional<std::uint64_t> first_file_seq;
+  lsn first_commit;   // the log's first transaction (the initial snapshot, when one was taken)
+  std::uint64_t cut_offset = 0, cut_size = 0;
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    segment_file f(files[i].second);
+    if (!f.ok()) {
+      error = "cannot read " + files[i].second.string() + ": " + std::strerror(f.error_no);
+      return false;
+    }
+    std::uint64_t seq = files[i].first, at = 0, kept_end = 0;
+    if (i == 0) first_file_seq = files[i].first;
+    while (at < f.size()) {
+      auto fi = frame_at(f, at, seq);
+      if (!fi) break;
+      lsn commit = fi->type == 'E' ? fi->id.commit_lsn : fi->commit;
+      if (fi->type == 'E') ++seq;
+      if (fi->type == 'C' && !first_commit.valid()) first_commit = commit;
+      if (commit >= cut.at) {
+        if (!cut_file) {
+          cut_file = i;
+          cut_offset = kept_end;
+          cut_size = f.size();
+        }
+        if (!cut.last.valid() || commit > cut.last) cut.last = commit;
+      } else if (fi->type == 'C') {
+        kept_end = at + frame_overhead + fi->len;
+      }
+      at += frame_overhead + fi->len;
+    }
+    if (f.error_no) {
+      error = "cannot read " + files[i].second.string() + ": " + std::strerror(f.error_no);
+      return false;
+    }
+  }
+  bool snapshot_done = false;
+  {
+    std::ifstream in(dir / "SNAPSHOT");
+    std::string word;
+    snapshot_done = (in >> word) && word == "done";
+  }
+  if (cut_file && snapshot_done && first_file_seq == 0 && first_commit.valid() && first_commit >= cut.at) {
+    error = "the event log's first transaction (its initial snapshot, at " + first_commit.to_string() + ") is past " +
+            cut.at.to_string() + " where PostgreSQL left timeline " + std::to_string(cut.from_timeline) +
+            " for timeline " + std::to_string(cut.to_timeline) + ": the snapshot is of the timeline the server "
+            "left. Move the data directory away, drop the slot on the new primary, and start over (clients then "
+            "need a new snapshot)";
+    return false;
+  }
+  if (cut_file) {
+    // The order makes a crash anywhere in between leave a state the same cut finishes: CUTS
+    // first (it may say the cut twice: read once); the later segments moved aside last one
+    // first (a rescan finds the segments left still following each other), the directories
+    // synced; then the segment the cut begins in copied aside and truncated.
+    if (!append_cut(dir, cut, fsync, error)) return false;
+    fs::create_directories(dir / "damaged", ec);
+    if (ec) {
+      error = "cannot create " + (dir / "damaged").string() + ": " + ec.message();
+      return false;
+    }
+    for (std::size_t j = files.size(); j-- > *cut_file + 1;) {
+      fs::path to = dir / "damaged" / (files[j].second.filename().string() + ".cut");
+      for (int n = 2; fs::exists(to) && n < 1000; ++n) to = dir / "damaged" / (files[j].second.filename().string() + ".cut." + std::to_string(n));
+      fs::rename(files[j].second, to, ec);
+      if (ec) {
+        error = "cannot move " + files[j].second.string() + " aside: " + ec.message();
+        return false;
+      }
+    }
+    if (fsync && (!sync_dir(dir / "damaged") || !sync_dir(dir))) {
+      error = "cannot sync " + dir.string() + ": " + std::strerror(errno);
+      return false;
+    }
+    const fs::path& path = files[*cut_file].second;
+    if (!keep_cut_bytes(dir, path, cut_offset, cut_size, fsync, error)) return false;
+    if (::truncate(path.c_str(), static_cast<off_t>(cut_offset)) != 0) {
+      error = "cannot truncate " + path.string() + ": " + std::strerror(errno);
+      return false;
+    }
+    if (fsync) {
+      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      const bool ok = fd >= 0 && durable_sync(fd, false) == 0;
+      if (fd >= 0) ::close(fd);
+      if (!ok) {
+        error = "cannot sync " + path.string() + ": " + std::strerror(errno);
+        return false;
+      }
+    }
+  }
+  // What was acknowledged past the switch point was acknowledged of the timeline the server
+  // left: the stream goes on from the switch point (the new timeline's WAL begins there).
+  if (const lsn acked = read_position_file(dir / "ACKED"); acked.valid() && acked > cut.at)
+    if (!write_position_file(dir, "ACKED", cut.at, fsync, error)) return false;
+  if (::unlink((dir / "CUT").c_str()) != 0 || (fsync && !sync_dir(dir))) {
+    error = "cannot remove " + (dir / "CUT").string() + ": " + std::strerror(errno);
+    return false;
+  }
+  said = cut_file ? "history cut at " + cut.at.to_string() + ": the transactions committed from there to " +
+                        cut.last.to_string() + " were logged from timeline " + std::to_string(cut.from_timeline) +
+                        ", which PostgreSQL left at " + cut.at.to_string() + " for timeline " +
+                        std::to_string(cut.to_timeline) + " (a failover to a server that never had them); their bytes "
+                        "are kept in " + (dir / "damaged").string() + ", and a resume from one of their ids is answered 410"
+                  : "history cut at " + cut.at.to_string() + ": nothing was logged past it (timeline " +
+                        std::to_string(cut.from_timeline) + " → " + std::to_string(cut.to_timeline) +
+                        "); the stream goes on from there";
+  return true;
+}
+
+bool event_log::record_history_cut(const history_cut& c) {
+  for (const auto& o : cuts_)
+    if (o.at == c.at && o.last == c.last) return true;
+  std::string error;
+  if (!append_cut(opts_.dir, c, opts_.fsync, error)) {
+    error_ = error;
+    return false;
+  }
+  cuts_.push_back(c);
   return true;
 }
 

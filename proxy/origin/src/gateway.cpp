@@ -95,6 +95,14 @@ void gateway::register_metrics(metrics_registry& r) {
               });
   r.add_value("walgate_slot_retained_wal_bytes", "gauge", "WAL the slot retains on the server (pg_replication_slots).",
               [this] { return metrics_.slot_retained_wal; });
+  r.add_value("walgate_slot_failover_ready", "gauge",
+              "1 when the slot can survive a failover (a failover slot, synchronized_standby_slots set, a synchronised copy "
+              "on a standby listed in --pg); 0 when not; -1 not known yet (checked every minute).",
+              [this] { return metrics_.slot_failover_ready; });
+  r.add_value("walgate_history_cuts", "gauge",
+              "Cuts of the event log's history (a failover to a server that never had what it held past the switch "
+              "point, and the positions a followed promotion's WAL had reached when walgate started: CUTS in the data directory).",
+              [this] { return static_cast<std::int64_t>(log_.history_cuts().size()); });
   r.add_value("walgate_stream_decode_failures_total", "counter",
               "pgoutput messages that could not be decoded (the connection is made again; nothing is skipped).",
               [this] { return metrics_.decode_failures; });

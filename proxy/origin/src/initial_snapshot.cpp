@@ -34,7 +34,11 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <functional>
+#include <map>
+#include <thread>
 #include <mutex>
+#include <optional>
 
 namespace walgate::proxy {
 
@@ -164,7 +168,84 @@ struct initial_snapshot::state {
     std::lock_guard lock(m);
     return failed;
   }
+
+  // Shutdown (stop()). Assumption: a worker may sit inside libpq for as long as its backend
+  // answers nothing (a lock wait, a stopped backend, a dropped network), so neither the
+  // loop nor the shutdown ever joins the pool unbounded: each live connection's cancel handle
+  // is kept here, a stop cancels them all (each cancel a connection of its own, made off the
+  // loop), and run() waits for the workers for stop_wait at most, then leaves them behind.
+  std::map<const PGconn*, PGcancel*> cancels;   // (m) the live connections'
+  bool stop_asked = false;                       // (m)
+  std::size_t tasks = 0;                         // (m) posted to the pool and not yet ended
+
+  static void send_cancel(PGcancel* k) {
+    std::thread([k] {
+      char why[256];
+      PQcancel(k, why, sizeof why);
+      PQfreeCancel(k);
+    }).detach();
+  }
+  /// A worker's connection, cancelled by stop() until unwatch (called before PQfinish).
+  void watch(const PGconn* c) {
+    PGcancel* k = PQgetCancel(const_cast<PGconn*>(c));
+    if (!k) return;
+    {
+      std::lock_guard lock(m);
+      if (!stop_asked) {
+        cancels[c] = k;
+        return;
+      }
+    }
+    send_cancel(k);   // (made after the stop: cancelled at once)
+  }
+  void unwatch(const PGconn* c) {
+    PGcancel* k = nullptr;
+    {
+      std::lock_guard lock(m);
+      if (auto it = cancels.find(c); it != cancels.end()) {
+        k = it->second;
+        cancels.erase(it);
+      }
+    }
+    if (k) PQfreeCancel(k);
+  }
+  void stop() {
+    std::map<const PGconn*, PGcancel*> all;
+    {
+      std::lock_guard lock(m);
+      if (stop_asked) return;
+      stop_asked = true;
+      if (!failed) error = "stopped: walgate is shutting down (the next start takes the snapshot again)";
+      failed = true;
+      cv.notify_all();
+      all.swap(cancels);
+    }
+    for (auto& [c, k] : all) send_cancel(k);
+  }
+
+  /// A pool task's connection, watched for stop() while it lives (declared after the
+  /// conn_guard: unwatched before PQfinish), and the task counted until it ends.
+  struct task_guard {
+    std::shared_ptr<state> st;
+    const PGconn* c = nullptr;
+    void watch(const PGconn* conn) {
+      c = conn;
+      if (c) st->watch(c);
+    }
+    ~task_guard() {
+      if (c) st->unwatch(c);
+      std::lock_guard lock(st->m);
+      --st->tasks;
+    }
+  };
+  /// A task counted before it is posted (the loop's count never misses one not begun yet);
+  /// its task_guard ends it.
+  void posting() {
+    std::lock_guard lock(m);
+    ++tasks;
+  }
 };
+
 
 initial_snapshot::initial_snapshot(asio::any_io_executor loop, event_log& log, initial_snapshot_options o)
     : loop_(std::move(loop)), log_(log), opts_(std::move(o)), st_(std::make_shared<state>()) {
@@ -173,15 +254,26 @@ initial_snapshot::initial_snapshot(asio::any_io_executor loop, event_log& log, i
 
 initial_snapshot::~initial_snapshot() = default;
 
+void initial_snapshot::stop() {
+  stop_asked_ = true;
+  st_->stop();
+  asio::post(loop_, [st = st_] {
+    if (st->wake) st->wake->cancel();
+  });
+}
+
 namespace {
 
 constexpr std::size_t batch_bytes = 256u << 10;
 constexpr std::size_t max_in_flight = 16;
+constexpr std::chrono::seconds stop_wait{5};   // for a cancelled connection to end at shutdown
 
 /// Opens a connection in the exported snapshot.
-PGconn* in_snapshot(const initial_snapshot_options& o, const std::string& exported, const char* name, std::string& error) {
+PGconn* in_snapshot(const initial_snapshot_options& o, const std::string& exported, const char* name, std::string& error,
+                    const std::function<void(const PGconn*)>& connected) {
   PGconn* c = snapshot_sql::connect(o.conninfo, name, 0, error);
   if (!c) return nullptr;
+  connected(c);   // (cancellable from here on)
   if (!exec(c, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", PGRES_COMMAND_OK, error) ||
       !exec(c, "SET TRANSACTION SNAPSHOT " + protocol::quote_literal(exported), PGRES_COMMAND_OK, error)) {
     PQfinish(c);
@@ -200,7 +292,9 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
   // streamed with that commit LSN, so the snapshot must neither share its ids nor make it look
   // like a redelivery (the same rule as a non-transactional message's, gateway::on_message).
   const protocol::lsn at{consistent_point.value - 1};
-  if (!log_.origin().valid() && !log_.set_origin(at)) co_return failure{{}, log_.error(), {}, false};
+  if (stop_asked_) co_return failure{{}, "initial snapshot: stopped: walgate is shutting down", {}, false};
+  // (moved up, never down: a snapshot taken again after one was cut off begins later)
+  if (!log_.set_origin(at)) co_return failure{{}, log_.error(), {}, false};
   st_ = std::make_shared<state>();
   auto st = st_;
   running_ = true;
@@ -210,19 +304,55 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
   } guard{running_};
   asio::steady_timer wake(loop_);
   st->wake = &wake;
+  // (st->wake is this frame's timer: cleared on every way out; a worker left behind after a
+  // stop posts nothing — the loop may be gone)
+  struct wake_guard {
+    std::shared_ptr<state> st;
+    ~wake_guard() { st->wake = nullptr; }
+  } clear_wake{st};
   auto poke = [st, loop = loop_] {
+    {
+      std::lock_guard lock(st->m);
+      if (st->stop_asked) return;
+    }
     asio::post(loop, [st] {
       if (st->wake) st->wake->cancel();
     });
   };
   auto pool = std::make_unique<asio::thread_pool>(opts_.workers);
+  // The pool's tasks ended (and the rows they posted appended): joined. After stop(), for
+  // stop_wait at most: a task inside libpq whose backend answers nothing is left behind with
+  // its pool (it posts nothing more: stopped).
+  auto settle = [&]() -> asio::awaitable<void> {
+    std::optional<std::chrono::steady_clock::time_point> deadline;
+    for (;;) {
+      {
+        std::lock_guard lock(st->m);
+        if (st->tasks == 0 && st->in_flight == 0) break;
+        if (st->stop_asked && !deadline) deadline = std::chrono::steady_clock::now() + stop_wait;
+      }
+      if (deadline && std::chrono::steady_clock::now() >= *deadline) {
+        say("initial snapshot: a connection did not end within " + std::to_string(stop_wait.count()) +
+            " s of its cancel: not waited for");
+        (void)pool.release();   // (its threads go with the process)
+        st->wake = nullptr;
+        co_return;
+      }
+      wake.expires_after(std::chrono::milliseconds(100));
+      co_await wake.async_wait(asio::as_tuple(asio::use_awaitable));
+    }
+    pool->join();
+    st->wake = nullptr;
+  };
   const auto started = std::chrono::steady_clock::now();
 
   // The plan: the tables, their columns, and the pieces to copy, read in the snapshot.
+  st->posting();
   asio::post(*pool, [st, o = opts_, exported, poke] {
     std::string error;
     conn_guard conn;
-    conn.c = in_snapshot(o, exported, "walgate initial snapshot", error);
+    state::task_guard task{st};
+    conn.c = in_snapshot(o, exported, "walgate initial snapshot", error, [&](const PGconn* c) { task.watch(c); });
     if (!conn.c) return st->fail(error), poke();
     auto tables = published_tables(conn.c, o.publications, {}, error);
     if (!tables) return st->fail(error), poke();
@@ -280,8 +410,7 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
     co_await wake.async_wait(asio::as_tuple(asio::use_awaitable));
   }
   if (st->stopped()) {
-    pool->join();
-    st->wake = nullptr;
+    co_await settle();
     co_return fail(st->error);
   }
   st->plan_seen = true;
@@ -316,11 +445,13 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
 
   // The copies.
   const std::size_t workers = std::min(opts_.workers, std::max<std::size_t>(1, st->units.size()));
-  for (std::size_t w = 0; w < workers; ++w)
+  for (std::size_t w = 0; w < workers; ++w) {
+    st->posting();
     asio::post(*pool, [st, o = opts_, exported, poke, loop = loop_, txn, &append, &held_table, &held] {
       std::string error;
       conn_guard conn;
-      conn.c = in_snapshot(o, exported, "walgate initial snapshot", error);
+      state::task_guard task{st};
+      conn.c = in_snapshot(o, exported, "walgate initial snapshot", error, [&](const PGconn* c) { task.watch(c); });
       auto done = [&] {
         std::lock_guard lock(st->m);
         ++st->workers_done;
@@ -423,6 +554,7 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
       done();
       poke();
     });
+  }
 
   // Wait for the copies, saying how far they are every 5 s.
   auto last_report = std::chrono::steady_clock::now();
@@ -430,7 +562,7 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
   while (true) {
     {
       std::lock_guard lock(st->m);
-      if (st->workers_done == workers && st->in_flight == 0) break;
+      if ((st->workers_done == workers && st->in_flight == 0) || st->stop_asked) break;
     }
     wake.expires_after(std::chrono::seconds(1));
     co_await wake.async_wait(asio::as_tuple(asio::use_awaitable));
@@ -454,8 +586,7 @@ asio::awaitable<outcome<void>> initial_snapshot::run(std::string exported, proto
       last_rows = rows;
     }
   }
-  pool->join();
-  st->wake = nullptr;
+  co_await settle();
   st->spare.clear();   // (the state outlives the copy: /metrics reads its progress)
   if (!append_error.empty()) st->fail(append_error);
   if (st->stopped()) {

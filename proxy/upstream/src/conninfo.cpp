@@ -52,6 +52,88 @@ std::string_view to_string(ssl_mode m) {
   return "?";
 }
 
+std::string_view to_string(session_target t) {
+  switch (t) {
+    case session_target::any: return "any";
+    case session_target::read_write: return "read-write";
+    case session_target::read_only: return "read-only";
+    case session_target::primary: return "primary";
+    case session_target::standby: return "standby";
+    case session_target::prefer_standby: return "prefer-standby";
+  }
+  return "?";
+}
+
+std::string passed_over(session_target target, const session_state& s) {
+  switch (target) {
+    case session_target::any: return {};
+    case session_target::read_write:
+      return s.in_recovery ? "a standby (in recovery)" : s.read_only ? "read-only (default_transaction_read_only on)" : "";
+    case session_target::read_only: return s.read_only || s.in_recovery ? "" : "read-write";
+    case session_target::primary: return s.in_recovery ? "a standby (in recovery)" : "";
+    case session_target::standby:
+    case session_target::prefer_standby: return s.in_recovery ? "" : "a primary (not in recovery)";
+  }
+  return {};
+}
+
+namespace {
+
+using options_ptr = std::unique_ptr<PQconninfoOption, decltype(&PQconninfoFree)>;
+
+options_ptr parse_options(const std::string& conninfo, std::string& error) {
+  char* err = nullptr;
+  options_ptr opts(PQconninfoParse(conninfo.c_str(), &err), &PQconninfoFree);
+  if (!opts) {
+    error = err ? err : "out of memory";
+    if (err) PQfreemem(err);
+    while (!error.empty() && (error.back() == '\n' || error.back() == ' ')) error.pop_back();
+    error = "invalid connection string: " + error;
+  }
+  return opts;
+}
+
+/// A keyword=value conninfo of the options set, with replace's keywords instead of their own.
+std::string keywords_of(const PQconninfoOption* opts, const std::map<std::string, std::string>& replace) {
+  std::string out;
+  auto add = [&out](const std::string& k, const std::string& v) {
+    if (!out.empty()) out += ' ';
+    out += k + "='";
+    for (char c : v) {
+      if (c == '\'' || c == '\\') out += '\\';
+      out += c;
+    }
+    out += '\'';
+  };
+  for (auto* o = opts; o->keyword; ++o)
+    if (o->val && !replace.count(o->keyword)) add(o->keyword, o->val);
+  for (const auto& [k, v] : replace) add(k, v);
+  return out;
+}
+
+}  // namespace
+
+std::string pinned_conninfo(const std::string& conninfo, const conn_endpoint& to, const std::string& address,
+                            std::string& error) {
+  auto opts = parse_options(conninfo, error);
+  if (!opts) return {};
+  // Every keyword that decides the server written, the empty ones too (an empty value keeps
+  // PGHOST/PGHOSTADDR from the environment out, as no value would not).
+  return keywords_of(opts.get(), {{"host", to.host},
+                                  {"hostaddr", address},
+                                  {"port", std::to_string(to.port)},
+                                  {"target_session_attrs", "any"}});
+}
+
+std::string with_default_target(const std::string& conninfo, session_target target, std::string& error) {
+  auto opts = parse_options(conninfo, error);
+  if (!opts) return {};
+  for (auto* o = opts.get(); o->keyword; ++o)
+    if (o->val && std::string_view(o->keyword) == "target_session_attrs") return conninfo;
+  if (const char* e = std::getenv("PGTARGETSESSIONATTRS"); e && *e) return conninfo;
+  return keywords_of(opts.get(), {{"target_session_attrs", std::string(to_string(target))}});
+}
+
 conninfo_result parse_conninfo(std::string_view conninfo) {
   conninfo_result out;
   char* err = nullptr;
@@ -80,13 +162,22 @@ conninfo_result parse_conninfo(std::string_view conninfo) {
   };
 
   conn_params p;
+  // host and hostaddr, as libpq pairs them: the i-th address is the i-th host's (connected to
+  // without resolving the name); hostaddr alone names the hosts too.
+  const std::string addrs = get("hostaddr");
   std::string hosts = get("host");
-  if (hosts.empty()) hosts = get("hostaddr");
+  const auto addr_list = addrs.empty() ? std::vector<std::string>{} : split_commas(addrs);
+  if (hosts.empty()) hosts = addrs;
   if (hosts.empty()) hosts = "/var/run/postgresql";  // Debian's DEFAULT_PGSOCKET_DIR
   std::string ports = get("port");
   if (ports.empty()) ports = "5432";
   auto host_list = split_commas(hosts);
   auto port_list = split_commas(ports);
+  if (!addr_list.empty() && addr_list.size() != host_list.size()) {
+    out.error = "invalid connection string: could not match " + std::to_string(host_list.size()) + " host names to " +
+                std::to_string(addr_list.size()) + " hostaddr values";
+    return out;
+  }
   if (port_list.size() != 1 && port_list.size() != host_list.size()) {
     out.error = "invalid connection string: " + std::to_string(port_list.size()) + " ports for " +
                 std::to_string(host_list.size()) + " hosts";
@@ -94,8 +185,11 @@ conninfo_result parse_conninfo(std::string_view conninfo) {
   }
   for (std::size_t i = 0; i < host_list.size(); ++i) {
     conn_endpoint ep;
-    ep.host = host_list[i].empty() ? "/var/run/postgresql" : host_list[i];
-    const std::string& ps = port_list.size() == 1 ? port_list[0] : port_list[i];
+    if (!addr_list.empty()) ep.address = addr_list[i];
+    ep.host = !host_list[i].empty() ? host_list[i] : !ep.address.empty() ? ep.address : "/var/run/postgresql";
+    // (an empty entry — "postgresql://a,b/db" gives port "," — is the default, as in libpq)
+    const std::string& listed = port_list.size() == 1 ? port_list[0] : port_list[i];
+    const std::string ps = listed.empty() ? "5432" : listed;
     unsigned port = 0;
     auto [ptr, ec] = std::from_chars(ps.data(), ps.data() + ps.size(), port);
     if (ec != std::errc{} || ptr != ps.data() + ps.size() || port == 0 || port > 65535) {
@@ -153,6 +247,25 @@ conninfo_result parse_conninfo(std::string_view conninfo) {
     }
     // libpq: 0 means wait forever; we keep a bound, and values below 2 become 2.
     p.connect_timeout = std::chrono::seconds(secs == 0 ? 3600 : std::max(secs, 2));
+  }
+  // target_session_attrs as given (the string, or PGTARGETSESSIONATTRS), never libpq's built-in
+  // default ("any"): unset, each connection has its own default (walgate's stream: primary).
+  std::string given_target;
+  for (auto* o = opts.get(); o->keyword; ++o)
+    if (o->val && std::string_view(o->keyword) == "target_session_attrs") given_target = o->val;
+  if (given_target.empty())
+    if (const char* e = std::getenv("PGTARGETSESSIONATTRS")) given_target = e;
+  if (const auto& t = given_target; !t.empty()) {
+    if (t == "any") p.target_session_attrs = session_target::any;
+    else if (t == "read-write") p.target_session_attrs = session_target::read_write;
+    else if (t == "read-only") p.target_session_attrs = session_target::read_only;
+    else if (t == "primary") p.target_session_attrs = session_target::primary;
+    else if (t == "standby") p.target_session_attrs = session_target::standby;
+    else if (t == "prefer-standby") p.target_session_attrs = session_target::prefer_standby;
+    else {
+      out.error = "invalid target_session_attrs value: \"" + t + "\"";
+      return out;
+    }
   }
   out.params = std::move(p);
   return out;

@@ -298,7 +298,8 @@ struct pg_connection::impl : std::enable_shared_from_this<pg_connection::impl> {
 
   awaitable<outcome<void>> connect_socket(const conn_endpoint& ep) {
     std::string where = ep.is_unix_socket() ? ep.host + "/.s.PGSQL." + std::to_string(ep.port)
-                                            : ep.host + ":" + std::to_string(ep.port);
+                                            : ep.host + (ep.address.empty() || ep.address == ep.host ? "" : " (" + ep.address + ")") +
+                                                  ":" + std::to_string(ep.port);
     std::string during = "connecting to " + where;
     if (ep.is_unix_socket()) {
       unix_socket s(executor);
@@ -312,14 +313,23 @@ struct pg_connection::impl : std::enable_shared_from_this<pg_connection::impl> {
     }
     tcp::resolver resolver(executor);
     arm();
-    auto [rec, results] = co_await resolver.async_resolve(ep.host, std::to_string(ep.port), use_tuple);
+    // hostaddr: that address, never the name's (which may resolve elsewhere).
+    const std::string& name = ep.address.empty() ? ep.host : ep.address;
+    auto [rec, results] = co_await resolver.async_resolve(
+        name, std::to_string(ep.port),
+        ep.address.empty() ? tcp::resolver::flags{} : tcp::resolver::numeric_host | tcp::resolver::numeric_service, use_tuple);
     disarm();
-    if (rec) co_return failure{rec, "could not resolve host \"" + ep.host + "\": " + rec.message(), {}, true};
+    if (rec)
+      co_return failure{rec,
+                        (ep.address.empty() ? "could not resolve host \"" : "invalid hostaddr \"") + name + "\": " +
+                            rec.message(),
+                        {}, ep.address.empty()};
     transport = tcp::socket(executor);
     arm();
     auto [cec, endpoint] = co_await asio::async_connect(std::get<tcp::socket>(transport), results, use_tuple);
     disarm();
     if (cec) co_return io_failure(cec, during, timed_out);
+    info.address = endpoint.address().to_string();
     error_code ignore;
     std::get<tcp::socket>(transport).set_option(tcp::no_delay(true), ignore);
     co_return outcome<void>{};
@@ -602,6 +612,35 @@ struct pg_connection::impl : std::enable_shared_from_this<pg_connection::impl> {
   }
 };
 
+// The state target_session_attrs decides by: ParameterStatus where the server reports it
+// (in_hot_standby and default_transaction_read_only: 14+), else queries (on a replication
+// connection too: replication=database runs SQL).
+awaitable<outcome<session_state>> pg_connection::find_session_state() {
+  session_state st;
+  const auto& parameters = impl_->info.parameters;
+  auto hot = parameters.find("in_hot_standby");
+  auto ro = parameters.find("default_transaction_read_only");
+  if (hot != parameters.end() && ro != parameters.end()) {
+    st.in_recovery = hot->second == "on";
+    st.read_only = st.in_recovery || ro->second == "on";
+    co_return st;
+  }
+  auto one = [this](std::string sql) -> awaitable<outcome<std::string>> {
+    auto r = co_await query(std::move(sql));
+    if (!r) co_return r.error();
+    if (r->rows.size() != 1 || r->rows[0].size() != 1 || !r->rows[0][0])
+      co_return make_failure(errc::unexpected_message, "an unexpected answer to a state query");
+    co_return *r->rows[0][0];
+  };
+  auto recovery = co_await one("SELECT pg_catalog.pg_is_in_recovery()");
+  if (!recovery) co_return recovery.error();
+  auto read_only = co_await one("SHOW transaction_read_only");
+  if (!read_only) co_return read_only.error();
+  st.in_recovery = *recovery == "t";
+  st.read_only = st.in_recovery || *read_only == "on";
+  co_return st;
+}
+
 pg_connection::pg_connection(asio::any_io_executor ex) : impl_(std::make_shared<impl>(ex)) {}
 
 pg_connection::~pg_connection() {
@@ -611,22 +650,59 @@ pg_connection::~pg_connection() {
   }
 }
 
-awaitable<outcome<void>> pg_connection::connect(const conn_params& params, bool replication) {
+awaitable<outcome<void>> pg_connection::connect(const conn_params& params, bool replication,
+                                                std::function<void(const std::string&)> log) {
   auto keep = impl_;
   keep->io_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(params.connect_timeout);
+  const session_target target = params.target_session_attrs.value_or(session_target::any);
   std::string errors;
-  for (const auto& ep : params.endpoints) {
-    auto r = co_await keep->connect_one(params, ep, replication);
-    if (r) co_return r;
-    keep->close_socket();
-    // A server that answered and refused (authentication, configuration) refuses again; only
-    // network failures move on to the next host.
-    if (!r.error().retryable || r.error().code == make_error_code(errc::server_error) ||
-        params.endpoints.size() == 1)
-      co_return r;
-    errors += (errors.empty() ? "" : "\n") + r.error().message;
+  // Assumptions (each broken by a test in connection_test.cpp / failover_test.cpp):
+  // - a host that is not the target (a standby for primary…) may become it (a promotion): it is
+  //   passed over, and with no host left the failure is retryable;
+  // - a host that refuses with "cannot connect now" (SQLSTATE class 57: starting up, shutting
+  //   down) is passed over as a network failure is — the next host may be the new primary;
+  // - prefer-standby takes a standby if any host is one (a first pass), else any host (a second).
+  const int passes = target == session_target::prefer_standby ? 2 : 1;
+  bool passed_for_state = false;   // (a host passed over for what it is, not for being down)
+  for (int pass = 0; pass < passes; ++pass) {
+    const session_target want = pass == 0 ? target : session_target::any;
+    for (const auto& ep : params.endpoints) {
+      const std::string where = ep.host + ":" + std::to_string(ep.port);
+      auto r = co_await keep->connect_one(params, ep, replication);
+      if (!r) {
+        keep->close_socket();
+        // A server that answered and refused (authentication, configuration) refuses again;
+        // network failures, and a server that cannot take connections now, move on.
+        const bool not_now = r.error().sqlstate.starts_with("57");
+        // (a hostaddr that is no address is that host's fault, as in libpq: the next one is tried)
+        const bool not_an_address = !ep.address.empty() && r.error().message.starts_with("invalid hostaddr");
+        if ((!r.error().retryable && !not_an_address) ||
+            (r.error().code == make_error_code(errc::server_error) && !not_now) || params.endpoints.size() == 1)
+          co_return r;
+        if (log) log("PostgreSQL at " + where + " passed over: " + r.error().message);
+        errors += (errors.empty() ? "" : "\n") + r.error().message;
+        continue;
+      }
+      if (want == session_target::any) co_return r;
+      auto state = co_await find_session_state();
+      std::string why;
+      if (!state) why = "its state could not be read: " + state.error().message;
+      else why = passed_over(want, *state);
+      if (why.empty()) co_return outcome<void>{};
+      keep->close_socket();
+      passed_for_state = true;
+      why = "PostgreSQL at " + where + " passed over: it is " + why + " (target_session_attrs=" +
+            std::string(to_string(target)) + (pass == 1 ? ", second pass" : "") + ")";
+      if (log) log(why);
+      errors += (errors.empty() ? "" : "\n") + why;
+    }
   }
-  co_return make_failure(errc::connection_closed, errors.empty() ? "no host to connect to" : errors);
+  auto f = make_failure(errc::connection_closed,
+                        errors.empty()      ? "no host to connect to"
+                        : passed_for_state ? errors + "\nno host is a " + std::string(to_string(target)) + " one; trying again"
+                                           : errors);
+  f.passed_for_state = passed_for_state;
+  co_return f;
 }
 
 awaitable<outcome<query_result>> pg_connection::query(std::string sql) {

@@ -8,6 +8,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <charconv>
 #include <cmath>
 #include <random>
 
@@ -34,11 +35,53 @@ std::string join_quoted(const std::vector<std::string>& names) {
 
 }  // namespace
 
+// Which cluster and timeline the server is on (the sink checks them against what its log
+// followed, before any slot is looked at or made), and the timeline's history: where each
+// earlier timeline was left. A history the server cannot give (a file missing on a clone) is
+// no failure here: what needs it says so (timeline_history_error).
+awaitable<outcome<void>> identify(pg_connection& conn, const std::string& slot, stream_start_info& start) {
+  auto identity = co_await conn.query("IDENTIFY_SYSTEM");
+  if (!identity) co_return identity.error();
+  if (identity->rows.size() != 1 || identity->rows[0].size() < 2 || !identity->rows[0][0] || !identity->rows[0][1])
+    co_return failure{make_error_code(errc::invalid_value), "IDENTIFY_SYSTEM answered no system identifier and timeline",
+                      {}, false};
+  start.system_id = *identity->rows[0][0];
+  if (identity->rows[0].size() >= 4 && identity->rows[0][3]) start.dbname = *identity->rows[0][3];
+  if (identity->rows[0].size() >= 3 && identity->rows[0][2])   // (xlogpos: prepare_replication reads it again)
+    if (auto end = lsn::parse(*identity->rows[0][2])) start.server_wal_end = *end;
+  {
+    const std::string& t = *identity->rows[0][1];
+    std::uint32_t tli = 0;
+    auto r = std::from_chars(t.data(), t.data() + t.size(), tli, 10);
+    if (r.ec != std::errc{} || r.ptr != t.data() + t.size() || tli == 0)
+      co_return failure{make_error_code(errc::invalid_value), "IDENTIFY_SYSTEM answered timeline \"" + t + "\"", {}, false};
+    start.timeline = tli;
+  }
+  if (start.timeline > 1) {
+    auto history = co_await conn.query(protocol::build_timeline_history(start.timeline).text);
+    // (a connection that broke is retried as any; only the server's refusal is "cannot be read")
+    if (!history && history.error().code != make_error_code(errc::server_error)) co_return history.error();
+    std::optional<std::vector<protocol::timeline_switch>> parsed;
+    if (history && history->rows.size() == 1 && history->rows[0].size() >= 2 && history->rows[0][1])
+      parsed = protocol::parse_timeline_history(*history->rows[0][1]);
+    if (parsed) start.timeline_history = std::move(*parsed);
+    else if (!history) start.timeline_history_error = history.error().message;
+    else start.timeline_history_error = "TIMELINE_HISTORY " + std::to_string(start.timeline) + " answered no history file walgate can read";
+    // Where the slot was acknowledged on this server (read, not touched): past the switch point,
+    // only a consumer of this server's new timeline acknowledged it there.
+    auto slot_row = co_await conn.query("SELECT confirmed_flush_lsn::text FROM pg_catalog.pg_replication_slots WHERE slot_name = " +
+                                        protocol::quote_literal(slot));
+    if (!slot_row) co_return slot_row.error();
+    if (slot_row->rows.size() == 1 && !slot_row->rows[0].empty() && slot_row->rows[0][0])
+      start.slot_confirmed = lsn::parse(*slot_row->rows[0][0]);
+  }
+  co_return outcome<void>{};
+}
+
 // SQL checks run on the replication connection itself (replication=database accepts plain
 // SQL through the simple query protocol), so what we check is what we will stream from.
 awaitable<outcome<stream_start_info>> prepare_replication(pg_connection& conn, const replication_settings& s,
-                                                          lsn stored_up_to) {
-  stream_start_info start;
+                                                          lsn stored_up_to, stream_start_info start) {
   start.server_major = conn.info().server_major;
   if (start.server_major < 10)
     co_return config_failure("server version \"" + conn.info().server_version +
@@ -76,9 +119,18 @@ awaitable<outcome<stream_start_info>> prepare_replication(pg_connection& conn, c
                                " FOR ALL TABLES;) or name an existing one");
   }
 
+  const bool failover_known = start.server_major >= 17;
+  // (a standby's slots cannot be failover slots: the server refuses to make or alter one)
+  const auto& parameters = conn.info().parameters;
+  const bool in_recovery = parameters.count("in_hot_standby") && parameters.at("in_hot_standby") == "on";
+  // 17+: a slot the server invalidated for a conflict with recovery (a standby's slot whose
+  // catalog rows the primary removed: hot_standby_feedback off) is "conflicting". On 16 the
+  // column is true for every invalidated logical slot, WAL removal included (CI saw it), so it
+  // cannot tell the causes apart there: it is not read, and "lost" names both on a standby.
   auto slot = co_await conn.query(
       std::string("SELECT plugin, slot_type, database, active, active_pid, confirmed_flush_lsn, ") +
-      (start.server_major >= 13 ? "wal_status" : "NULL") +
+      (start.server_major >= 13 ? "wal_status" : "NULL") + (failover_known ? ", failover" : ", NULL") +
+      (start.server_major >= 17 ? ", conflicting" : ", NULL") +
       " FROM pg_catalog.pg_replication_slots WHERE slot_name = " + protocol::quote_literal(s.slot));
   if (!slot) co_return slot.error();
   if (!slot->rows.empty()) {
@@ -103,12 +155,23 @@ awaitable<outcome<stream_start_info>> prepare_replication(pg_connection& conn, c
                                "(restored from a backup?). The changes in between are not in the log: restore the "
                                "matching event log, or start over with an empty one (--data-dir) and a new slot; "
                                "clients then need a new snapshot");
+    // (before wal_status: an invalidated slot reads "lost" whatever the cause)
+    if (r[8].value_or("f") == "t")
+      co_return config_failure("replication slot \"" + s.slot +
+                               "\" was invalidated by a conflict with recovery on this standby (conflicting): the "
+                               "primary removed rows the slot still needed. Set hot_standby_feedback = on and "
+                               "primary_slot_name on the standby, drop the slot (SELECT pg_drop_replication_slot('" +
+                               s.slot + "');) and start over with an empty event log; clients then need a new snapshot");
     if (r[6].value_or("") == "lost")
       co_return config_failure("replication slot \"" + s.slot +
                                "\" was invalidated (wal_status lost): the server removed WAL it still needed, beyond "
                                "max_slot_wal_keep_size, and the changes in it are gone. Drop the slot "
                                "(SELECT pg_drop_replication_slot('" + s.slot +
-                               "');) and start over with an empty event log; clients then need a new snapshot");
+                               "');) and start over with an empty event log; clients then need a new snapshot" +
+                               (in_recovery && start.server_major < 17
+                                    ? std::string(". On a standby before PostgreSQL 17 a conflict with recovery "
+                                                  "(hot_standby_feedback off) is reported the same way")
+                                    : std::string()));
     if (auto confirmed = lsn::parse(r[5].value_or(""))) start.confirmed_flush = *confirmed;
     if (r[3].value_or("f") == "t")
       co_return failure{make_error_code(errc::server_error),
@@ -116,6 +179,18 @@ awaitable<outcome<stream_start_info>> prepare_replication(pg_connection& conn, c
                             " (SQLSTATE 55006): another client is streaming from it; stop that client or "
                             "choose another --slot",
                         "55006", true};
+    const bool is_failover_slot = r[7].value_or("f") == "t";
+    // --failover-slot as asked, on a slot made before (or by another tool): altered in place
+    // (17+; the slot is inactive here). Not on a standby (its slots are the primary's copies).
+    if (s.failover_slot && failover_known && !s.temporary_slot && !in_recovery && is_failover_slot != *s.failover_slot) {
+      const bool on = *s.failover_slot;
+      auto altered = co_await conn.query("ALTER_REPLICATION_SLOT " + protocol::quote_identifier(s.slot) + " (FAILOVER " +
+                                         (on ? "true" : "false") + ")");
+      if (!altered) co_return altered.error();
+      if (s.log)
+        s.log("replication slot \"" + s.slot + "\" is " + (on ? "now" : "no longer") + " a failover slot (--failover-slot " +
+              (on ? "on" : "off") + ")");
+    }
     co_return start;
   }
 
@@ -143,8 +218,27 @@ awaitable<outcome<stream_start_info>> prepare_replication(pg_connection& conn, c
   if (s.before_create_slot)
     if (auto e = s.before_create_slot(); !e.empty()) co_return failure{{}, e, {}, false};
   co.two_phase = s.two_phase && start.server_major >= 15;
+  co.failover = s.failover_slot.value_or(false) && failover_known && !s.temporary_slot && !in_recovery;
   auto cmd = protocol::build_create_slot(co, start.server_major);
   if (!cmd) co_return config_failure(cmd.error);
+  // On a standby (16+) the slot is made once the standby replays a record of the transactions
+  // running on the primary: the primary writes one every 15 s while it is busy, none while idle.
+  if (in_recovery && s.log) {
+    s.log("making replication slot \"" + s.slot + "\" on a standby: it is ready once the standby replays the "
+          "primary's next record of running transactions (the primary writes one every 15 s while busy, none "
+          "while idle; SELECT pg_log_standby_snapshot() on the primary writes one now)");
+    auto feedback = co_await conn.query("SELECT current_setting('hot_standby_feedback'), "
+                                        "coalesce(current_setting('primary_slot_name', true), '')");
+    if (!feedback) co_return feedback.error();
+    const auto& f = feedback->rows.at(0);
+    if (f[0].value_or("") != "on" || f[1].value_or("").empty())
+      s.log("warning: this standby has " + std::string(f[0].value_or("") != "on" ? "hot_standby_feedback off" : "") +
+            (f[0].value_or("") != "on" && f[1].value_or("").empty() ? " and " : "") +
+            (f[1].value_or("").empty() ? "no primary_slot_name" : "") +
+            ": the primary may remove catalog rows the slot still needs, and the standby then invalidates the slot "
+            "(a conflict with recovery; walgate has to start over). Set hot_standby_feedback = on and a physical "
+            "slot in primary_slot_name on the standby");
+  }
   auto created = co_await conn.query(cmd.text);
   if (!created) co_return created.error();
   if (!created->rows.empty() && created->rows[0].size() >= 3) {
@@ -218,8 +312,17 @@ struct replication_client::impl : std::enable_shared_from_this<replication_clien
     conn = std::make_shared<pg_connection>(executor);
     if (!capture_path.empty()) conn->set_capture_file(capture_path);
     auto c = conn;
-    if (auto r = co_await c->connect(settings.conn, true); !r) co_return r.error();
-    auto prepared = co_await prepare_replication(*c, settings, sink.durable_lsn());
+    if (auto r = co_await c->connect(settings.conn, true, settings.log); !r) co_return r.error();
+    stream_start_info known;
+    known.server = {c->info().host, c->info().port, c->info().address};
+    known.server_major = c->info().server_major;
+    known.server_parameters = c->info().parameters;
+    if (auto hot = c->info().parameters.find("in_hot_standby"); hot != c->info().parameters.end())
+      known.in_recovery = hot->second == "on";
+    if (auto id = co_await identify(*c, settings.slot, known); !id) co_return id.error();
+    // Before the slot is looked at or made: a server whose history is not the log's gets nothing.
+    if (auto checked = co_await sink.on_connected(known); !checked) co_return checked.error();
+    auto prepared = co_await prepare_replication(*c, settings, sink.durable_lsn(), std::move(known));
     if (!prepared) co_return prepared.error();
     stream_start_info info = *prepared;
     if (settings.export_snapshot && info.exported_snapshot) {
@@ -348,6 +451,17 @@ struct replication_client::impl : std::enable_shared_from_this<replication_clien
       ++attempt;
       if (settings.max_attempts > 0 && attempt >= settings.max_attempts) co_return r.error();
       auto delay = next_delay(attempt - 1);
+      if (started_stream) passed_since.reset();
+      // A host that is a standby now may be promoted any moment: tried again within a second
+      // for the first minute of it (the stream follows a promotion within about a second), then
+      // with the usual backoff (a standby that is never promoted is not asked twice a second).
+      if (r.error().passed_for_state) {
+        if (!passed_since) passed_since = clock_type::now();
+        if (clock_type::now() - *passed_since < std::chrono::minutes(1))
+          delay = std::min<std::chrono::milliseconds>(delay, std::chrono::seconds(1));
+      } else {
+        passed_since.reset();
+      }
       if (on_retry) on_retry(r.error(), delay);
       ++reconnect_count;
       backoff_timer.expires_after(delay);
@@ -357,6 +471,7 @@ struct replication_client::impl : std::enable_shared_from_this<replication_clien
   }
   bool started_stream = false;
   bool sink_failed = false;
+  std::optional<clock_type::time_point> passed_since;   // hosts passed over for their state since
 
   void stop() {
     if (stopping) return;
@@ -378,6 +493,7 @@ struct replication_client::impl : std::enable_shared_from_this<replication_clien
 };
 
 awaitable<outcome<void>> replication_sink::on_slot_created(const stream_start_info&) { co_return outcome<void>{}; }
+awaitable<outcome<void>> replication_sink::on_connected(const stream_start_info&) { co_return outcome<void>{}; }
 
 replication_client::replication_client(asio::any_io_executor ex, replication_settings settings, replication_sink& sink)
     : impl_(std::make_shared<impl>(ex, std::move(settings), sink)) {}

@@ -44,6 +44,9 @@ struct create_slot_options {
   bool temporary = false;
   snapshot_action snapshot = snapshot_action::no_export;
   bool two_phase = false;   ///< PG15+.
+  /// PG17+: the slot is synchronised to standbys that ask for it (sync_replication_slots), so
+  /// that a consumer can go on from a promoted standby. Not with temporary (the server refuses).
+  bool failover = false;
 };
 /// CREATE_REPLICATION_SLOT name [TEMPORARY] LOGICAL pgoutput ...: the option-list syntax
 /// (SNAPSHOT 'export', TWO_PHASE) on PG15+, the legacy keywords (EXPORT_SNAPSHOT...) before.
@@ -69,5 +72,28 @@ struct start_replication_options {
 /// Options are emitted only when set; a requested option the server lacks is an error naming
 /// the version that introduced it.
 command build_start_replication(const start_replication_options& o, int server_major);
+
+}  // namespace walgate::protocol
+
+namespace walgate::protocol {
+
+/// TIMELINE_HISTORY <tli>: the history file of a timeline (a row: its file name, its content).
+command build_timeline_history(std::uint32_t timeline);
+
+/// One line of a timeline history file: `timeline` was left for the next one at `switchpoint`
+/// (the first byte that timeline does not share with its parent's later WAL).
+struct timeline_switch {
+  std::uint32_t timeline = 0;
+  lsn switchpoint;
+};
+/// Parses a timeline history file (TIMELINE_HISTORY's content; PostgreSQL writes it in
+/// timeline.c): lines "<tli><ws><X/X><ws><reason>", blank lines and lines whose first
+/// non-blank character is '#' skipped, as readTimeLineHistory reads it. Timelines strictly
+/// increasing and switch points not decreasing (a history that says otherwise is not one the
+/// server wrote); nullopt when malformed or longer than 2^16 lines.
+std::optional<std::vector<timeline_switch>> parse_timeline_history(std::string_view text);
+/// Where a history leaves `timeline` (its switch point), nullopt when it does not name it: a
+/// timeline not in the server's history is not one of its ancestors.
+std::optional<lsn> switchpoint_of(const std::vector<timeline_switch>& history, std::uint32_t timeline);
 
 }  // namespace walgate::protocol

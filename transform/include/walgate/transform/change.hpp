@@ -28,6 +28,9 @@ struct change {
   std::uint64_t seq = 0;                                   ///< Waltail's sequence number (from the log).
   std::uint32_t table_order = 1;                           ///< Debezium data_collection_order (1-based).
   bool snapshot_last = false;                              ///< Debezium source.snapshot "last" for the final read row.
+  /// A Truncate's options as pgoutput sent them (1 CASCADE, 2 RESTART IDENTITY); logged since
+  /// record flags 4 and 8 (a record from before says 0).
+  std::uint8_t truncate_options = 0;
   std::string_view snapshot;                               ///< A read row's snapshot (pg_current_snapshot's text): in Waltail's idempotency key.
 };
 
@@ -96,6 +99,7 @@ void for_each_change(const protocol::transaction_info& txn, const protocol::chan
     c.message = m;
   } else if (auto* t = std::get_if<pg::truncate>(e.message)) {
     c.kind = op::truncate;
+    c.truncate_options = t->options;
     std::uint32_t index = e.index;
     for (auto oid : t->relation_oids) {
       c.relation = relations.find(oid);

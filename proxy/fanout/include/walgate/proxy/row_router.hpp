@@ -7,7 +7,7 @@
 // subscriptions holding that value (a truncate: every subscription of its table). The
 // subscription then reads only its queued events, deciding each as before (the index finds a
 // superset; the grant still decides) — or, when the router's finding is the whole decision
-// (subscription.cpp's router_decides: one grant per routed table, its rows an equality alone, no
+// (subscription_rows.cpp's router_decides: one grant per routed table, its rows an equality alone, no
 // column list), taking each as found (found: as it is, moved in, moved out). Values are compared by predicate::equality_key; a column
 // of a type without one (floats, instants…) sends its subscriptions back to reading every event.
 // Single-threaded (the event loop). No Asio.
@@ -45,8 +45,15 @@ class row_router {
    public:
     virtual void routed(std::uint64_t seq, found how) = 0;
     virtual void unroutable(std::uint64_t from_seq, bool for_good) = 0;
-    /// Whether it has checked its grants against this table definition (definition_of).
-    virtual bool checked(std::uint64_t definition) const { (void)definition; return true; }
+    /// Checks its grants against e's table definition now (the router calls it once per target
+    /// and definition, at the first event of the table it looks at): true when they hold, so
+    /// the target can be found by its values; false when they cannot be served, so it is given
+    /// the event and ends there as a subscription reading every event would.
+    virtual bool check(const logged_event& e, const protocol::pgoutput::cached_relation& r) {
+      (void)e;
+      (void)r;
+      return true;
+    }
 
    protected:
     ~target() = default;
@@ -68,7 +75,7 @@ class row_router {
   std::uint64_t decided() const { return decided_; }
 
   /// A fingerprint of a table definition as a grant is checked against it (columns, their types
-  /// and key flags, the replica identity; subscription.cpp's rows_verdict keys it the same way).
+  /// and key flags, the replica identity; subscription_rows.cpp's rows_of keys it the same way, with the table's name).
   static std::uint64_t definition_of(const protocol::pgoutput::cached_relation& r);
 
  private:
@@ -78,12 +85,14 @@ class row_router {
     std::uint32_t type_oid = 0;                                       // keyed for this type
     bool keyed = false;
     std::unordered_map<std::string, std::vector<target*>> by_key;
-    /// A subscriber that has not checked its grants against the table's current definition
-    /// (target::checked) is given every event of the table, whatever its values, until it has:
-    /// as a subscription reading every event does, it checks them at the first event it does
-    /// not filter out otherwise — one that cannot be served ends there, not at the first of its
-    /// own rows, or never. untold: those subscribers; announced: the definition they are for.
-    std::vector<target*> untold;
+    /// A subscriber is checked against the table's definition (target::check) at the first
+    /// event of each definition the router looks at, whatever its values — on the spot, not when
+    /// the subscriber next reads (it may read later than the router routes: it would be given
+    /// every event until then). One whose grants cannot be served is given every event of the
+    /// table, so that it ends at the first, not at the first of its own rows, or never.
+    /// untold: the subscribers not checked yet; refused: those checked that cannot be served
+    /// (given every event of the table); announced: the definition.
+    std::vector<target*> untold, refused;
     std::uint64_t announced = 0;
   };
   void kick_all(std::uint64_t from_seq);

@@ -51,6 +51,9 @@ class metrics_registry;
 
 struct snapshot_options {
   std::string conninfo;                  ///< libpq conninfo of the database; empty: snapshot=true is refused (501)
+  /// When set and not empty: the conninfo a snapshot admitted now uses instead (walgate serve:
+  /// the server its stream is on, pinned_conninfo). Called on the loop.
+  std::function<std::string()> pinned;
   std::vector<std::string> publications;
   std::size_t max_running = 4;           ///< snapshots reading at once (each a connection and a transaction)
   std::size_t max_queued = 64;           ///< waiting for one of those; more: 503 with Retry-After

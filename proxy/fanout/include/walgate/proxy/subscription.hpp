@@ -22,6 +22,7 @@
 namespace walgate::proxy {
 
 class snapshot_job;
+struct table_rows;
 
 /// Where a client with transaction records (request.transactions) that resumes from an id
 /// inside a transaction (its begin, or one of its events) starts: at the transaction's first
@@ -123,7 +124,7 @@ class subscription : private row_router::target {
   void snapshot_batch(std::vector<item>& out);
   void routed(std::uint64_t seq, row_router::found how) override;
   void unroutable(std::uint64_t from_seq, bool for_good) override;
-  bool checked(std::uint64_t definition) const override;
+  bool check(const logged_event& e, const protocol::pgoutput::cached_relation& r) override;
   enum class phase { rows, changes, live };
 
   const log_reader& log_;
@@ -171,6 +172,8 @@ class subscription : private row_router::target {
   /// Set by rows_verdict: the columns its event shows (table_rows::masks), null: every one.
   const std::string* mask_ = nullptr;
   row_verdict rows_verdict(const logged_event& e, std::string& error);
+  /// What the request's grants make of e's table as r defines it (made at the first look).
+  const table_rows& rows_of(const logged_event& e, const protocol::pgoutput::cached_relation& r);
 
   /// Transaction records (transactions=true): the transaction whose events this client is
   /// being given, what it was sent of it, and its begin and commit records.
@@ -208,6 +211,51 @@ class subscription : private row_router::target {
   bool in_transaction(const logged_event& e) const {
     return transactions_ && e.xid != 0 && e.kind != transform::op::read;
   }
+
+  /// take()'s steps, in its order (subscription.cpp). Those returning bool, but selected: false
+  /// when the batch ends before the event (stop_at), true to go on. What one step leaves for the
+  /// next: take_state, one per event.
+  struct take_state {
+    bool in_txn = false;   // in_transaction
+    bool silent = false;   // seen before a resume, inside its transaction: counted in it, not sent
+    kind what = kind::event;
+    std::string error;
+    std::string prefix;    // a message's prefix (prefixes=, message_events=true), copied from its record
+    row_verdict verdict = row_verdict::pass;
+    bool moved = false;    // an update moved in or out of the row grants: sent as `as`
+    transform::op as = transform::op::delete_;
+    const std::string* mask = nullptr;   // the columns shown (null: every one)
+    encoding want = encoding::native;
+    std::string* sent = nullptr;   // pgoutput2json compact: the signature of the schema sent for its table
+    std::string signature;         // (and of the one e shows)
+    payload_ptr p;                 // e as sent
+    std::uint64_t table_order = 0;   // its order among its table's events in the transaction
+  };
+  /// The batch ends before e: the cursor stays at it; with nothing before it, the client is
+  /// closed (why, message). Always false.
+  bool stop_at(const event_ptr& e, const std::vector<item>& out, end why, std::string message);
+  /// Up to skip_through_ (a resume): not_yet (then cleared), whole (seen to the transaction's
+  /// end: nothing of it again), in_part (seen, its transaction not: counted, not sent).
+  enum class seen { not_yet, in_part, whole };
+  seen seen_already(const logged_event& e, bool in_txn);
+  /// prefixes=, message_events=true: a message's prefix, read from its record.
+  bool message_prefix(const event_ptr& e, const std::vector<item>& out, take_state& st);
+  /// The request's tables=, ops=, prefixes= and the token's grants select e.
+  bool selected(const logged_event& e, const std::string& prefix) const;
+  /// The row decision (the router's finding, or rows_verdict): verdict, moved, as.
+  bool decide_rows(const event_ptr& e, const std::vector<item>& out, take_state& st);
+  /// e in the client's encoding (mask, want, pgoutput2json compact's schema signature): p.
+  bool encode(const event_ptr& e, const std::vector<item>& out, take_state& st);
+  /// In its transaction: the begin record before its first event, its counts, group's part.
+  bool count_in_transaction(const event_ptr& e, std::vector<item>& out, std::size_t& bytes, take_state& st);
+  /// Debezium (not group=transaction): the change's transaction block.
+  bool add_transaction_block(const event_ptr& e, const std::vector<item>& out, take_state& st);
+  /// keys=true: {"key":…,"value":…}.
+  bool add_key(const event_ptr& e, const std::vector<item>& out, take_state& st);
+  /// permessage-deflate: its compressed form made and counted (not a client's own form).
+  void count_deflated(const logged_event& e, const take_state& st);
+  /// Into the batch (or group=transaction's part), with its SSE name and tombstone.
+  void deliver(const event_ptr& e, std::vector<item>& out, std::size_t& bytes, take_state& st);
 };
 
 }  // namespace walgate::proxy

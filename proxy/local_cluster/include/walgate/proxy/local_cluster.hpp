@@ -22,6 +22,7 @@ struct cluster_options {
   std::vector<std::string> hba;            ///< pg_hba.conf lines (replace the default: local trust for all).
   bool tls = false;                        ///< Generate a CA and a server certificate for "localhost".
   std::string name = "walgate";            ///< Prefix of the temporary directory.
+  std::uint16_t port = 0;                  ///< 0: a free one (a port chosen ahead: a host list naming servers not made yet).
 };
 
 class local_cluster {
@@ -55,6 +56,21 @@ class local_cluster {
   bool restart_immediate(std::string& error);
   /// Stops the server and removes the directory (also done by the destructor).
   void stop();
+  /// Stops the server as `pg_ctl stop -m immediate` does and leaves it stopped (its directory
+  /// stays until stop() or the destructor): a primary that fails.
+  void stop_immediate();
+  /// A physical standby of primary, streaming from it through a physical slot of its own (made
+  /// here): an online base backup (pg_backup_start/pg_start_backup, the data directory copied,
+  /// its backup_label from the stop), standby.signal, primary_conninfo with dbname (slot
+  /// synchronisation needs it), hot_standby_feedback on; started and accepting connections.
+  /// primary's pg_hba.conf gets "local replication all trust" (reloaded) when it lacks it.
+  /// extra_conf: lines appended to the standby's postgresql.conf. nullptr with error.
+  /// port: as cluster_options::port.
+  static std::unique_ptr<local_cluster> start_standby(const local_cluster& primary, std::string& error,
+                                                      const std::vector<std::string>& extra_conf = {},
+                                                      std::uint16_t port = 0);
+  /// The physical slot a standby streams through (start_standby), or empty.
+  const std::string& standby_slot() const { return standby_slot_; }
   /// Path of the server log.
   std::filesystem::path log_file() const { return dir_ / "server.log"; }
 
@@ -67,6 +83,7 @@ class local_cluster {
   std::uint16_t port_ = 0;
   int pid_ = -1;
   int major_ = 0;
+  std::string standby_slot_;
 };
 
 }  // namespace walgate::proxy

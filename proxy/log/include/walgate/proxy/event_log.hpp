@@ -116,6 +116,22 @@ class event_log final : public log_reader {
   /// acknowledged — so that a restart can tell a slot moved on by someone else.
   protocol::lsn acked_lsn() const { return acked_lsn_; }
   /// Stores l in dir's ACKED file (synced unless fsync is off). Any thread; false with why.
+  /// The cut a CUT file in dir asks for (history.hpp), made before the log is opened: every
+  /// transaction committed at or after its switch point moved aside (damaged/ in dir, never
+  /// deleted), the line appended to CUTS, ACKED lowered to the switch point, CUT removed. True
+  /// when there was nothing to do or it was done (said: what was cut, for the log); false with
+  /// error when it cannot be made — also when the log began past the switch point (everything in
+  /// it, its initial snapshot too, is of the timeline the server left).
+  static bool cut_history(const std::filesystem::path& dir, bool fsync, std::string& said, std::string& error);
+  /// Adds a cut made of nothing the log holds (ids the log never kept but a client may have
+  /// seen: written before a crash took them, on a timeline the server has left): appended to
+  /// CUTS, synced, and covered from now on. False with error() when it cannot be stored.
+  bool record_history_cut(const history_cut& c);
+  /// CUTS as read at open(), and those recorded since.
+  const std::vector<history_cut>& history_cuts() const override { return cuts_; }
+  std::optional<transform::event_id> last_dropped_id() const override {
+    return dropped_ ? std::optional<transform::event_id>(dropped_last_id_) : std::nullopt;
+  }
   static bool store_acked(const std::filesystem::path& dir, protocol::lsn l, bool fsync, std::string& error);
   const log_options& options() const { return opts_; }
   /// Commit LSN of the last transaction appended (durable or not).
@@ -276,6 +292,7 @@ class event_log final : public log_reader {
   transform::record_writer record_writer_;
   protocol::lsn pending_durable_;       // end LSN that becomes durable at the next sync
   protocol::lsn durable_lsn_, last_commit_, acked_lsn_, origin_;
+  std::vector<history_cut> cuts_;
   std::uint64_t next_seq_ = 0;
   std::uint64_t visible_seq_ = 0, visible_offset_ = 0;
   std::uint64_t pending_durable_seq_ = 0, durable_seq_ = 0;

@@ -21,6 +21,7 @@
 #pragma once
 
 #include "walgate/protocol/lsn.hpp"
+#include "walgate/proxy/history.hpp"
 #include "walgate/transform/change.hpp"
 
 #include <cstddef>
@@ -92,6 +93,15 @@ class log_reader {
   virtual std::uint64_t transaction_end_offset(std::uint64_t seq) const = 0;
   /// Where this log began (an id from before it belongs to another log); invalid: unknown.
   virtual protocol::lsn origin() const = 0;
+  /// The id of the newest event retention let go in this process (nullopt: none, or not known:
+  /// dropped before this process started). What lies before it is gone.
+  virtual std::optional<transform::event_id> last_dropped_id() const { return std::nullopt; }
+  /// The history cut from this log (history.hpp): ids a cut covers name no change of the
+  /// server's history (410 to a resume). Empty by default.
+  virtual const std::vector<history_cut>& history_cuts() const {
+    static const std::vector<history_cut> none;
+    return none;
+  }
   /// Events from seq on, committed only: at most max_events, and no more records than about
   /// max_bytes (at least one event). Empty when seq is not retained or nothing is visible
   /// there. When the log cannot be read, the events before the fault are returned and *error

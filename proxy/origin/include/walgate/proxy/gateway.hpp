@@ -36,6 +36,8 @@ struct gateway_metrics {
   protocol::lsn server_wal_end;
   std::int64_t last_commit_time_us = 0;   ///< PostgreSQL-epoch µs of the last logged transaction
   std::int64_t slot_retained_wal = -1;    ///< bytes, from pg_replication_slots (-1: unknown)
+  /// 1: the slot can survive a failover (check_failover, failover.hpp); 0: not; -1: not known yet.
+  std::int64_t slot_failover_ready = -1;
   std::uint64_t decode_failures = 0;      ///< pgoutput messages that could not be decoded
   std::uint64_t wakes_deferred = 0;       ///< commits whose wake-up waited: walgate behind the stream
 };

@@ -62,6 +62,13 @@ class initial_snapshot {
   /// transaction at consistent_point, syncs it and marks the data directory's SNAPSHOT done. On
   /// failure the log's transaction is dropped (the caller drops the slot and tries again).
   boost::asio::awaitable<outcome<void>> run(std::string exported, protocol::lsn consistent_point);
+  /// Shutdown: a running copy is cancelled (each connection's query, off the loop) and run()
+  /// ends within seconds with a failure, its transaction dropped (the slot's next start takes
+  /// the snapshot again); a later run() fails at once. Never blocks.
+  void stop();
+  /// The conninfo the copy's connections use from the next run() on (the exported snapshot's
+  /// server: walgate serve pins it to the stream's).
+  void set_conninfo(std::string conninfo) { opts_.conninfo = std::move(conninfo); }
   /// Rows copied and estimated per table, and whether a copy runs, for /metrics.
   void register_metrics(metrics_registry& r);
 
@@ -78,6 +85,7 @@ class initial_snapshot {
   initial_snapshot_options opts_;
   std::shared_ptr<state> st_;
   bool running_ = false;
+  bool stop_asked_ = false;
 };
 
 }  // namespace walgate::proxy

@@ -15,6 +15,10 @@ struct failure {
   std::string message;     ///< What happened and, where we know it, what to change.
   std::string sqlstate;    ///< Set when the server reported the error.
   bool retryable = true;   ///< false: reconnecting will fail the same way (bad config, auth).
+  /// No host was taken, and at least one answered but was passed over for its state (not the
+  /// target_session_attrs asked for: a standby, say, or its state could not be read): it may
+  /// become the target any moment (a promotion under way), so reconnecting does not back off far.
+  bool passed_for_state = false;
 };
 
 [[noreturn]] void throw_exception_from_error(const failure& f, const boost::source_location& loc);

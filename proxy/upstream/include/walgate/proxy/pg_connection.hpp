@@ -33,6 +33,7 @@ struct query_result {
 struct connection_info {
   std::string host;
   std::uint16_t port = 0;
+  std::string address;              ///< The IP connected to over TCP (empty for a Unix socket).
   bool tls = false;
   std::string auth_method;          ///< "trust", "password", "md5", "SCRAM-SHA-256", "SCRAM-SHA-256-PLUS".
   int server_major = 0;
@@ -47,9 +48,12 @@ class pg_connection {
   pg_connection(const pg_connection&) = delete;
   pg_connection& operator=(const pg_connection&) = delete;
 
-  /// Connects to the first endpoint that answers, negotiates TLS per sslmode, starts up (with
-  /// replication=database when replication is true) and authenticates.
-  boost::asio::awaitable<outcome<void>> connect(const conn_params& params, bool replication);
+  /// Connects to the first endpoint that answers and is what params.target_session_attrs asks
+  /// for (unset: any), negotiates TLS per sslmode, starts up (with replication=database when
+  /// replication is true) and authenticates. log, when set, is told of each host passed over
+  /// and why.
+  boost::asio::awaitable<outcome<void>> connect(const conn_params& params, bool replication,
+                                                std::function<void(const std::string&)> log = {});
 
   /// Runs one statement (SQL, or a replication command) with the simple query protocol.
   boost::asio::awaitable<outcome<query_result>> query(std::string sql);
@@ -87,6 +91,7 @@ class pg_connection {
   void set_capture_file(std::string path);
 
  private:
+  boost::asio::awaitable<outcome<session_state>> find_session_state();
   struct impl;
   std::shared_ptr<impl> impl_;   // shared with its own timer and write handlers
 };

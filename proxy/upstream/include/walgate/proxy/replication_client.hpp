@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,6 +38,13 @@ struct replication_settings {
   /// Called right before the slot is created (with export_snapshot); an error stops it.
   std::function<std::string()> before_create_slot;
   bool temporary_slot = false;       ///< Dropped by the server when the connection ends.
+  /// PostgreSQL 17+: the slot is a failover slot (created with FAILOVER; an existing one altered
+  /// to it with ALTER_REPLICATION_SLOT), synchronised to standbys that ask for it, so that the
+  /// stream goes on from a promoted standby. false: created without, an existing one altered
+  /// back. Before 17, on a standby, and for a temporary slot, nothing. Unset: a new slot is made
+  /// without, an existing one is left as it is (walgate stream). (walgate serve: --failover-slot,
+  /// on by default.)
+  std::optional<bool> failover_slot;
   std::uint32_t proto_version = 0;   ///< 0: the highest the server supports.
   bool messages = false;              ///< Logical decoding messages; PostgreSQL 14+ (an error before).
   /// Logical decoding messages where the server has them (14+), without them before: the
@@ -59,6 +67,8 @@ struct replication_settings {
   std::chrono::milliseconds backoff_initial{500};
   std::chrono::milliseconds backoff_max{30'000};
   int max_attempts = 0;              ///< Consecutive failed attempts before giving up; 0 = never.
+  /// Told of each host of conn passed over, and why (target_session_attrs; a host down).
+  std::function<void(const std::string&)> log;
 };
 
 /// What the client knows about the stream it just started.
@@ -73,6 +83,26 @@ struct stream_start_info {
   /// Where the server's WAL ended when the stream was prepared (pg_current_wal_lsn(), on a
   /// standby its replay position): every transaction committed before is at or below it.
   protocol::lsn server_wal_end;
+  /// The host of conn the stream is on (the one target_session_attrs kept): libpq connections
+  /// that must reach the same server (the exported snapshot's) are pinned to it (pinned_conninfo).
+  /// Its address is the one connected to (a host name's IP; empty for a Unix socket): libpq's
+  /// connections are pinned to it, not to the name (which may resolve elsewhere).
+  conn_endpoint server;
+  /// IDENTIFY_SYSTEM's: the cluster (systemid) and the timeline the server is on.
+  std::string system_id;
+  std::uint32_t timeline = 0;
+  /// The timeline's history (TIMELINE_HISTORY; empty on timeline 1): where each earlier one was left.
+  std::vector<protocol::timeline_switch> timeline_history;
+  std::string timeline_history_error;   ///< why the history could not be read (it is then empty)
+  /// On a timeline after the first: the slot's confirmed_flush_lsn on this server (nullopt: no
+  /// such slot, or none confirmed), read before anything touches it.
+  std::optional<protocol::lsn> slot_confirmed;
+  /// The server is a standby (in_hot_standby on: logical decoding on a standby, 16+).
+  bool in_recovery = false;
+  /// IDENTIFY_SYSTEM's database, and the ParameterStatus values the server reported: what
+  /// walgate's own walsender (--replication-listen) reports to its clients as the server's.
+  std::string dbname;
+  std::map<std::string, std::string> server_parameters;
 };
 
 class replication_sink {
@@ -91,6 +121,11 @@ class replication_sink {
   /// the idle replication connection, before START_REPLICATION. A failure drops the slot (so
   /// the next attempt makes it, and its snapshot, again) and ends this connection.
   virtual boost::asio::awaitable<outcome<void>> on_slot_created(const stream_start_info&);
+  /// Every connection, once the server's identity is known (info: server, server_major,
+  /// system_id, timeline and its history; nothing else yet) and before the slot is looked at or
+  /// made: a failure ends this connection (retried as its retryable flag says). Walgate serve
+  /// checks the server's cluster and timeline against its log's here.
+  virtual boost::asio::awaitable<outcome<void>> on_connected(const stream_start_info&);
   /// The position that is durable downstream; reported as flush and apply.
   virtual protocol::lsn durable_lsn() const = 0;
 };
@@ -133,9 +168,11 @@ class replication_client {
 /// Creates the slot if allowed — but not when the consumer already stored changes (up to
 /// stored_up_to, valid) from a slot of that name: a new slot would skip what happened since.
 /// A slot the server invalidated (wal_status lost) is refused too. Each failure says what to do.
+/// known: what is already known of the server (identify(): its cluster and timeline), kept.
 class pg_connection;
 boost::asio::awaitable<outcome<stream_start_info>> prepare_replication(pg_connection& conn,
                                                                      const replication_settings& s,
-                                                                     protocol::lsn stored_up_to = {});
+                                                                     protocol::lsn stored_up_to = {},
+                                                                     stream_start_info known = {});
 
 }  // namespace walgate::proxy

@@ -1,0 +1,90 @@
+// walgate's own walsender (--replication-listen, issue 35): a PostgreSQL wire-protocol server for
+// logical replication connections, serving the event log to replication clients (pg_recvlogical
+// today) as the upstream server would — one upstream slot, any number of downstream slots, each
+// with its own position, stored in the data directory.
+//
+// What it serves today: trust authentication on a loopback address (SCRAM and --replication-users
+// are not built: a non-loopback address is refused by the configuration), IDENTIFY_SYSTEM, SHOW,
+// the SQL libpq's replication clients send by themselves, CREATE_REPLICATION_SLOT …
+// LOGICAL test_decoding (snapshot 'nothing'), DROP_REPLICATION_SLOT, START_REPLICATION … LOGICAL
+// with test_decoding's output emulated from the log (transform/test_decoding.hpp). Other plugins,
+// physical replication, exported snapshots and SQL are answered with an ErrorResponse saying so.
+//
+// Assumptions, tested in tests/proxy/replication_server_test.cpp (the retention path, where the
+// log let go of what a slot needs, is not driven there yet):
+// - every transaction a slot's client is sent is in the log whole before any of it is sent (the
+//   log makes a transaction visible at its commit): a client never sees half of one;
+// - a slot starts after every transaction whose commit LSN is below max(the position asked for,
+//   its confirmed_flush) — PostgreSQL's rule (SnapBuildXactNeedsSkip);
+// - the log may no longer hold where a slot is (retention does not wait for downstream slots
+//   yet): START_REPLICATION then fails saying so, never streaming from a later point;
+// - a keepalive's walEnd is never past what the client was sent, unless it was sent everything
+//   the log holds: then it is walgate's durable position (no transaction below it is missing);
+// - a client's flush position is taken up to what it was sent, never past, and written to the
+//   slots' file (fsync, rename) within a burst delay; a slot exists on disk once
+//   CREATE_REPLICATION_SLOT's answer is sent, and is gone from it once DROP's is;
+// - a client may stop reading or sending at any time: the watchdog closes it at the timeout,
+//   even while a write to it waits.
+// Runs on the executor of the log (the log is single-threaded); the slot file is written on a
+// thread of its own.
+#pragma once
+
+#include "walgate/protocol/lsn.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace walgate::proxy {
+
+class log_reader;
+
+/// The upstream as walgate's walsender reports it: its cluster, timeline, database and the
+/// ParameterStatus values it sent walgate (nullopt until walgate has connected to it once).
+struct upstream_identity {
+  std::string system_id;
+  std::uint32_t timeline = 0;
+  std::string dbname;
+  std::map<std::string, std::string> parameters;
+};
+
+struct replication_server_options {
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 0;   ///< 0: any free port (port() says which)
+  std::string data_dir;     ///< the slots' file goes here (replication-slots)
+  bool fsync = true;
+  std::function<std::optional<upstream_identity>()> identity;
+  std::function<protocol::lsn()> durable_lsn;
+  /// A client that sends nothing for this long is disconnected (wal_sender_timeout); a
+  /// keepalive asking for a reply goes out after half of it.
+  std::chrono::milliseconds timeout{60'000};
+  std::function<void(const std::string&)> log;
+};
+
+class replication_server {
+ public:
+  replication_server(boost::asio::io_context& io, replication_server_options o, log_reader& log);
+  ~replication_server();
+  replication_server(const replication_server&) = delete;
+  replication_server& operator=(const replication_server&) = delete;
+
+  /// Reads the slots' file and listens. False with error set when either fails.
+  bool start(std::string& error);
+  std::uint16_t port() const;
+  /// Closes the listener and every connection.
+  void stop();
+
+ private:
+  struct impl;
+  std::shared_ptr<impl> impl_;
+};
+
+}  // namespace walgate::proxy

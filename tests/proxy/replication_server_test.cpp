@@ -1,0 +1,690 @@
+// walgate's own walsender (--replication-listen, issue 35) against real replication clients:
+// pg_recvlogical (Debian's, of PostgreSQL 15: the npm servers ship no client programs) reading
+// test_decoding from walgate, its output compared byte for byte with pg_recvlogical reading the
+// real test_decoding on the upstream over the same changes.
+//
+// The assumptions this file breaks:
+// - "what the log holds is what the plugin prints": every built-in type family, NULLs, TOAST
+//   left unchanged, REPLICA IDENTITY FULL, a key change, a truncate of two tables with RESTART
+//   IDENTITY, transactional and non-transactional messages, a partition, a 100,000-row
+//   transaction, each printed as test_decoding prints it;
+// - "a downstream slot lives as long as walgate's process": kill -9 walgate, restart it — the slot
+//   and its confirmed position are there, and a client resuming gets exactly the rest (a client
+//   that reconnects by itself may see again what it asks for again: whole transactions, nothing
+//   else);
+// - "a client sends what it should": an active slot, an unknown plugin, physical replication,
+//   SQL, the extended protocol, a 10 MB startup packet, a connection that is not a replication
+//   one: each answered with PostgreSQL's error (or a clear one of walgate's), walgate unharmed.
+// Label "walsender": on PostgreSQL 15 and 18.
+#include "walgate/protocol/lsn.hpp"
+#include "walgate/proxy/local_cluster.hpp"
+
+#include "fault_harness.hpp"
+#include "test_cluster.hpp"
+
+#include <doctest/doctest.h>
+#include <libpq-fe.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+
+using namespace walgate;
+using namespace walgate::test::fault_harness;
+
+namespace {
+
+const char* recvlogical() {
+  static const std::string path = [] {
+    for (const char* p : {"/usr/lib/postgresql/15/bin/pg_recvlogical", "/usr/bin/pg_recvlogical"})
+      if (std::filesystem::exists(p)) return std::string(p);
+    return std::string();
+  }();
+  return path.c_str();
+}
+
+/// A child process (stdout and stderr to a file).
+struct child {
+  pid_t pid = -1;
+  std::filesystem::path log;
+  void start(const std::vector<std::string>& args, const std::filesystem::path& log_file) {
+    log = log_file;
+    pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      sigset_t none;   // (nothing the test process blocks stays blocked in the client)
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      int fd = ::open(log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      std::vector<char*> argv;
+      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+  }
+  int stop(int sig = SIGINT) {
+    if (pid <= 0) return -1;
+    ::kill(pid, sig);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    pid = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  std::string output() const {
+    std::ifstream f(log);
+    std::stringstream s;
+    s << f.rdbuf();
+    return s.str();
+  }
+  ~child() {
+    if (pid > 0) stop(SIGKILL);
+  }
+};
+
+std::string read_file(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+std::filesystem::path temp_dir(const char* what) {
+  std::string t = (std::filesystem::temp_directory_path() / (std::string(what) + "-XXXXXX")).string();
+  return mkdtemp(t.data());
+}
+
+/// Runs pg_recvlogical to completion (a slot's creation or dropping); its output.
+std::pair<int, std::string> recvlogical_once(const std::vector<std::string>& args, const std::filesystem::path& dir) {
+  child c;
+  std::vector<std::string> all{recvlogical()};
+  all.insert(all.end(), args.begin(), args.end());
+  static int n = 0;
+  c.start(all, dir / ("once-" + std::to_string(++n) + ".log"));
+  int status = 0;
+  waitpid(c.pid, &status, 0);
+  c.pid = -1;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), c.output()};
+}
+
+/// The upstream and walgate with its walsender, on the server under test.
+struct fixture {
+  std::unique_ptr<proxy::local_cluster> pg;
+  std::filesystem::path dir = temp_dir("walgate-walsender");
+  walgate_process gw;
+  std::uint16_t http_port = free_port();
+  std::uint16_t repl_port = free_port();
+  std::string timeout = "20";   ///< --replication-timeout
+
+  explicit fixture(const std::string& timezone = "UTC") {
+    proxy::cluster_options o;
+    o.name = "walsender";
+    o.extra_conf = {"max_replication_slots = 20", "max_wal_senders = 20", "timezone = '" + timezone + "'"};
+    std::string error;
+    pg = proxy::local_cluster::start(o, error);
+    REQUIRE_MESSAGE(pg, error);
+  }
+  std::string upstream() const { return pg->conninfo(); }
+  std::string downstream() const {
+    return "host=127.0.0.1 port=" + std::to_string(repl_port) + " user=postgres dbname=postgres sslmode=disable";
+  }
+  void start_walgate() {
+    gw.args = {"--pg", upstream(), "--slot", "ws_slot", "--publication", "ws_pub", "--data-dir", (dir / "data").string(),
+               "--listen", "127.0.0.1:" + std::to_string(http_port), "--replication-listen",
+               "127.0.0.1:" + std::to_string(repl_port), "--status-interval", "500", "--replication-timeout", timeout};
+    gw.start();
+    REQUIRE_MESSAGE(test::wait_until([&] { return gw.this_run().find("streaming from PostgreSQL at") != std::string::npos; },
+                                     std::chrono::seconds(60)),
+                    gw.log());
+  }
+  /// Makes a slot on the upstream (ref_<name>) and on walgate (<name>), both with test_decoding,
+  /// with nothing written between the two.
+  void make_slots(const std::string& name) {
+    auto up = recvlogical_once({"-d", upstream(), "--slot", "ref_" + name, "--plugin", "test_decoding", "--create-slot"}, dir);
+    REQUIRE_MESSAGE(up.first == 0, up.second);
+    auto down = recvlogical_once({"-d", downstream(), "--slot", name, "--plugin", "test_decoding", "--create-slot"}, dir);
+    REQUIRE_MESSAGE(down.first == 0, down.second << gw.log());
+  }
+  void start_reader(child& c, bool on_walgate, const std::string& slot, const std::vector<std::string>& options,
+                    const std::string& file) {
+    std::vector<std::string> args{recvlogical(), "-d", on_walgate ? downstream() : upstream(), "--slot", slot, "--start",
+                                  "-f", (dir / file).string(), "-F", "1", "-s", "1", "-v"};
+    for (const auto& o : options) {
+      args.push_back("-o");
+      args.push_back(o);
+    }
+    c.start(args, dir / (file + ".log"));
+  }
+};
+
+/// Until each file holds a line with `marker` and, after it, a COMMIT line ending in a newline.
+bool wait_for_marker(const std::vector<std::filesystem::path>& files, const std::string& marker,
+                     std::chrono::seconds limit = std::chrono::seconds(120)) {
+  return test::wait_until(
+      [&] {
+        for (const auto& f : files) {
+          auto text = read_file(f);
+          auto at = text.find(marker);
+          if (at == std::string::npos) return false;
+          auto commit = text.find("\nCOMMIT", at);
+          if (commit == std::string::npos || text.find('\n', commit + 1) == std::string::npos) return false;
+        }
+        return true;
+      },
+      limit);
+}
+
+/// The first line where a and b differ, with its neighbours (for a failing comparison).
+std::string first_difference(const std::string& a, const std::string& b) {
+  std::istringstream x(a), y(b);
+  std::string la, lb;
+  for (int n = 1;; ++n) {
+    bool ga = static_cast<bool>(std::getline(x, la)), gb = static_cast<bool>(std::getline(y, lb));
+    if (!ga && !gb) return "(no line differs: the ends differ)";
+    if (!ga || !gb || la != lb)
+      return "line " + std::to_string(n) + ":\n  upstream: " + (ga ? la.substr(0, 400) : "(end)") + "\n  walgate:  " +
+             (gb ? lb.substr(0, 400) : "(end)");
+  }
+}
+
+/// The workload of every kind, in transactions of its own.
+void workload(proxy::local_cluster& pg) {
+  pg.sql(
+      "INSERT INTO ws_types VALUES (1, 'it''s \"q\" \\ back', 12.50, 'NaN', 'Infinity', true, '{a,\"b c\",NULL}', B'101', "
+      "'ab', 'vc', '{\"k\": [1, 2.5]}', '{\"x\":1}', '2026-12-07 10:00:00.123456+00', '2026-12-07', '10:01:02', "
+      "'1 year 2 mons 3 days 04:05:06.7', '\\xdeadbeef', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '192.168.0.1/24', "
+      "'happy', '{1,2,3}', 'x', -32768, 9223372036854775807, 1.5e-7, '(1,2)', '[1,5)', 'a & b', 42, 'line1\nline2')");
+  pg.sql("INSERT INTO ws_types (id) VALUES (2)");
+  pg.sql("UPDATE ws_types SET t = 'changed', big = repeat('long text ', 5000) WHERE id = 1");
+  pg.sql("UPDATE ws_types SET n = 1 WHERE id = 1");   // (big: unchanged TOAST)
+  pg.sql("UPDATE ws_types SET id = 3 WHERE id = 2");  // a key change: old-key
+  pg.sql("DELETE FROM ws_types WHERE id = 3");
+  pg.sql("INSERT INTO ws_full VALUES (1, 'a', NULL), (2, 'b', 'c')");
+  pg.sql("UPDATE ws_full SET v = 'z' WHERE id = 2");
+  pg.sql("DELETE FROM ws_full WHERE id = 1");
+  pg.sql("INSERT INTO ws_parted VALUES (5, 'low'), (150, 'high')");
+  pg.sql("SELECT pg_logical_emit_message(true, 'tx', 'in a transaction')");
+  pg.sql("SELECT pg_logical_emit_message(false, 'ntx', 'outside')");
+  pg.sql("BEGIN; INSERT INTO ws_full VALUES (9, 'm', 'n'); SELECT pg_logical_emit_message(true, 'mid', 'x'); COMMIT");
+  pg.sql("INSERT INTO \"Ws Mixed\" (\"Key\", \"user\") VALUES (1, 'u')");
+  pg.sql("TRUNCATE ws_full, \"Ws Mixed\" RESTART IDENTITY");
+  // (A partitioned table's own TRUNCATE is not here: test_decoding names the parent with its
+  // partitions, and pgoutput sends the partitions alone — the log cannot know the parent.)
+  pg.sql("TRUNCATE ws_parted_low, ws_parted_high");
+  pg.sql("INSERT INTO ws_big SELECT g, md5(g::text) FROM generate_series(1, 100000) g");
+  pg.sql("INSERT INTO ws_full VALUES (424242, 'marker', 'end')");
+}
+
+void make_tables(proxy::local_cluster& pg) {
+  pg.sql(
+      "CREATE TYPE mood AS ENUM ('sad', 'happy');"
+      "CREATE TABLE ws_types (id int PRIMARY KEY, t text, n numeric(10,2), nan numeric, inf float8, b bool, arr text[], "
+      "  bits bit(3), c char(4), vc varchar(8), j jsonb, js json, ts timestamptz, d date, tm time, iv interval, "
+      "  by bytea, u uuid, ip inet, m mood, ia int[], ch \"char\", s smallint, bg bigint, r real, pt point, rg int4range, "
+      "  tsv tsvector, o oid, big text);"
+      "CREATE TABLE ws_full (id int PRIMARY KEY, v text, w text); ALTER TABLE ws_full REPLICA IDENTITY FULL;"
+      "CREATE TABLE ws_parted (id int, v text) PARTITION BY RANGE (id);"
+      "CREATE TABLE ws_parted_low PARTITION OF ws_parted FOR VALUES FROM (0) TO (100);"
+      "CREATE TABLE ws_parted_high PARTITION OF ws_parted FOR VALUES FROM (100) TO (1000);"
+      "CREATE TABLE \"Ws Mixed\" (\"Key\" serial PRIMARY KEY, \"user\" text);"
+      "CREATE TABLE ws_big (id int PRIMARY KEY, v text);"
+      "CREATE PUBLICATION ws_pub FOR ALL TABLES");
+}
+
+}  // namespace
+
+TEST_CASE("pg_recvlogical reads test_decoding from walgate, byte for byte what the server's own test_decoding sends") {
+  REQUIRE_MESSAGE(recvlogical()[0] != '\0', "pg_recvlogical is not installed (.ci/install-deps.sh installs postgresql-15)");
+  fixture f;
+  make_tables(*f.pg);
+  f.start_walgate();
+  // Three option sets: the defaults, skip-empty-xacts, and neither xids nor... with timestamps.
+  const std::vector<std::vector<std::string>> option_sets = {
+      {}, {"skip-empty-xacts=1"}, {"include-xids=0", "include-timestamp=1", "skip-empty-xacts=on"}};
+  std::vector<child> readers(option_sets.size() * 2);
+  std::vector<std::filesystem::path> files;
+  for (std::size_t i = 0; i < option_sets.size(); ++i) {
+    const std::string name = "td" + std::to_string(i);
+    f.make_slots(name);
+    f.start_reader(readers[2 * i], false, "ref_" + name, option_sets[i], "ref_" + name + ".out");
+    f.start_reader(readers[2 * i + 1], true, name, option_sets[i], name + ".out");
+    files.push_back(f.dir / ("ref_" + name + ".out"));
+    files.push_back(f.dir / (name + ".out"));
+  }
+  workload(*f.pg);
+  const bool done = wait_for_marker(files, "'marker'");
+  for (auto& r : readers) r.stop();
+  REQUIRE_MESSAGE(done, "a reader did not get the last transaction; walgate said:\n"
+                            << f.gw.log() << "\nits reader said:\n" << readers[1].output());
+  for (std::size_t i = 0; i < option_sets.size(); ++i) {
+    const auto ref = read_file(files[2 * i]), got = read_file(files[2 * i + 1]);
+    INFO("options: " << (option_sets[i].empty() ? std::string("(none)") : option_sets[i].front()));
+    CHECK(ref.size() > 100000 * 40);   // (the 100,000-row transaction is there)
+    CHECK_MESSAGE(ref == got, first_difference(ref, got));
+  }
+  // Without skip-empty-xacts the server prints the empty transactions too (the DDL's, none here
+  // after the slots): the same bytes. The walgate files hold the type names test_decoding prints.
+  CHECK(read_file(files[1]).find("m[public.mood]:'happy'") != std::string::npos);
+  CHECK(read_file(files[1]).find("table public.ws_full, public.\"Ws Mixed\": TRUNCATE: restart_seqs") != std::string::npos);
+  CHECK(f.gw.log().find("replication slot td0 made (test_decoding)") != std::string::npos);
+}
+
+TEST_CASE("downstream slots survive kill -9 of walgate: a resuming pg_recvlogical gets exactly the rest") {
+  REQUIRE_MESSAGE(recvlogical()[0] != '\0', "pg_recvlogical is not installed (.ci/install-deps.sh installs postgresql-15)");
+  fixture f;
+  f.pg->sql("CREATE TABLE ws_k (id int PRIMARY KEY, v text); CREATE PUBLICATION ws_pub FOR ALL TABLES");
+  f.start_walgate();
+  f.make_slots("kk");
+  child ref, got;
+  f.start_reader(ref, false, "ref_kk", {"skip-empty-xacts=1"}, "ref.out");
+  f.start_reader(got, true, "kk", {"skip-empty-xacts=1"}, "got.out");
+  // A writer throughout: one row per transaction.
+  std::atomic<bool> stop{false};
+  std::atomic<int> written{0};
+  std::thread writer([&] {
+    sql_conn c(f.upstream());
+    for (int i = 1; !stop; ++i) {
+      if (c.exec("INSERT INTO ws_k VALUES (" + std::to_string(i) + ", md5('" + std::to_string(i) + "'))")) written = i;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  auto rows_in = [&](const std::filesystem::path& p) {
+    auto t = read_file(p);
+    std::size_t n = 0;
+    for (auto at = t.find("INSERT:"); at != std::string::npos; at = t.find("INSERT:", at + 1)) ++n;
+    return n;
+  };
+  // 1. pg_recvlogical stopped cleanly (its position confirmed), then walgate killed -9 and
+  // restarted: the slot's confirmed position is what the restarted client resumes from.
+  REQUIRE(test::wait_until([&] { return rows_in(f.dir / "got.out") > 200; }, std::chrono::seconds(60)));
+  CHECK(got.stop(SIGINT) == 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  CHECK(f.gw.kill_with(SIGKILL) == 128 + SIGKILL);
+  const auto slots_file = read_file(f.dir / "data" / "replication-slots");
+  CHECK_MESSAGE(slots_file.rfind("walgate replication slots 1\nkk test_decoding ", 0) == 0, slots_file);
+  f.start_walgate();
+  f.start_reader(got, true, "kk", {"skip-empty-xacts=1"}, "got.out");   // (appends)
+  // 2. walgate killed -9 under a streaming client, twice: the client reconnects by itself
+  // (pg_recvlogical retries every 5 s) and resumes from where it confirmed.
+  // Each kill comes once the slot's file holds a position past the one its last start said
+  // (the client confirms what it wrote each second, -s 1 -F 1): durable, the next start uses it.
+  auto stored = [&] {
+    auto text = read_file(f.dir / "data" / "replication-slots");
+    auto at = text.find("\nkk test_decoding ");
+    if (at == std::string::npos) return std::uint64_t{0};
+    at += 18;
+    auto l = protocol::lsn::parse(text.substr(at, text.find(' ', at) - at));
+    return l ? l->value : 0;
+  };
+  for (int round = 0; round < 2; ++round) {
+    const auto before = stored();
+    REQUIRE_MESSAGE(test::wait_until([&] { return stored() > before; }, std::chrono::seconds(60)), f.gw.log());
+    CHECK(f.gw.kill_with(SIGKILL) == 128 + SIGKILL);
+    f.start_walgate();
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  stop = true;
+  writer.join();
+  f.pg->sql("INSERT INTO ws_k VALUES (424242, 'marker')");
+  const bool done = wait_for_marker({f.dir / "ref.out", f.dir / "got.out"}, "'marker'");
+  ref.stop();
+  got.stop();
+  REQUIRE_MESSAGE(done, f.gw.log() << got.output());
+  // Whole transactions seen twice (what the client asked for again) are dropped; nothing else may differ.
+  auto transactions = [](const std::string& text) {
+    std::vector<std::string> out;
+    std::istringstream in(text);
+    std::string line, cur;
+    while (std::getline(in, line)) {
+      if (line.rfind("BEGIN", 0) == 0 && !cur.empty()) cur.clear();   // (cut off by a kill: sent again whole)
+      cur += line + "\n";
+      if (line.rfind("COMMIT", 0) == 0) {
+        out.push_back(cur);
+        cur.clear();
+      }
+    }
+    if (!cur.empty()) out.push_back(cur);
+    return out;
+  };
+  const auto ref_tx = transactions(read_file(f.dir / "ref.out"));
+  auto got_tx = transactions(read_file(f.dir / "got.out"));
+  std::vector<std::string> deduplicated;
+  std::set<std::string> seen;
+  std::size_t repeated = 0;
+  for (const auto& t : got_tx) {
+    if (!seen.insert(t).second) {
+      ++repeated;
+      continue;
+    }
+    deduplicated.push_back(t);
+  }
+  // Each start resumed where the slot's confirmed position was stored, which moved on.
+  std::vector<std::uint64_t> starts;
+  {
+    const auto log = f.gw.log();
+    const std::string key = "replication slot kk streaming to connection ";
+    for (auto at = log.find(key); at != std::string::npos; at = log.find(key, at + 1)) {
+      auto from = log.find(" from ", at);
+      auto end = log.find('\n', from);
+      auto l = protocol::lsn::parse(log.substr(from + 6, end - from - 6));
+      REQUIRE(l.has_value());
+      starts.push_back(l->value);
+    }
+  }
+  REQUIRE(starts.size() >= 4);
+  for (std::size_t i = 1; i < starts.size(); ++i) CHECK(starts[i] >= starts[i - 1]);
+  CHECK(starts[2] > starts[1]);   // (confirmed while streaming, kept across kill -9)
+  CHECK(starts.back() > starts[2]);
+  MESSAGE("transactions: " << ref_tx.size() << " from the server, " << got_tx.size() << " through walgate (" << repeated
+                           << " seen again after a reconnection)");
+  CHECK(ref_tx.size() > 600);
+  CHECK(deduplicated == ref_tx);
+}
+
+TEST_CASE("what a replication client may send wrong: PostgreSQL's errors, walgate unharmed") {
+  fixture f("Europe/Paris");
+  f.timeout = "4";
+  f.pg->sql("CREATE TABLE ws_e (id int PRIMARY KEY); CREATE PUBLICATION ws_pub FOR ALL TABLES");
+  // Before walgate has reached PostgreSQL, it cannot say what the upstream is: 57P03.
+  {
+    walgate_process early;
+    const auto port = free_port();
+    early.args = {"--pg", "host=127.0.0.1 port=1 user=postgres dbname=postgres connect_timeout=2", "--slot", "x", "--publication",
+                  "ws_pub", "--data-dir", (f.dir / "early").string(), "--listen", "127.0.0.1:" + std::to_string(free_port()),
+                  "--replication-listen", "127.0.0.1:" + std::to_string(port)};
+    early.start();
+    REQUIRE(test::wait_until([&] { return early.log().find("replication clients served on") != std::string::npos; }));
+    PGconn* c = PQconnectdb(("host=127.0.0.1 port=" + std::to_string(port) +
+                             " user=postgres dbname=postgres replication=database sslmode=disable").c_str());
+    CHECK(PQstatus(c) == CONNECTION_BAD);
+    CHECK_MESSAGE(std::string(PQerrorMessage(c)).find("walgate has not connected to its upstream PostgreSQL yet") !=
+                      std::string::npos,
+                  PQerrorMessage(c));
+    PQfinish(c);
+    early.kill_with(SIGTERM);
+  }
+  f.start_walgate();
+  auto connect = [&](const std::string& extra = " replication=database") {
+    PGconn* c = PQconnectdb((f.downstream() + extra).c_str());
+    return c;
+  };
+  auto error_of = [](PGconn* c, const std::string& q) {
+    PGresult* r = PQexec(c, q.c_str());
+    std::string e = PQresultStatus(r) == PGRES_FATAL_ERROR ? PQresultErrorMessage(r) : std::string("(no error)");
+    std::string state = PQresultErrorField(r, PG_DIAG_SQLSTATE) ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : "";
+    PQclear(r);
+    return state + " " + e;
+  };
+  PGconn* a = connect();
+  REQUIRE_MESSAGE(PQstatus(a) == CONNECTION_OK, PQerrorMessage(a));
+  CHECK(std::string(PQparameterStatus(a, "server_version")) == f.pg->sql("SHOW server_version")[0][0].value());
+  {
+    PGresult* r = PQexec(a, "IDENTIFY_SYSTEM");
+    REQUIRE(PQresultStatus(r) == PGRES_TUPLES_OK);
+    CHECK(std::string(PQgetvalue(r, 0, 0)) == f.pg->sql("SELECT system_identifier::text FROM pg_control_system()")[0][0].value());
+    CHECK(std::string(PQgetvalue(r, 0, 3)) == "postgres");
+    PQclear(r);
+  }
+  {
+    PGresult* r = PQexec(a, "IDENTIFY_SYSTEM");
+    REQUIRE(PQresultStatus(r) == PGRES_TUPLES_OK);
+    auto pos = protocol::lsn::parse(PQgetvalue(r, 0, 2));   // walgate's durable position
+    auto now = protocol::lsn::parse(f.pg->sql("SELECT pg_current_wal_lsn()::text")[0][0].value());
+    REQUIRE(pos.has_value());
+    CHECK(pos->value > 0);
+    CHECK(pos->value <= now->value);
+    CHECK(std::string(PQgetvalue(r, 0, 1)) == "1");
+    PQclear(r);
+  }
+  CHECK(error_of(a, "CREATE_REPLICATION_SLOT e1 LOGICAL test_decoding (SNAPSHOT 'nothing')") == " (no error)");
+  CHECK(error_of(a, "CREATE_REPLICATION_SLOT e9 LOGICAL test_decoding (SNAPSHOT 'nothing', TWO_PHASE true, FAILOVER)") ==
+        " (no error)");
+  CHECK(read_file(f.dir / "data" / "replication-slots").find("\ne9 test_decoding ") != std::string::npos);
+  CHECK(read_file(f.dir / "data" / "replication-slots").find(" two_phase,failover\n") != std::string::npos);
+  CHECK(error_of(a, "CREATE_REPLICATION_SLOT e8 LOGICAL test_decoding NOEXPORT_SNAPSHOT") == " (no error)");
+  CHECK(error_of(a, "CREATE_REPLICATION_SLOT e1 LOGICAL test_decoding (SNAPSHOT 'nothing')") ==
+        "42710 ERROR:  replication slot \"e1\" already exists\n");
+  CHECK(error_of(a, "CREATE_REPLICATION_SLOT \"E-1\" LOGICAL test_decoding (SNAPSHOT 'nothing')")
+            .rfind("42602 ERROR:  replication slot name \"E-1\" contains invalid character", 0) == 0);
+  CHECK(error_of(a, "CREATE_REPLICATION_SLOT e2 LOGICAL pgoutput (SNAPSHOT 'nothing')")
+            .find("output plugin \"pgoutput\" is not served by walgate yet") != std::string::npos);
+  CHECK(error_of(a, "CREATE_REPLICATION_SLOT e2 LOGICAL test_decoding").find("cannot export a snapshot") != std::string::npos);
+  CHECK(error_of(a, "CREATE_REPLICATION_SLOT e2 PHYSICAL").find("physical slots are not made here") != std::string::npos);
+  CHECK(error_of(a, "START_REPLICATION 0/0").find("physical replication is not served here") != std::string::npos);
+  CHECK(error_of(a, "SELECT 1").find("walgate's walsender does not run SQL") != std::string::npos);
+  CHECK(error_of(a, "IDENTIFY_SYSTEM extra") == "42601 ERROR:  syntax error\n");   // (bison's bare text, as the server's)
+  // (An unquoted name is cut to 63 bytes, as the server's lexer does; a quoted one is not.)
+  CHECK_MESSAGE(error_of(a, "CREATE_REPLICATION_SLOT \"" + std::string(64, 'n') + "\" LOGICAL test_decoding (SNAPSHOT 'nothing')")
+                    .rfind("42622 ERROR:  replication slot name \"nnnn", 0) == 0,
+                f.gw.log());
+  CHECK(error_of(a, "CREATE_REPLICATION_SLOT e3 LOGICAL test_decoding (SNAPSHOT 'nothing', RESERVE_WAL)") ==
+        "42601 ERROR:  unrecognized option: reserve_wal\n");
+  CHECK(error_of(a, "SHOW work_mem") == "42704 ERROR:  unrecognized configuration parameter \"work_mem\"\n");
+  CHECK(error_of(a, "START_REPLICATION SLOT nope LOGICAL 0/0") == "42704 ERROR:  replication slot \"nope\" does not exist\n");
+  CHECK(error_of(a, "START_REPLICATION SLOT e1 LOGICAL 0/0 (\"include-xid\" '1')") ==
+        "22023 ERROR:  option \"include-xid\" = \"1\" is unknown\n");
+  // The session the log's values were printed in: UTC, ISO — said so, whatever the server's default.
+  CHECK(std::string(PQparameterStatus(a, "TimeZone")) == "UTC");
+  CHECK(std::string(PQparameterStatus(a, "DateStyle")) == "ISO, YMD");
+  CHECK(f.pg->sql("SHOW timezone")[0][0].value() == "Europe/Paris");
+  {
+    PGresult* r = PQexec(a, "SHOW server_version_num");
+    REQUIRE(PQresultStatus(r) == PGRES_TUPLES_OK);
+    CHECK(std::string(PQgetvalue(r, 0, 0)) == f.pg->sql("SHOW server_version_num")[0][0].value());
+    PQclear(r);
+  }
+  // A client silent while streaming: a keepalive asking for a reply after half the timeout (4 s),
+  // then disconnected at the timeout.
+  {
+    PGconn* q = connect();
+    REQUIRE(PQstatus(q) == CONNECTION_OK);
+    CHECK(error_of(q, "CREATE_REPLICATION_SLOT quiet LOGICAL test_decoding (SNAPSHOT 'nothing')") == " (no error)");
+    PGresult* r = PQexec(q, "START_REPLICATION SLOT quiet LOGICAL 0/0");
+    REQUIRE(PQresultStatus(r) == PGRES_COPY_BOTH);
+    PQclear(r);
+    const auto began = std::chrono::steady_clock::now();
+    bool asked = false;
+    double asked_after = 0, closed_after = 0;
+    for (;;) {
+      char* buf = nullptr;
+      int n = PQgetCopyData(q, &buf, 0);
+      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+      if (n < 0) {
+        closed_after = t;
+        break;
+      }
+      if (n == 18 && buf[0] == 'k' && buf[17] == 1 && !asked) {
+        asked = true;
+        asked_after = t;
+      }
+      PQfreemem(buf);
+    }
+    CHECK(asked);
+    CHECK(asked_after >= 1.5);
+    CHECK(asked_after < 3.5);
+    CHECK(closed_after >= 3.5);
+    CHECK(closed_after < 8);
+    CHECK(f.gw.log().find("(slot quiet) sent nothing for 4000 ms: disconnected") != std::string::npos);
+    PQfinish(q);
+  }
+  // A client confirming what it was never sent: the slot does not move past what it was given.
+  {
+    PGconn* q = connect();
+    REQUIRE(PQstatus(q) == CONNECTION_OK);
+    CHECK(error_of(q, "CREATE_REPLICATION_SLOT far LOGICAL test_decoding (SNAPSHOT 'nothing')") == " (no error)");
+    PGresult* r = PQexec(q, "START_REPLICATION SLOT far LOGICAL 0/0");
+    REQUIRE(PQresultStatus(r) == PGRES_COPY_BOTH);
+    PQclear(r);
+    std::string update(1, 'r');
+    for (int field = 0; field < 3; ++field) update += std::string(8, '\xff');
+    update += std::string(8, '\0') + std::string(1, '\0');
+    REQUIRE(PQputCopyData(q, update.data(), static_cast<int>(update.size())) == 1);
+    REQUIRE(PQputCopyEnd(q, nullptr) == 1);
+    REQUIRE(PQflush(q) == 0);
+    char* buf = nullptr;
+    while (PQgetCopyData(q, &buf, 0) > 0) PQfreemem(buf);
+    PQfinish(q);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const auto file = read_file(f.dir / "data" / "replication-slots");
+    auto at = file.find("\nfar test_decoding ");
+    REQUIRE(at != std::string::npos);
+    at += 19;
+    auto l = protocol::lsn::parse(file.substr(at, file.find(' ', at) - at));
+    REQUIRE(l.has_value());
+    CHECK(l->value < 0xFFFFFFFF00000000ull);
+  }
+  // The extended protocol: refused, and the connection goes on.
+  {
+    PGresult* r = PQprepare(a, "s", "IDENTIFY_SYSTEM", 0, nullptr);
+    CHECK(PQresultStatus(r) == PGRES_FATAL_ERROR);
+    CHECK(std::string(PQresultErrorMessage(r)).find("extended query protocol not supported in a replication connection") !=
+          std::string::npos);
+    PQclear(r);
+    CHECK(error_of(a, "SHOW data_directory_mode") == " (no error)");
+  }
+  // An active slot: PostgreSQL's text, word for word (Debezium matches it).
+  {
+    child reader;
+    f.start_reader(reader, true, "e1", {}, "e1.out");
+    REQUIRE_MESSAGE(test::wait_until([&] { return f.gw.this_run().find("replication slot e1 streaming to connection") != std::string::npos; }),
+                    f.gw.log() << reader.output());
+    const auto e = error_of(a, "START_REPLICATION SLOT e1 LOGICAL 0/0");
+    CHECK_MESSAGE(e.rfind("55006 ERROR:  replication slot \"e1\" is active for PID ", 0) == 0, e);
+    CHECK(error_of(a, "DROP_REPLICATION_SLOT e1").rfind("55006 ERROR:  replication slot \"e1\" is active for PID ", 0) == 0);
+    // DROP … WAIT waits for the slot to be let go.
+    std::string waited;
+    std::thread dropper([&] {
+      PGconn* d = connect();
+      waited = error_of(d, "DROP_REPLICATION_SLOT e1 WAIT");
+      PQfinish(d);
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    CHECK(waited.empty());   // (still waiting)
+    CHECK(reader.stop(SIGINT) == 0);
+    dropper.join();
+    CHECK(waited == " (no error)");
+    CHECK(error_of(a, "DROP_REPLICATION_SLOT e1").rfind("42704", 0) == 0);
+  }
+  // A temporary slot goes with its connection.
+  {
+    PGconn* t = connect();
+    REQUIRE(PQstatus(t) == CONNECTION_OK);
+    CHECK(error_of(t, "CREATE_REPLICATION_SLOT tmp1 TEMPORARY LOGICAL test_decoding (SNAPSHOT 'nothing')") == " (no error)");
+    CHECK(error_of(a, "DROP_REPLICATION_SLOT tmp1").rfind("55006 ERROR:  replication slot \"tmp1\" is active for PID ", 0) == 0);
+    CHECK(error_of(t, "CREATE_REPLICATION_SLOT tmp2 TEMPORARY LOGICAL test_decoding (SNAPSHOT 'nothing')") == " (no error)");
+    PQfinish(t);
+    CHECK(test::wait_until([&] { return error_of(a, "DROP_REPLICATION_SLOT tmp2").rfind("42704", 0) == 0; }));
+    CHECK(error_of(a, "DROP_REPLICATION_SLOT tmp1").rfind("42704", 0) == 0);   // (both went with their connection)
+    CHECK(read_file(f.dir / "data" / "replication-slots").find("tmp2") == std::string::npos);
+  }
+  PQfinish(a);
+  // Not a replication connection: a FATAL that says what this endpoint serves.
+  {
+    PGconn* c = connect("");
+    CHECK(PQstatus(c) == CONNECTION_BAD);
+    CHECK(std::string(PQerrorMessage(c)).find("walgate serves logical replication connections only") != std::string::npos);
+    PQfinish(c);
+    c = connect(" replication=true");
+    CHECK(PQstatus(c) == CONNECTION_BAD);
+    PQfinish(c);
+    c = PQconnectdb(("host=127.0.0.1 port=" + std::to_string(f.repl_port) +
+                     " user=postgres dbname=other replication=database sslmode=disable").c_str());
+    CHECK(std::string(PQerrorMessage(c)).find("database \"other\" does not exist") != std::string::npos);
+    PQfinish(c);
+  }
+  // A startup packet of 10 MB: refused on its length alone, before anything is buffered.
+  {
+    asio::io_context io;
+    tcp::socket s(io);
+    s.connect({asio::ip::make_address("127.0.0.1"), f.repl_port});
+    std::string packet(8, '\0');
+    const std::uint32_t len = 10u << 20;
+    for (int i = 0; i < 4; ++i) packet[i] = static_cast<char>((len >> (24 - 8 * i)) & 0xff);
+    packet[5] = 3;
+    boost::system::error_code ec;
+    asio::write(s, asio::buffer(packet), ec);
+    std::string answer(4096, '\0');
+    auto n = s.read_some(asio::buffer(answer), ec);
+    answer.resize(ec ? 0 : n);
+    CHECK(answer.find("invalid startup packet") != std::string::npos);
+  }
+  // SSLRequest and GSSENCRequest: 'N'; a CancelRequest: closed.
+  for (std::uint32_t code : {80877103u, 80877104u, 80877102u}) {
+    asio::io_context io;
+    tcp::socket s(io);
+    s.connect({asio::ip::make_address("127.0.0.1"), f.repl_port});
+    std::string packet;
+    const std::uint32_t len = code == 80877102u ? 16 : 8;
+    for (std::uint32_t v : {len, code, 42u, 7u}) {
+      if (packet.size() == len) break;
+      for (int i = 0; i < 4; ++i) packet.push_back(static_cast<char>((v >> (24 - 8 * i)) & 0xff));
+    }
+    boost::system::error_code ec;
+    asio::write(s, asio::buffer(packet), ec);
+    char answer[8];
+    auto n = s.read_some(asio::buffer(answer), ec);
+    const bool answered_n = !ec && n == 1 && answer[0] == 'N';
+    const bool closed = ec == asio::error::eof;
+    CHECK_MESSAGE((code == 80877102u ? closed : answered_n), "request code " << code);
+  }
+  // A connection that never finishes its startup is closed after 10 s.
+  {
+    asio::io_context io;
+    tcp::socket s(io);
+    s.connect({asio::ip::make_address("127.0.0.1"), f.repl_port});
+    const auto began = std::chrono::steady_clock::now();
+    char c;
+    boost::system::error_code ec;
+    s.read_some(asio::buffer(&c, 1), ec);
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+    CHECK(ec == asio::error::eof);
+    CHECK(waited >= 9);
+    CHECK(waited < 20);
+  }
+  // 256 connections at once; the next one is told "too many clients".
+  {
+    asio::io_context io;
+    std::vector<std::unique_ptr<tcp::socket>> held;
+    for (int i = 0; i < 256; ++i) {
+      held.push_back(std::make_unique<tcp::socket>(io));
+      held.back()->connect({asio::ip::make_address("127.0.0.1"), f.repl_port});
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));   // (all accepted)
+    tcp::socket extra(io);
+    extra.connect({asio::ip::make_address("127.0.0.1"), f.repl_port});
+    std::string answer(512, '\0');
+    boost::system::error_code ec;
+    auto n = extra.read_some(asio::buffer(answer), ec);
+    answer.resize(ec ? 0 : n);
+    CHECK(answer.find("sorry, too many clients already") != std::string::npos);
+    CHECK(answer.find("53300") != std::string::npos);
+  }
+  // Walgate goes on: a new connection works (once the 256 above are gone).
+  PGconn* b = nullptr;
+  CHECK(test::wait_until([&] {
+    if (b) PQfinish(b);
+    b = connect();
+    return PQstatus(b) == CONNECTION_OK;
+  }));
+  CHECK(error_of(b, "IDENTIFY_SYSTEM") == " (no error)");
+  PQfinish(b);
+  // A slots' file that does not read back exactly: walgate does not start on it.
+  CHECK(f.gw.kill_with(SIGTERM) == 0);
+  {
+    std::ofstream(f.dir / "data" / "replication-slots") << "walgate replication slots 1\nbad name test_decoding 0/0 -\n";
+  }
+  f.gw.start();
+  CHECK(f.gw.wait() == 1);
+  CHECK_MESSAGE(f.gw.this_run().find("replication-slots: line 2 is not \"<slot> <plugin> <X/Y> <flags>\"") != std::string::npos,
+                f.gw.this_run());
+}

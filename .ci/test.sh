@@ -4,12 +4,12 @@
 # from Debian, the others from npm), then runs each fuzz target under libFuzzer + ASan + UBSan for
 # a bounded time.
 #   WALGATE_PG_VERSIONS="15 18"   servers for the integration suite (default: 13 14 15 16 17 18)
-#   WALGATE_FUZZ_SECONDS=30        libFuzzer time per target (0 skips the fuzz build)
+#   WALGATE_FUZZ_SECONDS=15        libFuzzer time per target (0 skips the fuzz build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 versions=${WALGATE_PG_VERSIONS:-13 14 15 16 17 18}
-fuzz_seconds=${WALGATE_FUZZ_SECONDS:-30}
+fuzz_seconds=${WALGATE_FUZZ_SECONDS:-15}
 [ "$fuzz_seconds" = 0 ] && export WALGATE_WITH_FUZZ=0
 
 .ci/install-deps.sh

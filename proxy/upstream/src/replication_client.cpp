@@ -286,11 +286,13 @@ struct replication_client::impl : std::enable_shared_from_this<replication_clien
   // detects a server that went silent.
   awaitable<void> ticker(std::shared_ptr<pg_connection> c, std::shared_ptr<bool> done) {
     asio::steady_timer t(executor);
+    // stop() cancels this wait: a tick of tens of seconds must not hold a shutdown that long.
+    ticker_timer = &t;
     auto tick = std::min<std::chrono::milliseconds>(settings.ack_delay, settings.status_interval);
-    while (!*done && c->is_open()) {
+    while (!*done && c->is_open() && !stopping) {
       t.expires_after(tick);
       co_await t.async_wait(use_tuple);
-      if (*done || !c->is_open()) break;
+      if (*done || !c->is_open() || stopping) break;
       auto now = clock_type::now();
       if (now - last_received > settings.server_timeout) {
         silent = true;
@@ -305,7 +307,9 @@ struct replication_client::impl : std::enable_shared_from_this<replication_clien
         send_status(ask);
       }
     }
+    if (ticker_timer == &t) ticker_timer = nullptr;   // (a newer connection's ticker may have taken over)
   }
+  asio::steady_timer* ticker_timer = nullptr;
   bool silent = false;
 
   awaitable<outcome<void>> stream_once() {
@@ -477,6 +481,7 @@ struct replication_client::impl : std::enable_shared_from_this<replication_clien
     if (stopping) return;
     stopping = true;
     backoff_timer.cancel();
+    if (ticker_timer) ticker_timer->cancel();
     if (conn && conn->is_open()) {
       if (is_streaming) {
         send_status(false);

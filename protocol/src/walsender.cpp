@@ -115,6 +115,17 @@ bool hex(unsigned char ch) { return std::isxdigit(ch) != 0; }
 class lexer {
  public:
   explicit lexer(std::string_view s) : s_(s) {}
+  /// The NOTICEs the lexer raised (identifiers cut), in order.
+  std::vector<std::string> notices;
+  /// PostgreSQL's truncate_identifier: an identifier (quoted or not) cut to NAMEDATALEN - 1
+  /// bytes, never inside a character, with its NOTICE.
+  void cut(std::string& text) {
+    if (text.size() <= max_identifier) return;
+    std::size_t at = max_identifier;
+    while (at > 0 && (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80) --at;
+    notices.push_back("identifier \"" + text + "\" will be truncated to \"" + text.substr(0, at) + "\"");
+    text.resize(at);
+  }
   /// The next token; kind::bad with text saying why.
   token next() {
     while (pos_ < s_.size() && space(static_cast<unsigned char>(s_[pos_]))) ++pos_;
@@ -128,7 +139,7 @@ class lexer {
       for (;;) {
         if (pos_ >= s_.size()) {
           t.what = token::kind::bad;
-          t.text = q == '"' ? "unterminated quoted identifier" : "unterminated quoted string";
+          t.text = "unterminated quoted string";   // (PostgreSQL's text for both quotes)
           t.raw = s_.substr(start);
           return t;
         }
@@ -145,11 +156,9 @@ class lexer {
       }
       t.raw = s_.substr(start, pos_ - start);
       if (q == '"') {
-        if (t.text.empty()) {
-          t.what = token::kind::bad;
-          t.text = "zero-length delimited identifier";
-          return t;
-        }
+        // (Cut as an unquoted one is, and "" is an empty name: the replication lexer has no
+        // zero-length error of its own — what is named by it is refused where it is used.)
+        cut(t.text);
         t.what = token::kind::quoted_ident;
       } else {
         t.what = token::kind::string;
@@ -186,12 +195,7 @@ class lexer {
       t.what = token::kind::ident;
       t.raw = s_.substr(pos_, e - pos_);
       for (char c : t.raw) t.text.push_back(c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c);
-      // (PostgreSQL cuts a folded identifier to NAMEDATALEN - 1 bytes, never inside a character)
-      if (t.text.size() > max_identifier) {
-        std::size_t cut = max_identifier;
-        while (cut > 0 && (static_cast<unsigned char>(t.text[cut]) & 0xC0) == 0x80) --cut;
-        t.text.resize(cut);
-      }
+      cut(t.text);
       pos_ = e;
       return t;
     }
@@ -316,7 +320,7 @@ class parser {
       }
       if (tok_.what != token::kind::lsn) return failed();
       auto at = lsn::parse(tok_.text);
-      if (!at) return failed("invalid streaming start location \"" + tok_.text + "\"");
+      if (!at) return failed("invalid streaming start location");
       c.start = *at;
       advance();
       if (c.logical) {
@@ -420,11 +424,19 @@ class parser {
 
   lexer lex_;
   token tok_;
+
+ public:
+  std::vector<std::string>& notices() { return lex_.notices; }
 };
 
 }  // namespace
 
-command_result parse_replication_command(std::string_view text) { return parser(text).run(); }
+command_result parse_replication_command(std::string_view text) {
+  parser p(text);
+  auto r = p.run();
+  r.notices = std::move(p.notices());
+  return r;
+}
 
 // --- builders --------------------------------------------------------------------------------
 

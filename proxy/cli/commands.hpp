@@ -25,5 +25,7 @@ int run_edge(const config& c, const std::function<void(std::uint16_t)>& on_liste
 int run_demo(config c);
 /// Prints each decoded message of the stream (stream_command.cpp).
 int run_stream(const config& c);
+/// Prints "NAME VERIFIER" for --replication-users from a password on stdin (replication_user.cpp).
+int run_replication_user(const config& c);
 
 }  // namespace walgate::cli

@@ -212,7 +212,7 @@ const std::vector<setting>& settings() {
     s.push_back(listen);
     s.push_back(setting{"replication-listen",
                         "HOST:PORT of walgate's own walsender: replication clients (pg_recvlogical) read the log there "
-                        "(a loopback address: SCRAM is not built yet)",
+                        "(a loopback address, or any with --replication-users)",
                         kind::text, on_serve,
                         [](config& c, const std::vector<std::string>& v) -> fault {
                           if (v.front().empty()) {   // (off: what --print-config writes when it is)
@@ -222,11 +222,6 @@ const std::vector<setting>& settings() {
                           std::string host;
                           std::uint16_t port = 0;
                           if (auto e = split_host_port("replication-listen", v.front(), host, port); !e.empty()) return {false, e};
-                          boost::system::error_code ec;
-                          if (!boost::asio::ip::make_address(host, ec).is_loopback())
-                            return {false, source_names("replication-listen") + ": " + v.front() +
-                                               " is not a loopback address, and replication clients are not authenticated "
-                                               "yet (SCRAM and --replication-users are to come): listen on 127.0.0.1 or [::1]"};
                           c.replication_listen = v.front();
                           c.replication_listen_host = host;
                           c.replication_listen_port = port;
@@ -235,6 +230,10 @@ const std::vector<setting>& settings() {
                         [](const config& c, toml::table& t, const char* key) {
                           t.insert(key, c.replication_listen);
                         }});
+    s.push_back(text("replication-users",
+                     "file of replication users and their SCRAM-SHA-256 verifiers, a \"NAME VERIFIER\" line each "
+                     "(walgate replication-user NAME prints one); replication clients then authenticate with SCRAM",
+                     &config::replication_users, on_serve));
     s.push_back(number("replication-timeout", "a replication client silent this long is disconnected, s (1-3600)",
                        &config::replication_timeout_s, 1, 3600, on_serve, " s"));
     s.push_back(text("data-dir", "directory of the event log", &config::data_dir, on_serve,
@@ -284,7 +283,8 @@ const std::vector<setting>& settings() {
                        &config::max_streams_per_address, 0, 1'000'000));
     s.push_back(number("auth-failures-per-minute",
                        "invalid tokens from one address in a minute before its stream requests get 429 until the minute "
-                       "ends; 0: no limit",
+                       "ends (and, counted apart, failed replication passwords before its replication connections are "
+                       "refused); 0: no limit",
                        &config::auth_failures_per_minute, 0, 1'000'000));
     s.push_back(number("max-connections-per-address",
                        "connections of one address that are not streams (waiting for or answering a request); at the "
@@ -540,6 +540,13 @@ load_result load(config& c, int argc, char** argv) {
   auto* stream = app.add_subcommand("stream", "stream from a server and print each decoded message");
   auto* edge = app.add_subcommand("edge", "serve the HTTP API from a JetStream stream an origin walgate publishes (--nats)");
   stream->add_option("--capture", c.capture, "append every byte read from the server to FILE");
+  auto* replication_user = app.add_subcommand(
+      "replication-user",
+      "print a --replication-users line for NAME: its SCRAM-SHA-256 verifier, from a password read on stdin");
+  replication_user->add_option("NAME", c.replication_user_name, "the user name replication clients give")->required();
+  replication_user->add_option("--iterations", c.replication_user_iterations,
+                               "PBKDF2 iterations (PostgreSQL's scram_iterations; default 4096)")
+      ->check(CLI::Range(1u, 10'000'000u));
   // Each setting's flag on each command that takes it: the text is kept and set as the file's
   // and the environment's values are, after them.
   struct flag_option {
@@ -592,6 +599,7 @@ load_result load(config& c, int argc, char** argv) {
     if (!r.error.empty()) return r;
   }
   r.cmd = print_config ? command::print_config
+          : *replication_user ? command::replication_user
           : *demo     ? command::demo
           : *stream   ? command::stream
           : *edge     ? command::edge
@@ -616,6 +624,12 @@ std::string check(const config& c, command cmd) {
     auto parsed = proxy::parse_conninfo(c.pg);
     if (!parsed.params) return source_names("pg") + ": " + parsed.error;
   }
+  if (cmd == command::replication_user) {
+    const auto& n = c.replication_user_name;
+    if (n.empty() || n.size() > 63) return "replication-user: NAME has 1 to 63 bytes";
+    for (unsigned char ch : n)
+      if (ch <= ' ' || ch == 0x7f) return "replication-user: NAME holds a space or a control character";
+  }
   if (cmd == command::edge && (c.nats.empty() || c.nats_stream.empty()))
     return "walgate edge needs --nats and --nats-stream (the stream an origin walgate publishes to)";
   if (cmd == command::serve || cmd == command::demo || cmd == command::edge || cmd == command::print_config) {
@@ -628,6 +642,15 @@ std::string check(const config& c, command cmd) {
       return "--jwt-secret-file, --jwks-file, --jwt-issuer, --jwt-audience and --policy go with --auth jwt";
     if (!c.auth_jwt && c.metrics_claim != config{}.metrics_claim)
       return "--metrics-claim goes with --auth jwt (without it /metrics needs no token)";
+    if (!c.replication_users.empty() && c.replication_listen.empty())
+      return "--replication-users goes with --replication-listen";
+    if (!c.replication_listen.empty() && c.replication_users.empty()) {
+      boost::system::error_code ec;
+      if (!boost::asio::ip::make_address(c.replication_listen_host, ec).is_loopback() || ec)
+        return source_names("replication-listen") + ": " + c.replication_listen +
+               " is not a loopback address and replication clients are not authenticated: give "
+               "--replication-users (SCRAM-SHA-256), or listen on 127.0.0.1 or [::1] (trust)";
+    }
     if (!listens_on_loopback(c) && !c.auth_jwt && !c.allow_unauthenticated)
       return "--listen " + c.listen +
              " is not a loopback address and authentication is not configured: use --auth jwt, or pass "

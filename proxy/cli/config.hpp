@@ -24,6 +24,9 @@ struct config {
   std::string replication_listen;             ///< HOST:PORT of walgate's own walsender ("": off)
   std::string replication_listen_host;        ///< from replication_listen
   std::uint16_t replication_listen_port = 0;  ///< from replication_listen
+  std::string replication_user_name;          ///< walgate replication-user NAME
+  std::uint32_t replication_user_iterations = 4096;   ///< its --iterations
+  std::string replication_users;              ///< file of "NAME VERIFIER" lines ("": trust, loopback only)
   std::size_t replication_timeout_s = 60;     ///< a replication client silent this long is disconnected
   bool allow_unauthenticated = false;
   bool auth_jwt = false;                ///< --auth jwt: stream clients need a bearer token (a JWT)
@@ -76,7 +79,7 @@ struct config {
   std::string capture;                  ///< walgate stream --capture
 };
 
-enum class command { serve, demo, stream, edge, print_config, exit_now };
+enum class command { serve, demo, stream, edge, print_config, replication_user, exit_now };
 
 struct load_result {
   command cmd = command::serve;

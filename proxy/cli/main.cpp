@@ -3,6 +3,7 @@
 //   walgate demo                                                     a throwaway PostgreSQL + the gateway (demo.cpp)
 //   walgate stream --pg ... --slot ... --publication ...             print decoded messages (stream_command.cpp)
 //   walgate edge --nats URL --nats-stream NAME ...                   serve from a JetStream stream (serve.cpp)
+//   walgate replication-user NAME < password                        a --replication-users line (replication_user.cpp)
 //   walgate --print-config                                           the configuration, checked, as TOML
 // Settings (config.cpp): flags over WALGATE_* environment variables over the TOML config file.
 #include "commands.hpp"
@@ -31,6 +32,7 @@ int main(int argc, char** argv) {
     case command::print_config: std::fputs(print(c).c_str(), stdout); return 0;
     case command::demo: return run_demo(c);
     case command::stream: return run_stream(c);
+    case command::replication_user: return run_replication_user(c);
     case command::edge: return run_edge(c);
     default: {
       const int rc = serve(c);

@@ -347,8 +347,9 @@ class stream_sink final : public proxy::replication_sink {
 /// 2 s: a rotation by rewriting or renaming over the file needs no signal). Serve and edge.
 class reloads {
  public:
-  reloads(asio::io_context& io, const config& s, proxy::server_options& so, proxy::server& srv)
-      : s_(s), so_(so), srv_(srv), hangups_(io, SIGHUP), key_watch_(io) {
+  reloads(asio::io_context& io, const config& s, proxy::server_options& so, proxy::server& srv,
+          proxy::replication_server* walsender = nullptr)
+      : s_(s), so_(so), srv_(srv), walsender_(walsender), hangups_(io, SIGHUP), key_watch_(io) {
     on_hangup();
     watch_keys();
   }
@@ -371,7 +372,15 @@ class reloads {
         if (srv_.reload_tls(e)) log_line("SIGHUP: TLS certificate and key read again (for new connections)");
         else log_line("SIGHUP: " + e + "; the certificate in use stays");
       }
-      if (!so_.auth && so_.tls_cert.empty()) log_line("SIGHUP: nothing to read again (no --auth jwt, no TLS)");
+      if (walsender_ && !s_.replication_users.empty()) {
+        std::string e;
+        if (walsender_->reload_users(e))
+          log_line("SIGHUP: replication users read again: " + std::to_string(walsender_->users()) + " user(s)");
+        else
+          log_line("SIGHUP: " + e + "; the replication users in use stay");
+      }
+      if (!so_.auth && so_.tls_cert.empty() && s_.replication_users.empty())
+        log_line("SIGHUP: nothing to read again (no --auth jwt, no TLS, no --replication-users)");
       on_hangup();
     });
   }
@@ -393,6 +402,7 @@ class reloads {
   const config& s_;
   proxy::server_options& so_;
   proxy::server& srv_;
+  proxy::replication_server* walsender_;
   asio::signal_set hangups_;
   asio::steady_timer key_watch_;
 };
@@ -670,17 +680,22 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
     ro.durable_lsn = [&gw] { return gw.durable_lsn(); };
     ro.timeout = std::chrono::seconds(s.replication_timeout_s);
     ro.log = [](const std::string& line) { log_line(line); };
+    ro.users_file = s.replication_users;
+    ro.auth_failures_per_minute = s.auth_failures_per_minute;
     walsender = std::make_unique<proxy::replication_server>(io, std::move(ro), *log);
     if (!walsender->start(error)) {
       log_line(error);
       return 1;
     }
     log_line("replication clients served on " + s.replication_listen_host + ":" + std::to_string(walsender->port()) +
-             " (logical, test_decoding; trust on loopback)");
+             " (logical, test_decoding; " +
+             (s.replication_users.empty() ? std::string("trust on loopback")
+                                          : "SCRAM-SHA-256, " + std::to_string(walsender->users()) + " user(s)") +
+             ")");
   }
   if (on_listening) on_listening(srv.port());
 
-  reloads reload(io, s, so, srv);
+  reloads reload(io, s, so, srv, walsender.get());
 
   std::atomic<bool> stop{false};
   asio::co_spawn(io, watch_slot(*parsed.params, s.slot, s.failover_slot, gw.metrics(), stop), asio::detached);

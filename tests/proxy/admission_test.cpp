@@ -145,3 +145,18 @@ TEST_CASE("admission: one log line per refusal, at most log_per_second a second,
   CHECK(a.refusals(admission::reason::forbidden) == 1);
   CHECK(a.refusals(admission::reason::no_token) == 1);
 }
+
+TEST_CASE("failure_window alone (the replication side's count): no limit counts nothing; a limit counts each address apart") {
+  const auto t0 = clock_type::now();
+  failure_window none;
+  for (int i = 0; i < 100; ++i) none.count("10.0.0.1", t0);
+  CHECK(none.tracked() == 0);
+  CHECK_FALSE(none.wait("10.0.0.1", t0));
+  failure_window w({2, std::chrono::seconds(60), 10});
+  w.count("10.0.0.1", t0);
+  CHECK_FALSE(w.wait("10.0.0.1", t0));
+  w.count("10.0.0.1", t0 + std::chrono::seconds(1));
+  CHECK(w.wait("10.0.0.1", t0 + std::chrono::seconds(1)) == 59);
+  CHECK_FALSE(w.wait("10.0.0.2", t0 + std::chrono::seconds(1)));
+  CHECK(w.tracked() == 1);
+}

@@ -322,3 +322,32 @@ TEST_CASE("walgate stream takes the same settings, from the same sources") {
   CHECK(flag.status == 2);
   CHECK(flag.output.find("--status-interval (or WALGATE_STATUS_INTERVAL") != std::string::npos);
 }
+
+TEST_CASE("walgate replication-user NAME: a --replication-users line from a password on stdin; replication settings checked") {
+  // (run() puts env before "timeout walgate …": a pipe there feeds walgate's stdin)
+  auto line = run("replication-user alice --iterations 1000", "printf 's3cret \\303\\251\\n' |");
+  REQUIRE_MESSAGE(line.status == 0, line.output);
+  CHECK(line.output.rfind("alice SCRAM-SHA-256$1000:", 0) == 0);
+  CHECK(line.output.back() == '\n');
+  CHECK(std::count(line.output.begin(), line.output.end(), '$') == 2);
+  // A new salt each time: two lines for the same password differ.
+  auto again = run("replication-user alice --iterations 1000", "printf 's3cret \\303\\251\\n' |");
+  CHECK(again.output != line.output);
+  auto empty = run("replication-user alice", "printf '\\n' |");
+  CHECK(empty.status == 2);
+  CHECK(empty.output.find("an empty password") != std::string::npos);
+  CHECK(run("replication-user", "printf 'x\\n' |").status == 2);                 // no NAME
+  CHECK(run("replication-user 'a b'", "printf 'x\\n' |").status == 2);           // a space in it
+  CHECK(run("replication-user alice --iterations 0", "printf 'x\\n' |").status == 2);
+
+  // Without a users file the replication endpoint must be a loopback address; with one, any.
+  auto open = run(base + "--replication-listen 0.0.0.0:5599 --print-config");
+  CHECK(open.status == 2);
+  CHECK_MESSAGE(open.output.find("is not a loopback address and replication clients are not authenticated: give "
+                                 "--replication-users") != std::string::npos,
+                open.output);
+  CHECK(run(base + "--replication-listen 0.0.0.0:5599 --replication-users /dev/null --print-config").status == 0);
+  auto alone = run(base + "--replication-users /dev/null --print-config");
+  CHECK(alone.status == 2);
+  CHECK(alone.output.find("--replication-users goes with --replication-listen") != std::string::npos);
+}

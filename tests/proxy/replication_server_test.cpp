@@ -125,6 +125,8 @@ struct fixture {
   std::uint16_t http_port = free_port();
   std::uint16_t repl_port = free_port();
   std::string timeout = "20";   ///< --replication-timeout
+  std::string listen_host = "127.0.0.1";       ///< --replication-listen's address
+  std::vector<std::string> extra_args;          ///< more flags for walgate
 
   explicit fixture(const std::string& timezone = "UTC") {
     proxy::cluster_options o;
@@ -138,10 +140,21 @@ struct fixture {
   std::string downstream() const {
     return "host=127.0.0.1 port=" + std::to_string(repl_port) + " user=postgres dbname=postgres sslmode=disable";
   }
+  /// As user with password (PQconnectdb quoting).
+  std::string downstream_as(const std::string& user, const std::string& password) const {
+    std::string quoted;
+    for (char c : password) {
+      if (c == '\\' || c == '\'') quoted.push_back('\\');
+      quoted.push_back(c);
+    }
+    return "host=127.0.0.1 port=" + std::to_string(repl_port) + " user=" + user +
+           " dbname=postgres sslmode=disable password='" + quoted + "'";
+  }
   void start_walgate() {
     gw.args = {"--pg", upstream(), "--slot", "ws_slot", "--publication", "ws_pub", "--data-dir", (dir / "data").string(),
                "--listen", "127.0.0.1:" + std::to_string(http_port), "--replication-listen",
-               "127.0.0.1:" + std::to_string(repl_port), "--status-interval", "500", "--replication-timeout", timeout};
+               listen_host + ":" + std::to_string(repl_port), "--status-interval", "500", "--replication-timeout", timeout};
+    gw.args.insert(gw.args.end(), extra_args.begin(), extra_args.end());
     gw.start();
     REQUIRE_MESSAGE(test::wait_until([&] { return gw.this_run().find("streaming from PostgreSQL at") != std::string::npos; },
                                      std::chrono::seconds(60)),
@@ -463,12 +476,28 @@ TEST_CASE("what a replication client may send wrong: PostgreSQL's errors, walgat
   CHECK(error_of(a, "START_REPLICATION 0/0").find("physical replication is not served here") != std::string::npos);
   CHECK(error_of(a, "SELECT 1").find("walgate's walsender does not run SQL") != std::string::npos);
   CHECK(error_of(a, "IDENTIFY_SYSTEM extra") == "42601 ERROR:  syntax error\n");   // (bison's bare text, as the server's)
-  // (An unquoted name is cut to 63 bytes, as the server's lexer does; a quoted one is not.)
-  CHECK_MESSAGE(error_of(a, "CREATE_REPLICATION_SLOT \"" + std::string(64, 'n') + "\" LOGICAL test_decoding (SNAPSHOT 'nothing')")
-                    .rfind("42622 ERROR:  replication slot name \"nnnn", 0) == 0,
-                f.gw.log());
+  // (A name is cut to 63 bytes, quoted or not, with the server's lexer's NOTICE.)
+  {
+    static std::string notices;
+    PQsetNoticeProcessor(a, [](void*, const char* m) { notices += m; }, nullptr);
+    CHECK_MESSAGE(error_of(a, "CREATE_REPLICATION_SLOT \"" + std::string(64, 'n') + "\" LOGICAL test_decoding (SNAPSHOT 'nothing')") ==
+                      " (no error)",
+                  f.gw.log());
+    CHECK(notices == "NOTICE:  identifier \"" + std::string(64, 'n') + "\" will be truncated to \"" + std::string(63, 'n') + "\"\n");
+    CHECK(read_file(f.dir / "data" / "replication-slots").find("\n" + std::string(63, 'n') + " test_decoding ") != std::string::npos);
+    CHECK(error_of(a, "DROP_REPLICATION_SLOT " + std::string(63, 'n')) == " (no error)");
+  }
+  // The options as the server's parseCreateReplSlotOptions takes them.
   CHECK(error_of(a, "CREATE_REPLICATION_SLOT e3 LOGICAL test_decoding (SNAPSHOT 'nothing', RESERVE_WAL)") ==
-        "42601 ERROR:  unrecognized option: reserve_wal\n");
+        "42601 ERROR:  conflicting or redundant options\n");
+  CHECK(error_of(a, "CREATE_REPLICATION_SLOT e3 LOGICAL test_decoding (SNAPSHOT 'nothing', SNAPSHOT 'nothing')") ==
+        "42601 ERROR:  conflicting or redundant options\n");
+  CHECK(error_of(a, "CREATE_REPLICATION_SLOT e3 LOGICAL test_decoding (SNAPSHOT 'bogus')") ==
+        "22023 ERROR:  unrecognized value for CREATE_REPLICATION_SLOT option \"snapshot\": \"bogus\"\n");
+  CHECK(error_of(a, "CREATE_REPLICATION_SLOT e3 LOGICAL test_decoding (SNAPSHOT 'nothing', TWO_PHASE maybe)") ==
+        "42601 ERROR:  two_phase requires a Boolean value\n");
+  CHECK(error_of(a, "CREATE_REPLICATION_SLOT e3 LOGICAL test_decoding (SNAPSHOT 'nothing', bogus)") ==
+        "XX000 ERROR:  unrecognized option: bogus\n");
   CHECK(error_of(a, "SHOW work_mem") == "42704 ERROR:  unrecognized configuration parameter \"work_mem\"\n");
   CHECK(error_of(a, "START_REPLICATION SLOT nope LOGICAL 0/0") == "42704 ERROR:  replication slot \"nope\" does not exist\n");
   CHECK(error_of(a, "START_REPLICATION SLOT e1 LOGICAL 0/0 (\"include-xid\" '1')") ==
@@ -686,5 +715,89 @@ TEST_CASE("what a replication client may send wrong: PostgreSQL's errors, walgat
   f.gw.start();
   CHECK(f.gw.wait() == 1);
   CHECK_MESSAGE(f.gw.this_run().find("replication-slots: line 2 is not \"<slot> <plugin> <X/Y> <flags>\"") != std::string::npos,
+                f.gw.this_run());
+}
+
+TEST_CASE("SCRAM-SHA-256 against --replication-users: PostgreSQL's verifiers and walgate's, the same 28P01 for a wrong password and an unknown user, a limit per address, SIGHUP") {
+  fixture f;
+  f.pg->sql("CREATE TABLE ws_auth (id int PRIMARY KEY); CREATE PUBLICATION ws_pub FOR ALL TABLES");
+  // A verifier PostgreSQL made (as pg_authid holds it) and one `walgate replication-user` made.
+  f.pg->sql("SET password_encryption = 'scram-sha-256'; CREATE ROLE from_pg LOGIN PASSWORD 'made by postgres'");
+  const std::string pg_verifier =
+      f.pg->sql("SELECT rolpassword FROM pg_authid WHERE rolname = 'from_pg'")[0][0].value();
+  REQUIRE(pg_verifier.rfind("SCRAM-SHA-256$", 0) == 0);
+  const auto users = f.dir / "replication-users";
+  std::string alice_line;
+  {
+    const std::string cmd = "printf 's3cret \\303\\251 and '\\''quotes'\\''\\n' | " + std::string(WALGATE_BINARY) +
+                            " replication-user alice --iterations 1024";
+    FILE* p = popen(cmd.c_str(), "r");
+    REQUIRE(p);
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, p)) alice_line += buf;
+    REQUIRE(pclose(p) == 0);
+  }
+  REQUIRE(alice_line.rfind("alice SCRAM-SHA-256$1024:", 0) == 0);
+  std::ofstream(users) << "# replication users\n\n" << alice_line << "from_pg   " << pg_verifier << "\n";
+  f.listen_host = "0.0.0.0";   // (any address, once there are users)
+  f.extra_args = {"--replication-users", users.string(), "--auth-failures-per-minute", "3"};
+  f.start_walgate();
+  CHECK(f.gw.this_run().find("SCRAM-SHA-256, 2 user(s)") != std::string::npos);
+  const std::string alice_password = "s3cret \xc3\xa9 and 'quotes'";
+
+  // pg_recvlogical authenticates with the password (PGPASSWORD) and makes a slot.
+  {
+    auto made = recvlogical_once({"-d", f.downstream_as("alice", alice_password), "--slot", "scram_slot", "--plugin",
+                                  "test_decoding", "--create-slot"},
+                                 f.dir);
+    CHECK_MESSAGE(made.first == 0, made.second << f.gw.log());
+  }
+  auto connect = [&](const std::string& conninfo) {
+    PGconn* c = PQconnectdb((conninfo + " replication=database").c_str());
+    std::string e = PQstatus(c) == CONNECTION_OK ? "" : PQerrorMessage(c);
+    bool ok = PQstatus(c) == CONNECTION_OK;
+    if (ok) {
+      PGresult* r = PQexec(c, "IDENTIFY_SYSTEM");
+      ok = PQresultStatus(r) == PGRES_TUPLES_OK;
+      CHECK(std::string(PQparameterStatus(c, "session_authorization")) == PQuser(c));
+      CHECK(std::string(PQparameterStatus(c, "is_superuser")) == "off");
+      PQclear(r);
+    }
+    PQfinish(c);
+    return ok ? std::string("ok") : e;
+  };
+  CHECK(connect(f.downstream_as("from_pg", "made by postgres")) == "ok");   // PostgreSQL's own verifier
+  CHECK(connect(f.downstream_as("alice", alice_password)) == "ok");
+  // A wrong password and a user not in the file: the same FATAL (and the same exchange before it).
+  const auto wrong = connect(f.downstream_as("alice", "not it"));
+  CHECK_MESSAGE(wrong.find("FATAL:  password authentication failed for user \"alice\"") != std::string::npos, wrong);
+  const auto nobody = connect(f.downstream_as("mallory", "anything"));
+  CHECK_MESSAGE(nobody.find("FATAL:  password authentication failed for user \"mallory\"") != std::string::npos, nobody);
+  // The database is named only after authentication.
+  CHECK(nobody.find("walgate serves the database") == std::string::npos);
+  CHECK(f.gw.log().find("replication client from 127.0.0.1: authentication of user \"mallory\" failed") !=
+        std::string::npos);
+  // (Not even the password's hash crossed: neither appears in walgate's log.)
+  CHECK(f.gw.log().find("not it") == std::string::npos);
+  // The third failure this minute from 127.0.0.1: then even the right password waits.
+  CHECK(connect(f.downstream_as("from_pg", "wrong")).find("password authentication failed") != std::string::npos);
+  const auto limited = connect(f.downstream_as("alice", alice_password));
+  CHECK_MESSAGE(limited.find("too many failed authentications from 127.0.0.1: try again in") != std::string::npos, limited);
+
+  // SIGHUP reads the file again: a bad file leaves the users in use; a good one replaces them.
+  std::ofstream(users) << alice_line << "nothing-after-the-name\n";
+  ::kill(f.gw.pid, SIGHUP);
+  CHECK(test::wait_until([&] { return f.gw.this_run().find("; the replication users in use stay") != std::string::npos; }));
+  CHECK(f.gw.this_run().find("line 2: expected NAME VERIFIER") != std::string::npos);
+  std::ofstream(users) << alice_line;
+  ::kill(f.gw.pid, SIGHUP);
+  CHECK(test::wait_until([&] { return f.gw.this_run().find("replication users read again: 1 user(s)") != std::string::npos; }));
+  CHECK(f.gw.kill_with(SIGTERM) == 0);
+
+  // A users file that cannot be used stops walgate at its start.
+  std::ofstream(users) << "alice SCRAM-SHA-256$4096:bad\n";
+  f.gw.start();
+  CHECK(f.gw.wait() == 1);
+  CHECK_MESSAGE(f.gw.this_run().find("replication-users " + users.string() + ": line 1: user \"alice\": ") != std::string::npos,
                 f.gw.this_run());
 }

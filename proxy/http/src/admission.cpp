@@ -5,19 +5,6 @@
 
 namespace walgate::proxy {
 
-std::string peer_key(bool v6, const std::array<unsigned char, 16>& b) {
-  char buf[64];
-  const bool mapped = v6 && std::all_of(b.begin(), b.begin() + 10, [](unsigned char c) { return c == 0; }) && b[10] == 0xff &&
-                      b[11] == 0xff;
-  if (!v6 || mapped) {
-    const std::size_t o = v6 ? 12 : 0;
-    std::snprintf(buf, sizeof buf, "%u.%u.%u.%u", b[o], b[o + 1], b[o + 2], b[o + 3]);
-    return buf;
-  }
-  std::snprintf(buf, sizeof buf, "%x:%x:%x:%x::/64", b[0] << 8 | b[1], b[2] << 8 | b[3], b[4] << 8 | b[5], b[6] << 8 | b[7]);
-  return buf;
-}
-
 const char* admission::name(reason r) {
   switch (r) {
     case reason::no_token: return "no_token";
@@ -93,47 +80,21 @@ std::size_t admission::streams_of_address(std::string_view address) const {
   return it == addresses_.end() ? 0 : it->second;
 }
 
-std::optional<std::int64_t> admission::wait(const tally& t, std::string_view address,
-                                            std::chrono::steady_clock::time_point now) const {
-  if (!opts_.auth_failures) return std::nullopt;
-  auto it = t.by_address.find(std::string(address));
-  if (it == t.by_address.end() || it->second.n < opts_.auth_failures) return std::nullopt;
-  const auto end = it->second.since + opts_.window;
-  if (now >= end) return std::nullopt;
-  return std::chrono::ceil<std::chrono::seconds>(end - now).count();
-}
-
 std::optional<std::int64_t> admission::blocked(std::string_view address, std::chrono::steady_clock::time_point now,
                                                count_kind* which) const {
-  const auto invalid = wait(failures_, address, now), claims = wait(claims_, address, now);
+  const auto invalid = failures_.wait(address, now), claims = claims_.wait(address, now);
   if (!invalid && !claims) return std::nullopt;
   const bool by_claims = claims && (!invalid || *claims > *invalid);
   if (which) *which = by_claims ? count_kind::refused_claims : count_kind::invalid_tokens;
   return by_claims ? claims : invalid;
 }
 
-void admission::count(tally& t, std::string_view address, std::chrono::steady_clock::time_point now) {
-  if (!opts_.auth_failures) return;
-  std::string k(address);
-  auto it = t.by_address.find(k);
-  if (it == t.by_address.end()) {
-    if (t.by_address.size() >= opts_.max_tracked && now - t.swept >= std::chrono::seconds(1)) {
-      t.swept = now;
-      std::erase_if(t.by_address, [&](const auto& f) { return now >= f.second.since + opts_.window; });
-    }
-    if (t.by_address.size() >= opts_.max_tracked) return;
-    it = t.by_address.emplace(std::move(k), failures{now, 0}).first;
-  }
-  if (now >= it->second.since + opts_.window) it->second = {now, 0};   // a new window
-  ++it->second.n;
-}
-
 void admission::failed(std::string_view address, std::chrono::steady_clock::time_point now) {
-  count(failures_, address, now);
+  failures_.count(address, now);
 }
 
 void admission::claims_refused(std::string_view address, std::chrono::steady_clock::time_point now) {
-  count(claims_, address, now);
+  claims_.count(address, now);
 }
 
 void admission::refused(reason why, unsigned status, std::string_view path, std::string_view address,

@@ -21,6 +21,8 @@
 // ones go, looked for at most once a second; then the new address is not tracked).
 #pragma once
 
+#include "walgate/proxy/failure_window.hpp"
+
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -32,10 +34,6 @@
 #include <unordered_map>
 
 namespace walgate::proxy {
-
-/// An address's text for the limits: a.b.c.d; an IPv4-mapped IPv6 address as its IPv4; other
-/// IPv6 addresses as their /64 ("2001:db8:1:2::/64").
-std::string peer_key(bool v6, const std::array<unsigned char, 16>& bytes);
 
 class admission {
  public:
@@ -110,20 +108,9 @@ class admission {
   options opts_;
   std::function<void(const std::string&)> log_;
   std::unordered_map<std::string, std::size_t> subjects_, addresses_;
-  struct failures {
-    std::chrono::steady_clock::time_point since;
-    std::size_t n = 0;
-  };
-  /// One count per address, in fixed windows (each address's from its first failure).
-  struct tally {
-    std::unordered_map<std::string, failures> by_address;
-    std::chrono::steady_clock::time_point swept{};   // the last sweep (at most one a second)
-  };
-  void count(tally& t, std::string_view address, std::chrono::steady_clock::time_point now);
-  std::optional<std::int64_t> wait(const tally& t, std::string_view address,
-                                   std::chrono::steady_clock::time_point now) const;
-  tally failures_;   // tokens whose signature did not hold
-  tally claims_;     // genuine tokens refused for their claims
+  failure_window::options window_options() const { return {opts_.auth_failures, opts_.window, opts_.max_tracked}; }
+  failure_window failures_{window_options()};   // tokens whose signature did not hold
+  failure_window claims_{window_options()};     // genuine tokens refused for their claims
   std::array<std::uint64_t, static_cast<std::size_t>(reason::count_)> counts_{};
   std::chrono::steady_clock::time_point log_second_{};
   std::size_t logged_ = 0, unlogged_ = 0;

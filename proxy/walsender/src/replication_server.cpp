@@ -1,13 +1,15 @@
-// walgate's walsender: one coroutine per connection — the startup packet, authentication (trust,
-// on a loopback address), the command loop, and while streaming a writer (events → 'w', 'k')
+// walgate's walsender: one coroutine per connection — the startup packet, authentication (SCRAM
+// against --replication-users, or trust on a loopback address), the command loop, and while streaming a writer (events → 'w', 'k')
 // beside a reader (the client's 'r' and CopyDone). See replication_server.hpp for what it
 // serves and the assumptions each path keeps.
 #include "walgate/proxy/replication_server.hpp"
 
 #include "downstream_slots.hpp"
 
+#include "walgate/protocol/base64.hpp"
 #include "walgate/protocol/replication.hpp"
 #include "walgate/protocol/walsender.hpp"
+#include "walgate/proxy/failure_window.hpp"
 #include "walgate/proxy/log_reader.hpp"
 #include "walgate/transform/record.hpp"
 #include "walgate/transform/test_decoding.hpp"
@@ -21,9 +23,13 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 
+#include <openssl/rand.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <random>
+#include <sstream>
 
 namespace walgate::proxy {
 
@@ -50,6 +56,12 @@ constexpr auto caught_up_keepalive = std::chrono::milliseconds(1000);
 constexpr std::size_t max_connections = 256;
 /// A connection that has not finished its startup in this long is closed (authentication_timeout).
 constexpr auto startup_timeout = std::chrono::seconds(10);
+/// A message of the authentication exchange, at most (PostgreSQL's PG_MAX_AUTH_TOKEN_LENGTH).
+constexpr std::size_t max_auth_message = 65535;
+/// The users file, at most (a file on disk is untrusted bytes too).
+constexpr std::uintmax_t max_users_file = 16 << 20;
+/// Failed authentications logged a second, at most (then one line counting the rest).
+constexpr std::size_t auth_log_per_second = 10;
 /// Status updates ('r') that move a slot on are written to the slots' file at most this often.
 constexpr auto slot_save_delay = std::chrono::milliseconds(50);
 
@@ -58,7 +70,9 @@ constexpr auto slot_save_delay = std::chrono::milliseconds(50);
 /// the log were printed in that session, and the client is told so.
 constexpr const char* reported[] = {"server_version", "server_encoding", "client_encoding", "DateStyle",
                                     "integer_datetimes", "standard_conforming_strings", "TimeZone", "IntervalStyle",
-                                    "is_superuser", "session_authorization", "in_hot_standby", "scram_iterations"};
+                                    "in_hot_standby", "scram_iterations"};
+// (is_superuser and session_authorization are the client's own: its user name, and "off" — not
+// the role walgate connects upstream as, which a client has no business learning.)
 
 std::string copy_data(std::string_view payload) {
   std::string out;
@@ -81,14 +95,15 @@ std::string error_message(const char* severity, const std::string& sqlstate, con
   return ws::build_error_response(n);
 }
 
+/// A one-row result; columns text unless types gives (type oid, size) for each.
 std::string text_result(const std::vector<std::string>& names, const std::vector<std::optional<std::string>>& row,
-                        const std::string& tag) {
+                        const std::string& tag, const std::vector<std::pair<std::uint32_t, std::int16_t>>& types = {}) {
   std::vector<protocol::field_description> fields;
-  for (const auto& n : names) {
+  for (std::size_t i = 0; i < names.size(); ++i) {
     protocol::field_description f;
-    f.name = n;
-    f.type_oid = 25;
-    f.type_size = -1;
+    f.name = names[i];
+    f.type_oid = i < types.size() ? types[i].first : 25;
+    f.type_size = i < types.size() ? types[i].second : -1;
     f.type_modifier = -1;
     fields.push_back(f);
   }
@@ -134,12 +149,115 @@ std::string version_num(const std::string& v) {
   return std::to_string(major * 10000 + minor);
 }
 
+/// The address a connection's failures are counted under.
+std::string peer_of(const tcp::socket& socket) {
+  boost::system::error_code ec;
+  const auto ep = socket.remote_endpoint(ec);
+  if (ec) return "?";
+  std::array<unsigned char, 16> bytes{};
+  const auto a = ep.address();
+  if (a.is_v4()) {
+    const auto b = a.to_v4().to_bytes();
+    std::copy(b.begin(), b.end(), bytes.begin());
+    return peer_key(false, bytes);
+  }
+  const auto b = a.to_v6().to_bytes();
+  std::copy(b.begin(), b.end(), bytes.begin());
+  return peer_key(true, bytes);
+}
+
 }  // namespace
+
+bool parse_replication_users(std::string_view text, std::map<std::string, protocol::scram_verifier>& users,
+                             std::string& error) {
+  std::map<std::string, protocol::scram_verifier> out;
+  std::size_t line_no = 0;
+  while (!text.empty()) {
+    const auto nl = text.find('\n');
+    std::string_view line = text.substr(0, nl);
+    text = nl == std::string_view::npos ? std::string_view{} : text.substr(nl + 1);
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    const auto first = line.find_first_not_of(" \t");
+    if (first == std::string_view::npos || line[first] == '#') continue;
+    line.remove_prefix(first);
+    const auto gap = line.find_first_of(" \t");
+    const auto at = gap == std::string_view::npos ? std::string_view::npos : line.find_first_not_of(" \t", gap);
+    const auto where = "line " + std::to_string(line_no) + ": ";
+    if (at == std::string_view::npos) {
+      error = where + "expected NAME VERIFIER (walgate replication-user NAME prints such a line)";
+      return false;
+    }
+    std::string name(line.substr(0, gap));
+    std::string_view verifier = line.substr(at);
+    while (!verifier.empty() && (verifier.back() == ' ' || verifier.back() == '\t')) verifier.remove_suffix(1);
+    if (name.size() > ws::max_identifier) {
+      error = where + "the user name is longer than 63 bytes";
+      return false;
+    }
+    std::string why;
+    auto v = protocol::parse_scram_verifier(verifier, &why);
+    if (!v) {
+      error = where + "user \"" + name + "\": " + why;
+      return false;
+    }
+    if (!out.emplace(name, std::move(*v)).second) {
+      error = where + "user \"" + name + "\" is given twice";
+      return false;
+    }
+  }
+  users = std::move(out);
+  return true;
+}
 
 struct replication_server::impl : std::enable_shared_from_this<impl> {
   impl(asio::io_context& io, replication_server_options o, log_reader& l)
       : io(io), opts(std::move(o)), log(l), acceptor(io),
-        slots(std::filesystem::path(opts.data_dir) / "replication-slots", opts.fsync) {}
+        slots(std::filesystem::path(opts.data_dir) / "replication-slots", opts.fsync),
+        failures({opts.auth_failures_per_minute, std::chrono::seconds(60), 65536}) {
+    mock_secret.assign(32, '\0');
+    RAND_bytes(reinterpret_cast<unsigned char*>(mock_secret.data()), static_cast<int>(mock_secret.size()));
+  }
+
+  /// The users file read into users; false with error (users unchanged).
+  bool load_users(std::string& error) {
+    std::error_code fec;
+    const auto size = std::filesystem::file_size(opts.users_file, fec);
+    if (fec) {
+      error = "--replication-users " + opts.users_file + ": " + fec.message();
+      return false;
+    }
+    if (size > max_users_file) {
+      error = "--replication-users " + opts.users_file + ": larger than 16 MiB";
+      return false;
+    }
+    std::ifstream f(opts.users_file, std::ios::binary);
+    std::stringstream text;
+    text << f.rdbuf();
+    if (!f) {
+      error = "--replication-users " + opts.users_file + ": cannot be read";
+      return false;
+    }
+    std::map<std::string, protocol::scram_verifier> read;
+    if (!parse_replication_users(text.str(), read, error)) {
+      error = "--replication-users " + opts.users_file + ": " + error;
+      return false;
+    }
+    users = std::move(read);
+    return true;
+  }
+
+  /// One line for a failed authentication, at most auth_log_per_second a second.
+  void say_failure(const std::string& line) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - log_second >= std::chrono::seconds(1)) {
+      if (unlogged) say(std::to_string(unlogged) + " more failed replication authentication(s) not logged");
+      log_second = now;
+      logged = unlogged = 0;
+    }
+    if (logged++ < auth_log_per_second) say(line);
+    else ++unlogged;
+  }
 
   struct session;
   static awaitable<void> run_session(std::shared_ptr<session> s);
@@ -155,6 +273,11 @@ struct replication_server::impl : std::enable_shared_from_this<impl> {
   bool save_scheduled = false;
   bool stopped = false;
   std::mt19937 random{std::random_device{}()};
+  std::map<std::string, protocol::scram_verifier> users;   ///< (used when opts.users_file is given)
+  std::string mock_secret;     ///< a user not in the file: its mock salt is derived from this
+  failure_window failures;
+  std::chrono::steady_clock::time_point log_second{};
+  std::size_t logged = 0, unlogged = 0;
 
   void say(const std::string& line) {
     if (opts.log) opts.log(line);
@@ -185,8 +308,14 @@ struct replication_server::impl : std::enable_shared_from_this<impl> {
     auto timer = std::make_shared<asio::steady_timer>(io, slot_save_delay);
     timer->async_wait([self = shared_from_this(), timer](boost::system::error_code) {
       self->save_scheduled = false;
-      self->slots.save([self](const std::string& e) {
-        if (!e.empty()) asio::post(self->io, [self, e] { self->say("replication slots not stored: " + e); });
+      // (The writer thread holds only a weak reference: the last one to the server is never
+      // dropped there, where its destructor would join that very thread.)
+      // (The io_context outlives the writer thread: the server's destructor joins it first.)
+      self->slots.save([weak = std::weak_ptr<impl>(self), ex = self->io.get_executor()](const std::string& e) {
+        if (e.empty()) return;
+        asio::post(ex, [weak, e] {
+          if (auto j = weak.lock()) j->say("replication slots not stored: " + e);
+        });
       });
     });
   }
@@ -197,12 +326,13 @@ struct replication_server::impl : std::enable_shared_from_this<impl> {
 
 struct replication_server::impl::session : std::enable_shared_from_this<session> {
   session(std::shared_ptr<impl> s, tcp::socket sock, int pid)
-      : srv(std::move(s)), socket(std::move(sock)), wake(socket.get_executor()), pid(pid) {}
+      : srv(std::move(s)), socket(std::move(sock)), wake(socket.get_executor()), pid(pid), peer(peer_of(socket)) {}
 
   std::shared_ptr<impl> srv;
   tcp::socket socket;
   asio::steady_timer wake;   ///< the writer's wait while streaming: cancelled to wake it
   int pid;
+  std::string peer;          ///< the client's address as failures are counted (peer_key)
   std::string in;            ///< bytes read and not yet consumed
   std::vector<std::string> temporary_slots;   ///< made by this connection: dropped with it
   std::string streaming_slot;   ///< the slot this connection streams from ("" when not streaming)
@@ -213,7 +343,12 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
   bool copy_done = false;
   std::chrono::steady_clock::time_point last_received;
   lsn sent;                  ///< the last 'w' or 'k' position sent: what a client may confirm, at most
-  bool caught_up = false;    ///< sent everything the log holds (then it may confirm walgate's durable position)
+  bool caught_up = false;    ///< the writer sent everything the log held when it last looked
+  std::uint64_t stream_seq = 0;   ///< the next event the writer reads
+  /// Everything visible in the log is sent, as of now (caught_up alone is as of the writer's
+  /// last look: a transaction may have become visible, and durable, since). Only then may a
+  /// keepalive say, and a client confirm, walgate's durable position.
+  bool all_sent() const { return caught_up && stream_seq >= srv->log.visible_seq(); }
   std::string pending_fatal;   ///< what the reader found wrong, sent by the writer as it stops
   bool streaming = false;
   asio::steady_timer watchdog{socket.get_executor()};
@@ -338,9 +473,22 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
                      "try again once walgate is streaming");
       co_return false;
     }
+    if (!srv->opts.users_file.empty()) {
+      if (auto wait = srv->failures.wait(peer, std::chrono::steady_clock::now())) {
+        co_await fatal("28000",
+                       "too many failed authentications from " + peer + ": try again in " + std::to_string(*wait) + " s",
+                       "the limit is --auth-failures-per-minute (" + std::to_string(srv->opts.auth_failures_per_minute) +
+                           ")");
+        co_return false;
+      }
+      if (!co_await sasl(user)) co_return false;
+    }
+    // (Authenticated, or trusted: only now is the upstream named, as PostgreSQL checks the
+    // database after authentication.)
     id = *known;
     const std::string db = param("database").empty() ? user : param("database");
     if (db != id.dbname) {
+      if (!co_await send(ws::build_authentication_ok())) co_return false;
       co_await fatal("3D000", "database \"" + db + "\" does not exist",
                      "walgate serves the database it streams from: \"" + id.dbname + "\"");
       co_return false;
@@ -349,9 +497,84 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
     for (const char* name : reported)
       if (auto it = id.parameters.find(name); it != id.parameters.end()) out += ws::build_parameter_status(name, it->second);
     out += ws::build_parameter_status("application_name", param("application_name"));
+    out += ws::build_parameter_status("is_superuser", "off");
+    out += ws::build_parameter_status("session_authorization", user);
     out += ws::build_backend_key_data(pid, static_cast<std::int32_t>(srv->random()));
     out += ws::build_ready_for_query('I');
     co_return co_await send(std::move(out));
+  }
+
+  /// The next message of the authentication exchange; nullopt when the connection ended (or a
+  /// FATAL was sent for a bad one).
+  awaitable<std::optional<std::pair<char, std::string>>> auth_message() {
+    for (;;) {
+      auto r = ws::split_frontend_message(protocol::as_bytes(std::string_view(in)), max_auth_message);
+      if (r.status == protocol::split_status::need_more) {
+        if (!co_await fill()) co_return std::nullopt;
+        continue;
+      }
+      if (r.status == protocol::split_status::error) {
+        co_await fatal("08P01", "invalid message from the client: " + r.error.message());
+        co_return std::nullopt;
+      }
+      std::pair<char, std::string> m{static_cast<char>(r.message.tag), std::string(protocol::as_string_view(r.message.body))};
+      in.erase(0, r.message.size);
+      co_return m;
+    }
+  }
+
+  /// SCRAM-SHA-256 (PostgreSQL's exchange: AuthenticationSASL, SASLInitialResponse,
+  /// AuthenticationSASLContinue, SASLResponse, AuthenticationSASLFinal). True when the client
+  /// proved it knows the password of user; otherwise a FATAL was sent and the failure counted.
+  awaitable<bool> sasl(std::string user) {
+    std::optional<protocol::scram_verifier> verifier;
+    if (auto it = srv->users.find(user); it != srv->users.end()) verifier = it->second;
+    protocol::scram_server scram(std::move(verifier), user, srv->mock_secret);
+    if (!co_await send(ws::build_authentication_sasl(scram.mechanisms()))) co_return false;
+    auto first = co_await auth_message();
+    if (!first) co_return false;
+    if (first->first != 'p') {
+      co_await fatal("08P01", "expected SASL response, got message type " +
+                                  std::to_string(static_cast<unsigned char>(first->first)));
+      co_return false;
+    }
+    auto initial = ws::parse_sasl_initial_response(protocol::as_bytes(std::string_view(first->second)));
+    if (!initial || !initial->data) {
+      std::string why = "malformed SASLInitialResponse: ";
+      why += initial ? std::string("no data") : initial.error().message();
+      co_await failed(user, std::move(why), false);
+      co_return false;
+    }
+    auto server_first = scram.server_first(initial->mechanism, protocol::as_string_view(*initial->data));
+    if (!server_first) {
+      co_await failed(user, scram.failure(), false);
+      co_return false;
+    }
+    if (!co_await send(ws::build_authentication_sasl_continue(*server_first))) co_return false;
+    auto response = co_await auth_message();
+    if (!response) co_return false;
+    if (response->first != 'p') {
+      co_await fatal("08P01", "expected SASL response, got message type " +
+                                  std::to_string(static_cast<unsigned char>(response->first)));
+      co_return false;
+    }
+    auto server_final = scram.server_final(response->second);
+    if (!server_final) {
+      co_await failed(user, scram.failure(), scram.proof_failed());
+      co_return false;
+    }
+    co_return co_await send(ws::build_authentication_sasl_final(*server_final));
+  }
+
+  /// A failed exchange: counted against the address, logged, and the client told — a proof
+  /// that did not hold as PostgreSQL says it (28P01, whether the user exists or not), a
+  /// malformed exchange as what was wrong (08P01).
+  awaitable<void> failed(std::string user, std::string why, bool proof) {
+    srv->failures.count(peer, std::chrono::steady_clock::now());
+    srv->say_failure("replication client from " + peer + ": authentication of user \"" + user + "\" failed: " + why);
+    if (proof) co_await fatal("28P01", "password authentication failed for user \"" + user + "\"");
+    else co_await fatal("08P01", why);
+    co_return;
   }
 
   // --- Commands --------------------------------------------------------------------------------
@@ -371,6 +594,9 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
       const char tag = static_cast<char>(r.message.tag);
       std::string body(protocol::as_string_view(r.message.body));
       in.erase(0, r.message.size);
+      // After an extended-protocol message was refused, everything up to Sync is skipped, as
+      // PostgreSQL's ignore_till_sync does (a Query included); Terminate still ends the session.
+      if (extended_error && tag != 'S' && tag != 'X') continue;
       switch (tag) {
         case 'X': co_return;
         case 'Q': {
@@ -386,17 +612,22 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
           extended_error = false;
           if (!co_await send(ws::build_ready_for_query('I'))) co_return;
           break;
-        case 'P': case 'B': case 'E': case 'D': case 'C': case 'F':
-          if (!extended_error) {
-            extended_error = true;
-            const std::string refused =
-                error_message("ERROR", "08P01",
-                              tag == 'F' ? "fastpath function calls not supported in a replication connection"
-                                         : "extended query protocol not supported in a replication connection");
-            if (!co_await send(refused)) co_return;
-          }
+        case 'F': {
+          // (Not an extended-protocol message: refused, and ready again at once.)
+          const std::string refused =
+              error_message("ERROR", "08P01", "fastpath function calls not supported in a replication connection") +
+              ws::build_ready_for_query('I');
+          if (!co_await send(refused)) co_return;
           break;
-        case 'H': break;
+        }
+        case 'H': break;   // (Flush: nothing waits)
+        case 'P': case 'B': case 'E': case 'D': case 'C': {
+          extended_error = true;
+          const std::string refused =
+              error_message("ERROR", "08P01", "extended query protocol not supported in a replication connection");
+          if (!co_await send(refused)) co_return;
+          break;
+        }
         case 'd': case 'c': case 'f': break;   // (CopyData after a COPY ended: ignored, as PostgreSQL does)
         default:
           co_await fatal("08P01", "invalid frontend message type " + std::to_string(static_cast<unsigned char>(tag)));
@@ -412,6 +643,17 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
       co_return;
     }
     auto parsed = ws::parse_replication_command(text);
+    if (!parsed.notices.empty()) {
+      std::string notices;
+      for (const auto& n : parsed.notices) {
+        protocol::server_notice notice;
+        notice.severity = "NOTICE";
+        notice.sqlstate = "42622";
+        notice.message = n;
+        notices += ws::build_error_response(notice, false);
+      }
+      if (!co_await send(std::move(notices))) co_return;
+    }
     if (!parsed.command) {
       // (PostgreSQL's replication grammar reports bison's bare "syntax error"; the lexer's own
       // messages — an unterminated string, a bad LSN — as they are)
@@ -428,8 +670,13 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
         auto pos = srv->opts.durable_lsn ? srv->opts.durable_lsn() : lsn{};
         {
       // (built outside the co_await: GCC 12 cannot keep an initializer list's array in a coroutine frame)
+      // (timeline an int8 from PostgreSQL 16, an int4 before, as the walsender types it)
+      const auto v = id.parameters.find("server_version");
+      const bool int8 = v == id.parameters.end() || std::atoi(v->second.c_str()) >= 16;
+      std::vector<std::pair<std::uint32_t, std::int16_t>> types{{25, -1}, {int8 ? 20u : 23u, int8 ? 8 : 4}, {25, -1}, {25, -1}};
       std::string bytes = text_result({"systemid", "timeline", "xlogpos", "dbname"},
-                                  {id.system_id, std::to_string(id.timeline), pos.to_string(), id.dbname}, "IDENTIFY_SYSTEM") +
+                                  {id.system_id, std::to_string(id.timeline), pos.to_string(), id.dbname}, "IDENTIFY_SYSTEM",
+                                  types) +
                       ws::build_ready_for_query('I');
       co_await send(std::move(bytes));
     }
@@ -470,7 +717,12 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
     }
     {
       // (built outside the co_await: GCC 12 cannot keep an initializer list's array in a coroutine frame)
-      std::string bytes = text_result({name}, {*value}, "SHOW") + ws::build_ready_for_query('I');
+      // (the column named by the parameter's canonical spelling, as PostgreSQL's SHOW does)
+      std::string column = name;
+      if (name == "datestyle") column = "DateStyle";
+      else if (name == "timezone") column = "TimeZone";
+      else if (name == "intervalstyle") column = "IntervalStyle";
+      std::string bytes = text_result({column}, {*value}, "SHOW") + ws::build_ready_for_query('I');
       co_await send(std::move(bytes));
     }
     co_return;
@@ -494,6 +746,56 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
   }
 
   awaitable<void> create_slot(const ws::replication_command& c) {
+    // The options first, as PostgreSQL's parseCreateReplSlotOptions: each at most once, snapshot
+    // and two_phase (and failover) for a logical slot, reserve_wal for a physical one, Boolean
+    // values as defGetBoolean takes them.
+    std::string snapshot = "export";   // (the server's default for a logical slot)
+    bool snapshot_given = false, reserve_wal_given = false, two_phase_given = false, failover_given = false;
+    bool two_phase = false, failover = false;
+    for (const auto& o : c.options) {
+      auto boolean = [&](bool& out) {
+        if (!o.value) return out = true, true;
+        const std::string v = lower(*o.value);
+        if (v == "true" || v == "on" || v == "1") return out = true, true;
+        if (v == "false" || v == "off" || v == "0") return out = false, true;
+        return false;
+      };
+      bool conflicting = false, bad_boolean = false, ignored = false;
+      if (o.name == "snapshot") {
+        conflicting = snapshot_given || !c.logical;
+        snapshot_given = true;
+        snapshot = o.value.value_or("");
+        if (!conflicting && snapshot != "export" && snapshot != "nothing" && snapshot != "use") {
+          const std::string message =
+              "unrecognized value for CREATE_REPLICATION_SLOT option \"snapshot\": \"" + snapshot + "\"";
+          co_await error("22023", message);
+          co_return;
+        }
+      } else if (o.name == "reserve_wal") {
+        conflicting = reserve_wal_given || c.logical;
+        reserve_wal_given = true;
+        bad_boolean = !conflicting && !boolean(ignored);
+      } else if (o.name == "two_phase") {
+        conflicting = two_phase_given || !c.logical;
+        two_phase_given = true;
+        bad_boolean = !conflicting && !boolean(two_phase);
+      } else if (o.name == "failover") {
+        conflicting = failover_given || !c.logical;
+        failover_given = true;
+        bad_boolean = !conflicting && !boolean(failover);
+      } else {
+        co_await error("XX000", "unrecognized option: " + o.name);
+        co_return;
+      }
+      if (conflicting) {
+        co_await error("42601", "conflicting or redundant options");
+        co_return;
+      }
+      if (bad_boolean) {
+        co_await error("42601", o.name + " requires a Boolean value");
+        co_return;
+      }
+    }
     if (!c.logical) {
       co_await error("0A000", "walgate serves logical replication only: physical slots are not made here");
       co_return;
@@ -522,16 +824,8 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
     s.name = c.name;
     s.plugin = c.plugin;
     s.temporary = c.temporary;
-    std::string snapshot = "export";   // (the server's default for a logical slot)
-    for (const auto& o : c.options) {
-      if (o.name == "snapshot") snapshot = o.value.value_or("");
-      else if (o.name == "two_phase") s.two_phase = !o.value || lower(*o.value) == "true" || *o.value == "1" || lower(*o.value) == "on";
-      else if (o.name == "failover") s.failover = !o.value || lower(*o.value) == "true" || *o.value == "1" || lower(*o.value) == "on";
-      else {   // (reserve_wal too: PostgreSQL takes it for physical slots only)
-        co_await error("42601", "unrecognized option: " + o.name);
-        co_return;
-      }
-    }
+    s.two_phase = two_phase;
+    s.failover = failover;
     if (snapshot != "nothing") {
       const std::string message =
           "walgate cannot " + std::string(snapshot == "use" ? "use" : "export") + " a snapshot with a downstream slot yet";
@@ -555,6 +849,9 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
       auto* made = srv->slots.find(s.name);
       if (!e.empty()) {
         if (made && made->active_pid == pid) srv->slots.all().erase(s.name);
+        // (A failed write may still have replaced the file — its directory's fsync failing
+        // after the rename: the next write makes the file the table again.)
+        srv->schedule_save();
         co_await error("58030", "could not store replication slot \"" + s.name + "\": " + e);
         co_return;
       }
@@ -609,6 +906,7 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
           s->dropping = false;
           s->active_pid = 0;
         }
+        srv->schedule_save();   // (as for a failed creation: the file is made the table again)
         co_await error("58030", "could not store the replication slots: " + e);
         co_return;
       }
@@ -673,13 +971,16 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
       else lost = true;
     }
     if (lost) {
-      const bool v18 = [&] {
+      const int major = [&] {
         auto v = id.parameters.find("server_version");
-        return v != id.parameters.end() && std::atoi(v->second.c_str()) >= 18;
+        return v == id.parameters.end() ? 18 : std::atoi(v->second.c_str());
       }();
-      const std::string message =
-          std::string(v18 ? "can no longer access replication slot \"" : "can no longer get changes from replication slot \"") +
-          c.name + "\"";
+      // (each version's own text: 18 "can no longer access", 16 and 17 "can no longer get
+      // changes from", 13 to 15 "cannot read from logical replication slot")
+      std::string message = major >= 18   ? "can no longer access replication slot \""
+                            : major >= 16 ? "can no longer get changes from replication slot \""
+                                          : "cannot read from logical replication slot \"";
+      message += c.name + "\"";
       co_await error("55000", message,
                      "walgate's event log no longer holds " + from.to_string() +
                          ": its retention let it go (downstream slots do not hold retention yet)",
@@ -730,7 +1031,7 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
         // Never past what this client was sent (or, caught up, walgate's durable position, which
         // its keepalives say): a client cannot confirm what walgate has not given it.
         lsn cap = sent;
-        if (caught_up && srv->opts.durable_lsn) cap = std::max(cap, srv->opts.durable_lsn());
+        if (all_sent() && srv->opts.durable_lsn) cap = std::max(cap, srv->opts.durable_lsn());
         const lsn flushed = std::min(u->flushed, cap);
         if (auto* s = srv->slots.find(slot_name); s && s->active_pid == pid && flushed > s->confirmed_flush) {
           s->confirmed_flush = flushed;
@@ -793,6 +1094,7 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
     transform::record_view view;
     open_transaction t;
     sent = lsn{};
+    lsn sent_before;   ///< sent as of the last batch written (what a dropped batch goes back to)
     caught_up = false;
     lsn keepalive_sent;
     auto last_keepalive = std::chrono::steady_clock::now();
@@ -847,9 +1149,11 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
       // that moved (nothing below it is missing: the client may confirm it).
       if (now - last_received < timeout / 2) ping_outstanding = false;
       const bool ask = !ping_outstanding && now - last_received >= timeout / 2;
-      lsn position = sent;
-      if (caught_up && srv->opts.durable_lsn) position = std::max(position, srv->opts.durable_lsn());
-      if (ask || (caught_up && position > keepalive_sent && now - last_keepalive >= caught_up_keepalive)) {
+      stream_seq = seq;
+      const bool everything_sent = all_sent();
+      lsn position = sent.valid() ? sent : from;   // (before anything is sent: where the stream starts, as the walsender)
+      if (everything_sent && srv->opts.durable_lsn) position = std::max(position, srv->opts.durable_lsn());
+      if (ask || (everything_sent && position > keepalive_sent && now - last_keepalive >= caught_up_keepalive)) {
         protocol::primary_keepalive k;
         k.wal_end = position;
         k.server_clock_us = protocol::pg_now_us();
@@ -938,15 +1242,25 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
         if (closed) break;
         const bool at_end = seq >= srv->log.visible_seq();
         if (at_end) close_transaction();   // (visibility is whole transactions)
+        if (copy_done) {
+          // (The client's CopyDone came while this batch was read: nothing more is sent, as the
+          // walsender stops sending once it has it.)
+          out.clear();
+          sent = sent_before;
+          break;
+        }
         if (!out.empty()) {
           // (One batch at a time, written before the next is read: what a client that reads
           // slowly holds in walgate's memory is one batch, about batch_bytes of records.)
           if (!co_await send(std::move(out))) break;
           out.clear();
         }
-        caught_up = at_end;
+        sent_before = sent;
+        stream_seq = seq;
+        caught_up = at_end;   // (all_sent() checks it against the log as it is when asked)
         continue;
       }
+      stream_seq = seq;
       caught_up = true;
       wake.expires_after(std::min<std::chrono::steady_clock::duration>(caught_up_keepalive, timeout / 4));
       boost::system::error_code ec;
@@ -1009,6 +1323,7 @@ replication_server::replication_server(asio::io_context& io, replication_server_
 replication_server::~replication_server() { stop(); }
 
 bool replication_server::start(std::string& error) {
+  if (!impl_->opts.users_file.empty() && !impl_->load_users(error)) return false;
   if (!impl_->slots.load(error)) return false;
   boost::system::error_code ec;
   auto address = asio::ip::make_address(impl_->opts.host, ec);
@@ -1035,6 +1350,16 @@ bool replication_server::start(std::string& error) {
   asio::co_spawn(impl_->io, impl_->accept_loop(), asio::detached);
   return true;
 }
+
+bool replication_server::reload_users(std::string& error) {
+  if (impl_->opts.users_file.empty()) {
+    error = "no --replication-users file";
+    return false;
+  }
+  return impl_->load_users(error);
+}
+
+std::size_t replication_server::users() const { return impl_->users.size(); }
 
 std::uint16_t replication_server::port() const {
   boost::system::error_code ec;

@@ -14,7 +14,8 @@
 //   the terminator (PostgreSQL: "invalid startup packet layout");
 // - a Query's text is one NUL-terminated string filling its message;
 // - a replication command's keywords are case-insensitive, its identifiers are folded to lower
-//   case and cut to 63 bytes unless double-quoted ("" inside a quoted one is a quote), its strings
+//   case unless double-quoted ("" inside a quoted one is a quote) and cut to 63 bytes either way
+//   (with PostgreSQL's NOTICE), its strings
 //   are single-quoted ('' inside is a quote), one trailing semicolon is allowed;
 // - a Query whose first token is not a replication command's keyword is SQL (kind::sql), as a
 //   walsender connected to a database treats it.
@@ -129,6 +130,9 @@ struct replication_command {
 struct command_result {
   std::optional<replication_command> command;
   std::string error;
+  /// NOTICEs to send first, with SQLSTATE 42622: each identifier cut to 63 bytes, as
+  /// PostgreSQL's lexer says it ("identifier "…" will be truncated to "…"").
+  std::vector<std::string> notices;
 };
 command_result parse_replication_command(std::string_view text);
 

@@ -3,8 +3,11 @@
 // today) as the upstream server would — one upstream slot, any number of downstream slots, each
 // with its own position, stored in the data directory.
 //
-// What it serves today: trust authentication on a loopback address (SCRAM and --replication-users
-// are not built: a non-loopback address is refused by the configuration), IDENTIFY_SYSTEM, SHOW,
+// What it serves today: SCRAM-SHA-256 against the verifiers of --replication-users (PostgreSQL's
+// rolpassword form; a user not in the file gets the same exchange and the same 28P01 as a wrong
+// password), or trust when no users file is given (the configuration then allows a loopback
+// address only); failed authentications counted per address (--auth-failures-per-minute, as
+// tokens are), IDENTIFY_SYSTEM, SHOW,
 // the SQL libpq's replication clients send by themselves, CREATE_REPLICATION_SLOT …
 // LOGICAL test_decoding (snapshot 'nothing'), DROP_REPLICATION_SLOT, START_REPLICATION … LOGICAL
 // with test_decoding's output emulated from the log (transform/test_decoding.hpp). Other plugins,
@@ -25,10 +28,13 @@
 //   CREATE_REPLICATION_SLOT's answer is sent, and is gone from it once DROP's is;
 // - a client may stop reading or sending at any time: the watchdog closes it at the timeout,
 //   even while a write to it waits.
+// - authentication comes before anything that names the upstream (its database, its
+//   parameters): an unauthenticated client learns only that walgate is not connected yet (57P03);
 // Runs on the executor of the log (the log is single-threaded); the slot file is written on a
 // thread of its own.
 #pragma once
 
+#include "walgate/protocol/auth.hpp"
 #include "walgate/protocol/lsn.hpp"
 
 #include <chrono>
@@ -38,6 +44,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace boost::asio {
 class io_context;
@@ -67,7 +74,18 @@ struct replication_server_options {
   /// keepalive asking for a reply goes out after half of it.
   std::chrono::milliseconds timeout{60'000};
   std::function<void(const std::string&)> log;
+  /// The users file (--replication-users): SCRAM-SHA-256 when given; "" is trust.
+  std::string users_file;
+  /// Failed authentications of an address a minute before it waits (0: no limit).
+  std::size_t auth_failures_per_minute = 30;
 };
+
+/// The users of a --replication-users file: a "NAME VERIFIER" line each, the verifier in
+/// PostgreSQL's form (SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>, what
+/// `walgate replication-user NAME` prints and pg_authid.rolpassword holds); blank lines and lines
+/// starting with # are skipped. False with error naming the line on a bad line or a name given twice.
+bool parse_replication_users(std::string_view text, std::map<std::string, protocol::scram_verifier>& users,
+                             std::string& error);
 
 class replication_server {
  public:
@@ -81,6 +99,10 @@ class replication_server {
   std::uint16_t port() const;
   /// Closes the listener and every connection.
   void stop();
+  /// Reads the users file again (SIGHUP); the users in use stay when it cannot be used. False
+  /// with error then, or when there is no users file.
+  bool reload_users(std::string& error);
+  std::size_t users() const;
 
  private:
   struct impl;

@@ -1,6 +1,9 @@
 // The server side of the replication protocol on arbitrary client bytes: the first packet, then
-// tagged messages, each Query through the replication-command grammar and each SASLInitialResponse
-// through its parser — as a connection to --replication-listen feeds them.
+// tagged messages, each Query through the replication-command grammar (and, as text, through the
+// verifier parser a --replication-users line goes through), the first 'p' through the
+// SASLInitialResponse parser and SCRAM's server-first step, the second through server-final — as
+// a connection to --replication-listen feeds them.
+#include "walgate/protocol/auth.hpp"
 #include "walgate/protocol/walsender.hpp"
 
 #include <cstddef>
@@ -17,6 +20,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (first.packet.size < 8 || first.packet.size > in.size() || first.packet.size > max_startup_packet) std::abort();
   (void)startup_param(first.packet, "replication");
   in = in.subspan(first.packet.size);
+  // (one PBKDF2 for the whole run, with the fewest iterations: the exchange, not the hash, is fuzzed)
+  static const scram_verifier verifier = make_scram_verifier("pencil", 1, "saltsalt");
+  scram_server scram(verifier, "user", "secret", {}, "SERVERNONCE");
+  int sasl_messages = 0;
   while (!in.empty()) {
     auto r = split_frontend_message(in, 1 << 16);
     if (r.status != split_status::ready) break;
@@ -26,9 +33,23 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (text) {
         auto c = parse_replication_command(*text);
         if (c.command.has_value() == !c.error.empty()) std::abort();   // one or the other
+        std::string why;
+        auto v = parse_scram_verifier(*text, &why);
+        if (v.has_value() == !why.empty()) std::abort();
+        if (v && (v->stored_key.size() != 32 || v->server_key.size() != 32 || v->salt.empty())) std::abort();
       }
     } else if (r.message.tag == 'p') {
-      (void)parse_sasl_initial_response(r.message.body);
+      if (sasl_messages++ == 0) {
+        auto initial = parse_sasl_initial_response(r.message.body);
+        if (initial && initial->data) {
+          auto f = scram.server_first(initial->mechanism, as_string_view(*initial->data));
+          if (!f && scram.failure().empty()) std::abort();
+        }
+      } else {
+        auto f = scram.server_final(as_string_view(r.message.body));
+        if (!f && scram.failure().empty()) std::abort();
+        if (f && f->rfind("v=", 0) != 0) std::abort();
+      }
     }
     in = in.subspan(r.message.size);
   }

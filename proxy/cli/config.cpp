@@ -234,6 +234,10 @@ const std::vector<setting>& settings() {
                      "file of replication users and their SCRAM-SHA-256 verifiers, a \"NAME VERIFIER\" line each "
                      "(walgate replication-user NAME prints one); replication clients then authenticate with SCRAM",
                      &config::replication_users, on_serve));
+    s.push_back(number("replication-slot-max-mb",
+                       "event log a downstream slot may hold (retention keeps what it has not confirmed) before it "
+                       "is invalidated, as max_slot_wal_keep_size; 0: no limit",
+                       &config::replication_slot_max_mb, 0, 16'777'216, on_serve));
     s.push_back(number("replication-timeout", "a replication client silent this long is disconnected, s (1-3600)",
                        &config::replication_timeout_s, 1, 3600, on_serve, " s"));
     s.push_back(text("data-dir", "directory of the event log", &config::data_dir, on_serve,

@@ -356,6 +356,42 @@ TEST_CASE("a hold keeps what a consumer has not confirmed past the retention; mo
   CHECK(log->read(log->first_seq(), 1).front()->seq == log->first_seq());
 }
 
+TEST_CASE("a hold by commit LSN (downstream slots) keeps every event committed at or past it; bytes_held_from measures it") {
+  temp_dir d;
+  std::string error;
+  log_options o;
+  o.dir = d.path;
+  o.segment_bytes = 4096;
+  o.retention_bytes = 16384;
+  o.memory_bytes = 8192;
+  o.fsync = false;
+  auto log = event_log::open(o, error);
+  REQUIRE(log);
+  log->hold_from_lsn(lsn{0x1000});   // (a slot at the first transaction's commit: it needs all of them)
+  txn_builder b;
+  std::vector<protocol::transaction_info> txns(200);
+  for (int i = 0; i < 200; ++i) {
+    REQUIRE(b.append(*log, 0x1000 + 0x10 * static_cast<std::uint64_t>(i), 5, txns[static_cast<std::size_t>(i)]));
+    REQUIRE(log->sync());
+  }
+  CHECK(log->first_seq() == 0);   // all of it, past the retention
+  const auto all = log->bytes_held_from(lsn{0x1000});
+  CHECK(all == log->end_offset());   // from the very first event
+  CHECK(log->bytes_held_from(lsn{0x1000 + 0x10 * 199 + 1}) == 0);   // past every commit: nothing
+  // The slot confirmed past transaction 99 (commit 0x1630): transactions 100 on are needed.
+  const lsn past_99{0x1000 + 0x10 * 99 + 1};
+  const auto held = log->bytes_held_from(past_99);
+  CHECK(held < all);
+  CHECK(held > log->end_offset() - log->read(500, 1).front()->end_offset);   // (transactions 100-199 at least)
+  CHECK(held <= log->end_offset() - log->read(500, 1).front()->end_offset + 65536 + 4096);   // (an index step more, at most)
+  log->hold_from_lsn(past_99);
+  CHECK(log->first_seq() > 0);
+  CHECK(log->first_seq() <= 500);   // transaction 100's first event is still there
+  CHECK(log->read(500, 1).front()->seq == 500);
+  log->hold_from_lsn(std::nullopt);
+  CHECK(log->disk_bytes() <= 16384 + 4096);
+}
+
 TEST_CASE("an event is readable from the tail until it is in the file, then from the file") {
   temp_dir d;
   std::string error;

@@ -801,3 +801,87 @@ TEST_CASE("SCRAM-SHA-256 against --replication-users: PostgreSQL's verifiers and
   CHECK_MESSAGE(f.gw.this_run().find("replication-users " + users.string() + ": line 1: user \"alice\": ") != std::string::npos,
                 f.gw.this_run());
 }
+
+TEST_CASE("retention keeps what a downstream slot has not confirmed, past --retention-mb, until --replication-slot-max-mb invalidates it") {
+  fixture f;
+  f.pg->sql("CREATE TABLE ws_big (id int PRIMARY KEY, v text); CREATE PUBLICATION ws_pub FOR ALL TABLES");
+  f.extra_args = {"--retention-mb", "1"};
+  f.start_walgate();
+  auto made = recvlogical_once({"-d", f.downstream(), "--slot", "holder", "--plugin", "test_decoding", "--create-slot"}, f.dir);
+  REQUIRE_MESSAGE(made.first == 0, made.second);
+  // 80 transactions of 1 MB each (incompressible): the log rolls past its first 64 MiB segment,
+  // which a 1 MB retention would let go at once, but for the slot that has not read it.
+  auto write_mb = [&](int from, int n) {
+    for (int i = from; i < from + n; ++i)
+      f.pg->sql("INSERT INTO ws_big SELECT " + std::to_string(i) +
+                ", (SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 32768))");
+  };
+  write_mb(1, 80);
+  const auto before_marker = *protocol::lsn::parse(f.pg->sql("SELECT pg_current_wal_lsn()::text")[0][0].value());
+  f.pg->sql("INSERT INTO ws_big VALUES (0, 'marker')");
+  auto holder_confirmed = [&] {
+    const auto text = read_file(f.dir / "data" / "replication-slots");
+    const auto at = text.find("\nholder test_decoding ");
+    if (at == std::string::npos) return protocol::lsn{};
+    const auto from = at + std::string("\nholder test_decoding ").size();
+    return protocol::lsn::parse(text.substr(from, text.find(' ', from) - from)).value_or(protocol::lsn{});
+  };
+  {
+    child reader;
+    f.start_reader(reader, true, "holder", {}, "holder.out");
+    const bool done = wait_for_marker({f.dir / "holder.out"}, "'marker'");
+    // (its position confirmed and stored past the 80 MB: it holds none of them any more)
+    CHECK(test::wait_until([&] { return holder_confirmed() > before_marker; }, std::chrono::seconds(30)));
+    reader.stop();
+    REQUIRE_MESSAGE(done, reader.output() << f.gw.log());
+    const auto out = read_file(f.dir / "holder.out");
+    std::size_t inserts = 0;
+    for (auto at = out.find("table public.ws_big: INSERT:"); at != std::string::npos;
+         at = out.find("table public.ws_big: INSERT:", at + 1))
+      ++inserts;
+    CHECK(inserts == 81);   // every one, from the start: nothing the slot needed was let go
+  }
+  std::size_t segments = 0;
+  for (const auto& e : std::filesystem::directory_iterator(f.dir / "data"))
+    segments += e.path().extension() == ".log" ? 1 : 0;
+  MESSAGE("log segments after the slot read everything: " << segments);
+
+  // A slot that never confirms, with a limit of 10 MB (after a restart: the slots and their
+  // positions are read back, and hold again): invalidated once it holds more, in the file too.
+  auto dropped = recvlogical_once({"-d", f.downstream(), "--slot", "holder", "--drop-slot"}, f.dir);
+  REQUIRE_MESSAGE(dropped.first == 0, dropped.second);
+  CHECK(f.gw.kill_with(SIGTERM) == 0);
+  f.extra_args = {"--retention-mb", "1", "--replication-slot-max-mb", "10"};
+  f.start_walgate();
+  made = recvlogical_once({"-d", f.downstream(), "--slot", "lagger", "--plugin", "test_decoding", "--create-slot"}, f.dir);
+  REQUIRE_MESSAGE(made.first == 0, made.second);
+  write_mb(100, 40);
+  REQUIRE_MESSAGE(test::wait_until([&] { return f.gw.this_run().find("replication slot lagger invalidated") != std::string::npos; },
+                                   std::chrono::seconds(60)),
+                  f.gw.this_run());
+  CHECK(test::wait_until([&] {
+    return read_file(f.dir / "data" / "replication-slots").find("\nlagger test_decoding ") != std::string::npos &&
+           read_file(f.dir / "data" / "replication-slots").find(" invalidated\n") != std::string::npos;
+  }));
+  PGconn* c = PQconnectdb((f.downstream() + " replication=database").c_str());
+  REQUIRE(PQstatus(c) == CONNECTION_OK);
+  PGresult* r = PQexec(c, "START_REPLICATION SLOT lagger LOGICAL 0/0");
+  CHECK(PQresultStatus(r) == PGRES_FATAL_ERROR);
+  const std::string major = f.pg->sql("SHOW server_version_num")[0][0].value().substr(0, 2);
+  const std::string expected = major == "18" ? "can no longer access replication slot \"lagger\""
+                               : major >= "16" ? "can no longer get changes from replication slot \"lagger\""
+                                               : "cannot read from logical replication slot \"lagger\"";
+  CHECK_MESSAGE(std::string(PQresultErrorMessage(r)).find(expected) != std::string::npos, PQresultErrorMessage(r));
+  CHECK(std::string(PQresultErrorField(r, PG_DIAG_SQLSTATE)) == "55000");
+  CHECK(std::string(PQresultErrorField(r, PG_DIAG_MESSAGE_DETAIL) ? PQresultErrorField(r, PG_DIAG_MESSAGE_DETAIL) : "")
+            .find("invalidated") != std::string::npos);
+  PQclear(r);
+  // A slot within the limit is not invalidated: it streams.
+  r = PQexec(c, "CREATE_REPLICATION_SLOT fresh LOGICAL test_decoding (SNAPSHOT 'nothing')");
+  CHECK(PQresultStatus(r) == PGRES_TUPLES_OK);
+  PQclear(r);
+  r = PQexec(c, "START_REPLICATION SLOT fresh LOGICAL 0/0");
+  CHECK_MESSAGE(PQresultStatus(r) == PGRES_COPY_BOTH, PQresultErrorMessage(r) << f.gw.this_run());
+  PQclear(r);
+  PQfinish(c);
+}

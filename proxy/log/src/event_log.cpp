@@ -76,6 +76,19 @@ bool event_log::roll_segment() {
   return true;
 }
 
+std::uint64_t event_log::bytes_held_from(protocol::lsn lsn) const {
+  for (const auto& s : segments_) {
+    if (s.end_seq == s.first_seq || s.last_id.commit_lsn < lsn) continue;
+    // From the last index entry before lsn (the first event needed is at or after it: at most
+    // an index step, 256 events or 64 KiB, counted too many), or the segment's start.
+    const auto at = std::partition_point(s.index.begin(), s.index.end(),
+                                         [&](const index_entry& e) { return e.id.commit_lsn < lsn; });
+    const std::uint64_t from = s.base + (at == s.index.begin() ? 0 : std::prev(at)->offset);
+    return end_offset() > from ? end_offset() - from : 0;
+  }
+  return 0;
+}
+
 void event_log::enforce_retention() {
   while (segments_.size() > 1 && disk_bytes() > opts_.retention_bytes) {
     // The newest segment with events stays (its last id is where the log's head is known, after
@@ -85,6 +98,10 @@ void event_log::enforce_retention() {
     if (!later_events && segments_.front().end_seq > segments_.front().first_seq) break;
     // Held (not yet confirmed by a consumer that must have every event): kept.
     if (hold_ && segments_.front().end_seq > *hold_ && segments_.front().end_seq > segments_.front().first_seq) break;
+    // Held by a downstream slot: it holds an event committed at or past the slot's position.
+    if (hold_lsn_ && segments_.front().end_seq > segments_.front().first_seq &&
+        !(segments_.front().last_id.commit_lsn < *hold_lsn_))
+      break;
     std::error_code ec;
     fs::remove(segments_.front().path, ec);
     if (segments_.front().end_seq > segments_.front().first_seq) {

@@ -57,6 +57,7 @@ std::string downstream_slots::serialize(const std::map<std::string, downstream_s
     std::string flags;
     if (s.two_phase) flags = "two_phase";
     if (s.failover) flags += flags.empty() ? "failover" : ",failover";
+    if (s.invalidated) flags += flags.empty() ? "invalidated" : ",invalidated";
     out += name + " " + s.plugin + " " + s.confirmed_flush.to_string() + " " + (flags.empty() ? "-" : flags) + "\n";
   }
   return out;
@@ -85,8 +86,25 @@ bool downstream_slots::parse(const std::string& text, std::map<std::string, down
     }
     downstream_slot s;
     auto lsn = f.size() == 4 ? protocol::lsn::parse(f[2]) : std::nullopt;
-    if (f.size() != 4 || !slot_name_error(f[0]).empty() || !plugin_name_ok(f[1]) || !lsn ||
-        !(f[3] == "-" || f[3] == "two_phase" || f[3] == "failover" || f[3] == "two_phase,failover")) {
+    // Flags: "-", or some of two_phase, failover, invalidated in that order, comma-separated.
+    bool flags_ok = f.size() == 4 && f[3] == "-";
+    if (f.size() == 4 && f[3] != "-") {
+      flags_ok = true;
+      std::size_t next = 0;   // (the next flag allowed: each once, in order)
+      static const char* const names[] = {"two_phase", "failover", "invalidated"};
+      std::size_t from = 0;
+      while (flags_ok) {
+        const auto comma = f[3].find(',', from);
+        const std::string flag = f[3].substr(from, comma == std::string::npos ? std::string::npos : comma - from);
+        std::size_t i = next;
+        while (i < 3 && flag != names[i]) ++i;
+        if (i == 3) flags_ok = false;
+        next = i + 1;
+        if (comma == std::string::npos) break;
+        from = comma + 1;
+      }
+    }
+    if (f.size() != 4 || !slot_name_error(f[0]).empty() || !plugin_name_ok(f[1]) || !lsn || !flags_ok) {
       error = "line " + std::to_string(n) + " is not \"<slot> <plugin> <X/Y> <flags>\"";
       return false;
     }
@@ -95,6 +113,7 @@ bool downstream_slots::parse(const std::string& text, std::map<std::string, down
     s.confirmed_flush = *lsn;
     s.two_phase = f[3].find("two_phase") != std::string::npos;
     s.failover = f[3].find("failover") != std::string::npos;
+    s.invalidated = f[3].find("invalidated") != std::string::npos;
     if (!out.emplace(s.name, s).second) {
       error = "line " + std::to_string(n) + " names slot " + s.name + " again";
       return false;

@@ -5,7 +5,7 @@
 // saves wait. Temporary slots are never written.
 //
 // File: a first line "walgate replication slots 1", then one line per slot:
-//   <name> <plugin> <confirmed_flush X/Y> <flags: two_phase,failover or ->
+//   <name> <plugin> <confirmed_flush X/Y> <flags: some of two_phase,failover,invalidated in that order, or ->
 // A file that does not read back exactly (a name of other characters, a bad LSN, a line of
 // more or fewer fields) is an error naming the line: walgate does not start on it.
 #pragma once
@@ -32,6 +32,9 @@ struct downstream_slot {
   bool temporary = false;
   int active_pid = 0;   ///< the connection streaming from it, making or dropping it, or its temporary owner (0: none)
   bool dropping = false;   ///< being dropped: left out of the file
+  /// Held more of the log than --replication-slot-max-mb: no longer holds any, and cannot
+  /// stream (PostgreSQL's invalidation for max_slot_wal_keep_size). Kept until dropped.
+  bool invalidated = false;
 };
 
 /// PostgreSQL's ReplicationSlotValidateName: "" when name is valid, else its error message.

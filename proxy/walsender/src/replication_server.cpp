@@ -322,6 +322,45 @@ struct replication_server::impl : std::enable_shared_from_this<impl> {
 
   awaitable<void> accept_loop();
   void wake_streams();
+
+  /// The log keeps what the slots have not confirmed: from the oldest position of a slot that
+  /// is not invalidated (or dropped), nothing when there is none.
+  void update_hold() {
+    std::optional<lsn> oldest;
+    for (const auto& [name, s] : slots.all())
+      if (!s.invalidated && !s.dropping) oldest = oldest ? std::min(*oldest, s.confirmed_flush) : s.confirmed_flush;
+    if (oldest == held) return;
+    held = oldest;
+    if (opts.hold) opts.hold(oldest);
+  }
+  std::optional<lsn> held;
+  asio::steady_timer limit_timer{io};
+
+  /// Every second: a slot that holds more of the log than opts.slot_max_bytes is invalidated
+  /// (written to the file, its hold let go, its stream ended), as PostgreSQL invalidates a slot
+  /// past max_slot_wal_keep_size.
+  void check_limits() {
+    if (!opts.slot_max_bytes || stopped) return;
+    bool changed = false;
+    for (auto& [name, s] : slots.all()) {
+      if (s.invalidated || s.dropping) continue;
+      const auto held_bytes = log.bytes_held_from(s.confirmed_flush);
+      if (held_bytes <= opts.slot_max_bytes) continue;
+      s.invalidated = true;
+      changed = true;
+      say("replication slot " + name + " invalidated: it holds " + std::to_string(held_bytes >> 20) +
+          " MiB of the event log, over --replication-slot-max-mb (" + std::to_string(opts.slot_max_bytes >> 20) + ")");
+    }
+    if (changed) {
+      schedule_save();
+      update_hold();
+      wake_streams();
+    }
+    limit_timer.expires_after(std::chrono::seconds(1));
+    limit_timer.async_wait([weak = std::weak_ptr<impl>(shared_from_this())](boost::system::error_code ec) {
+      if (auto self = weak.lock(); self && !ec) self->check_limits();
+    });
+  }
 };
 
 struct replication_server::impl::session : std::enable_shared_from_this<session> {
@@ -407,6 +446,7 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
     socket.close(ec);
     for (const auto& name : temporary_slots)
       if (auto* s = srv->slots.find(name); s && s->temporary && s->active_pid == pid) srv->slots.all().erase(name);
+    srv->update_hold();
     if (auto* s = srv->slots.find(streaming_slot); s && s->active_pid == pid && !s->temporary) s->active_pid = 0;
   }
 
@@ -842,6 +882,7 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
     // slot is held by it for good, as PostgreSQL's are by their backend.
     s.active_pid = pid;
     srv->slots.all().emplace(s.name, s);
+    srv->update_hold();
     if (s.temporary) {
       temporary_slots.push_back(s.name);
     } else {
@@ -849,6 +890,7 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
       auto* made = srv->slots.find(s.name);
       if (!e.empty()) {
         if (made && made->active_pid == pid) srv->slots.all().erase(s.name);
+        srv->update_hold();
         // (A failed write may still have replaced the file — its directory's fsync failing
         // after the rename: the next write makes the file the table again.)
         srv->schedule_save();
@@ -912,6 +954,7 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
       }
     }
     srv->slots.all().erase(c.name);
+    srv->update_hold();
     std::erase(temporary_slots, c.name);
     srv->say("replication slot " + c.name + " dropped by connection " + std::to_string(pid));
     co_await send(ws::build_command_complete("DROP_REPLICATION_SLOT") + ws::build_ready_for_query('I'));
@@ -954,8 +997,9 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
     std::uint64_t seq = srv->log.first_seq();
     const bool dropped_any = srv->log.first_seq() > 0;
     const auto dropped_last = srv->log.last_dropped_id();
-    bool lost = false;
-    if (from.value == 0) {
+    bool lost = s->invalidated;
+    if (lost) {
+    } else if (from.value == 0) {
       lost = dropped_any;
     } else {
       transform::event_id before;
@@ -981,10 +1025,18 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
                             : major >= 16 ? "can no longer get changes from replication slot \""
                                           : "cannot read from logical replication slot \"";
       message += c.name + "\"";
-      co_await error("55000", message,
-                     "walgate's event log no longer holds " + from.to_string() +
-                         ": its retention let it go (downstream slots do not hold retention yet)",
-                     "drop the slot and make it again; raise --retention-mb to keep more");
+      // (PostgreSQL's detail for a slot invalidated past max_slot_wal_keep_size, and ours for
+      // what retention let go before the slot held it — a slot made before walgate restarted
+      // without the slots' file, or the limit of --replication-slot-max-mb)
+      std::string detail;
+      if (s->invalidated)
+        detail = major >= 18 ? "This replication slot has been invalidated due to \"wal_removed\"."
+                             : "This slot has been invalidated because it exceeded the maximum reserved size.";
+      else
+        detail = "walgate's event log no longer holds " + from.to_string() + ": its retention let it go";
+      co_await error("55000", message, detail,
+                     "drop the slot and make it again (its client then needs a new start); raise "
+                     "--replication-slot-max-mb to let slots hold more");
       co_return;
     }
     s->active_pid = pid;
@@ -1036,6 +1088,7 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
         if (auto* s = srv->slots.find(slot_name); s && s->active_pid == pid && flushed > s->confirmed_flush) {
           s->confirmed_flush = flushed;
           if (!s->temporary) srv->schedule_save();
+          srv->update_hold();
         }
       } else if (tag == 'c') {
         copy_done = true;
@@ -1140,6 +1193,15 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
 
     while (!closed && !copy_done) {
       const auto now = std::chrono::steady_clock::now();
+      if (auto* mine = srv->slots.find(slot_name); mine && mine->invalidated) {
+        // (PostgreSQL terminates the walsender that holds a slot it invalidates)
+        co_await send(error_message("FATAL", "55000",
+                                    "replication slot \"" + slot_name +
+                                        "\" was invalidated: it held more of walgate's event log than "
+                                        "--replication-slot-max-mb"));
+        closed = true;
+        break;
+      }
       if (timed_out()) {
         disconnect_silent(slot_name);
         break;
@@ -1325,6 +1387,7 @@ replication_server::~replication_server() { stop(); }
 bool replication_server::start(std::string& error) {
   if (!impl_->opts.users_file.empty() && !impl_->load_users(error)) return false;
   if (!impl_->slots.load(error)) return false;
+  impl_->update_hold();   // (before the log appends anything: nothing a slot needs is let go)
   boost::system::error_code ec;
   auto address = asio::ip::make_address(impl_->opts.host, ec);
   if (ec) {
@@ -1348,6 +1411,7 @@ bool replication_server::start(std::string& error) {
     if (auto i = weak.lock()) i->wake_streams();
   });
   asio::co_spawn(impl_->io, impl_->accept_loop(), asio::detached);
+  impl_->check_limits();
   return true;
 }
 
@@ -1372,6 +1436,7 @@ void replication_server::stop() {
   impl_->stopped = true;
   boost::system::error_code ec;
   impl_->acceptor.close(ec);
+  impl_->limit_timer.cancel();
   if (impl_->visible_listener) impl_->log.remove_listener(impl_->visible_listener);
   if (impl_->fetched_listener) impl_->log.remove_listener(impl_->fetched_listener);
   impl_->visible_listener = impl_->fetched_listener = 0;

@@ -217,6 +217,14 @@ class event_log final : public log_reader {
     hold_ = seq;
     enforce_retention();
   }
+  /// Retention also keeps every segment holding an event whose commit LSN is at or past lsn
+  /// (what walgate's downstream slots have not confirmed: the walsender's hold); nullopt: no
+  /// such hold. Moving it forward lets retention drop what it held at once.
+  void hold_from_lsn(std::optional<protocol::lsn> lsn) {
+    hold_lsn_ = lsn;
+    enforce_retention();
+  }
+  std::uint64_t bytes_held_from(protocol::lsn lsn) const override;
   /// Registers the log's size and head for /metrics.
   void register_metrics(metrics_registry& r) const;
   /// Byte position of the end of the log (see logged_event::end_offset).
@@ -300,6 +308,7 @@ class event_log final : public log_reader {
   transform::event_id dropped_last_id_;   // last id of the newest segment retention dropped
   bool dropped_ = false;                   // retention dropped something in this process
   std::optional<std::uint64_t> hold_;      // hold_from()
+  std::optional<protocol::lsn> hold_lsn_;  // hold_from_lsn()
   std::deque<std::pair<std::uint64_t, std::uint64_t>> recent_commits_;   // (first seq, end offset), seq order
   std::deque<std::pair<std::uint32_t, std::uint64_t>> recent_xids_;      // (xid, first seq), seq order
   std::uint32_t txn_xid_ = 0;                                            // of the open transaction

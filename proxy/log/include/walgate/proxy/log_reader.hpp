@@ -93,6 +93,10 @@ class log_reader {
   virtual std::uint64_t transaction_end_offset(std::uint64_t seq) const = 0;
   /// Where this log began (an id from before it belongs to another log); invalid: unknown.
   virtual protocol::lsn origin() const = 0;
+  /// The bytes of the log from the first retained event whose commit LSN is at or past lsn to
+  /// its end (found through the sparse index: up to one index step, 64 KiB, more), what keeping
+  /// everything from lsn on costs on disk; 0 when no retained event is at or past lsn.
+  virtual std::uint64_t bytes_held_from(protocol::lsn) const { return 0; }
   /// The id of the newest event retention let go in this process (nullopt: none, or not known:
   /// dropped before this process started). What lies before it is gone.
   virtual std::optional<transform::event_id> last_dropped_id() const { return std::nullopt; }

@@ -19,8 +19,12 @@
 //   log makes a transaction visible at its commit): a client never sees half of one;
 // - a slot starts after every transaction whose commit LSN is below max(the position asked for,
 //   its confirmed_flush) — PostgreSQL's rule (SnapBuildXactNeedsSkip);
-// - the log may no longer hold where a slot is (retention does not wait for downstream slots
-//   yet): START_REPLICATION then fails saying so, never streaming from a later point;
+// - retention keeps what a slot has not confirmed (the hold: from the oldest confirmed position
+//   of the slots), until the slot holds more than --replication-slot-max-mb: then it is
+//   invalidated (stored in the slots' file), its hold let go, its stream ended, and
+//   START_REPLICATION fails with PostgreSQL's text for it;
+// - the log may still not hold where a slot is (a slot whose events went before this process
+//   held them): START_REPLICATION then fails saying so, never streaming from a later point;
 // - a keepalive's walEnd is never past what the client was sent, unless it was sent everything
 //   the log holds: then it is walgate's durable position (no transaction below it is missing);
 // - a client's flush position is taken up to what it was sent, never past, and written to the
@@ -74,6 +78,11 @@ struct replication_server_options {
   /// keepalive asking for a reply goes out after half of it.
   std::chrono::milliseconds timeout{60'000};
   std::function<void(const std::string&)> log;
+  /// Keeps the log from letting go of events committed at or past an LSN (nullopt: none): the
+  /// oldest confirmed position of the slots (event_log::hold_from_lsn).
+  std::function<void(std::optional<protocol::lsn>)> hold;
+  /// A slot holding more of the log than this is invalidated (0: no limit).
+  std::uint64_t slot_max_bytes = 0;
   /// The users file (--replication-users): SCRAM-SHA-256 when given; "" is trust.
   std::string users_file;
   /// Failed authentications of an address a minute before it waits (0: no limit).

@@ -775,8 +775,10 @@ TEST_CASE("SCRAM-SHA-256 against --replication-users: PostgreSQL's verifiers and
   CHECK_MESSAGE(nobody.find("FATAL:  password authentication failed for user \"mallory\"") != std::string::npos, nobody);
   // The database is named only after authentication.
   CHECK(nobody.find("walgate serves the database") == std::string::npos);
-  CHECK(f.gw.log().find("replication client from 127.0.0.1: authentication of user \"mallory\" failed") !=
-        std::string::npos);
+  CHECK(test::wait_until([&] {   // (the line reaches the test through walgate's stderr: soon, not at once)
+    return f.gw.log().find("replication client from 127.0.0.1: authentication of user \"mallory\" failed") !=
+           std::string::npos;
+  }));
   // (Not even the password's hash crossed: neither appears in walgate's log.)
   CHECK(f.gw.log().find("not it") == std::string::npos);
   // The third failure this minute from 127.0.0.1: then even the right password waits.

@@ -1,3 +1,7 @@
+// The server side of the replication protocol: startup packets, frontend messages, the
+// replication command grammar (a lexer as repl_scanner.l, a recursive-descent parser as
+// repl_gram.y) and the backend messages a server answers with. One file: the grammar is most of
+// it, and its lexer and parser share the token type and nothing else here would use them.
 #include "walgate/protocol/walsender.hpp"
 
 #include <algorithm>

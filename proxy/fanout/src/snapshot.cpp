@@ -31,6 +31,12 @@
 
 namespace walgate::proxy {
 
+namespace {
+/// Addresses and subjects whose snapshot starts of the last minute are remembered, at most (the
+/// map a churn of new addresses could otherwise grow without end).
+constexpr std::size_t max_rate_keys = 65536;
+}  // namespace
+
 namespace asio = boost::asio;
 namespace pg = protocol::pgoutput;
 using namespace snapshot_sql;
@@ -471,7 +477,7 @@ std::shared_ptr<snapshot_job> snapshot_service::admit(const stream_request& r, c
   {
     const auto now = std::chrono::steady_clock::now();
     const auto minute_ago = now - std::chrono::minutes(1);
-    if (recent_starts_.size() >= 65536)
+    if (recent_starts_.size() >= max_rate_keys)
       std::erase_if(recent_starts_, [&](const auto& kv) { return kv.second.empty() || kv.second.back() <= minute_ago; });
     std::vector<std::deque<std::chrono::steady_clock::time_point>*> keys;
     struct limit {
@@ -485,7 +491,7 @@ std::shared_ptr<snapshot_job> snapshot_service::admit(const stream_request& r, c
       if (l.key.empty() || !l.per_minute) continue;
       const std::string key = std::string(l.prefix) + std::string(l.key);
       // (full of keys all begun within the minute: a new key is not counted until some go)
-      if (recent_starts_.size() >= 65536 && !recent_starts_.count(key)) continue;
+      if (recent_starts_.size() >= max_rate_keys && !recent_starts_.count(key)) continue;
       auto& q = recent_starts_[key];
       while (!q.empty() && q.front() <= minute_ago) q.pop_front();
       if (q.size() >= l.per_minute) {

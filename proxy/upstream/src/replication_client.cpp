@@ -1,3 +1,8 @@
+// The replication client: connect (pg_connection), the pre-flight checks and the slot
+// (prepare_replication), START_REPLICATION, the stream ('w' and 'k' in, 'r' out by the ticker),
+// reconnects with backoff, stop. One file of about 500 lines because its steps share one state
+// (impl: positions, the connection, the timers, what the sink was told) that each step reads and
+// writes; split, that state would move to a header every part includes, for no wall gained.
 #include "walgate/proxy/replication_client.hpp"
 
 #include "walgate/proxy/pg_connection.hpp"

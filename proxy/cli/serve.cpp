@@ -656,6 +656,13 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
     log_line("publishing the event log to JetStream stream " + s.nats_stream + " on " + s.nats_subject_prefix + ".> at " +
              s.nats.front() + (s.nats.size() > 1 ? " (+" + std::to_string(s.nats.size() - 1) + ")" : ""));
   }
+  // walgate's own walsender (started below, once the HTTP server listens): its metrics read
+  // through this pointer.
+  std::unique_ptr<proxy::replication_server> walsender;
+  if (!s.replication_listen.empty())
+    so.extra_metrics.push_back([&walsender](proxy::metrics_registry& m) {
+      proxy::register_replication_metrics(m, [&walsender]() -> const proxy::replication_server* { return walsender.get(); });
+    });
   proxy::server_status st;
   st.streaming = [&] { return client.streaming(); };
   st.reconnects = [&] { return client.reconnects(); };
@@ -669,7 +676,6 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
   log_line("listening on " + s.listen_host + ":" + std::to_string(srv.port()) + (so.tls_cert.empty() ? "" : " (TLS)") +
            "; event log in " + s.data_dir + " (next event " + std::to_string(log->next_seq()) + ")");
   // walgate's own walsender: replication clients read the log as from the server.
-  std::unique_ptr<proxy::replication_server> walsender;
   if (!s.replication_listen.empty()) {
     proxy::replication_server_options ro;
     ro.host = s.replication_listen_host;

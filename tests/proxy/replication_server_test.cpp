@@ -785,6 +785,7 @@ TEST_CASE("SCRAM-SHA-256 against --replication-users: PostgreSQL's verifiers and
   CHECK(connect(f.downstream_as("from_pg", "wrong")).find("password authentication failed") != std::string::npos);
   const auto limited = connect(f.downstream_as("alice", alice_password));
   CHECK_MESSAGE(limited.find("too many failed authentications from 127.0.0.1: try again in") != std::string::npos, limited);
+  CHECK(http_get(f.http_port, "/metrics").second.find("\nwalgate_replication_auth_failures_total 3\n") != std::string::npos);
 
   // SIGHUP reads the file again: a bad file leaves the users in use; a good one replaces them.
   std::ofstream(users) << alice_line << "nothing-after-the-name\n";
@@ -865,6 +866,14 @@ TEST_CASE("retention keeps what a downstream slot has not confirmed, past --rete
     return read_file(f.dir / "data" / "replication-slots").find("\nlagger test_decoding ") != std::string::npos &&
            read_file(f.dir / "data" / "replication-slots").find(" invalidated\n") != std::string::npos;
   }));
+  // /metrics says so, per slot.
+  {
+    const auto text = http_get(f.http_port, "/metrics").second;
+    CHECK_MESSAGE(text.find("\nwalgate_replication_slot_invalidated{slot=\"lagger\"} 1\n") != std::string::npos, text);
+    CHECK(text.find("\nwalgate_replication_slot_held_bytes{slot=\"lagger\"} 0\n") != std::string::npos);
+    CHECK(text.find("\nwalgate_replication_slot_active{slot=\"lagger\"} 0\n") != std::string::npos);
+    CHECK(text.find("\nwalgate_replication_auth_failures_total 0\n") != std::string::npos);
+  }
   PGconn* c = PQconnectdb((f.downstream() + " replication=database").c_str());
   REQUIRE(PQstatus(c) == CONNECTION_OK);
   PGresult* r = PQexec(c, "START_REPLICATION SLOT lagger LOGICAL 0/0");
@@ -885,5 +894,11 @@ TEST_CASE("retention keeps what a downstream slot has not confirmed, past --rete
   r = PQexec(c, "START_REPLICATION SLOT fresh LOGICAL 0/0");
   CHECK_MESSAGE(PQresultStatus(r) == PGRES_COPY_BOTH, PQresultErrorMessage(r) << f.gw.this_run());
   PQclear(r);
+  CHECK(test::wait_until([&] {
+    const auto text = http_get(f.http_port, "/metrics").second;
+    return text.find("\nwalgate_replication_slot_active{slot=\"fresh\"} 1\n") != std::string::npos &&
+           text.find("\nwalgate_replication_slot_invalidated{slot=\"fresh\"} 0\n") != std::string::npos &&
+           text.find("\nwalgate_replication_connections 1\n") != std::string::npos;
+  }));
   PQfinish(c);
 }

@@ -15,6 +15,7 @@
 #include "walgate/protocol/walsender.hpp"
 #include "walgate/proxy/failure_window.hpp"
 #include "walgate/proxy/log_reader.hpp"
+#include "walgate/proxy/metrics.hpp"
 #include "walgate/transform/record.hpp"
 #include "walgate/transform/test_decoding.hpp"
 
@@ -282,6 +283,7 @@ struct replication_server::impl : std::enable_shared_from_this<impl> {
   failure_window failures;
   std::chrono::steady_clock::time_point log_second{};
   std::size_t logged = 0, unlogged = 0;
+  std::uint64_t auth_failure_count = 0;   ///< every failed authentication (walgate_replication_auth_failures_total)
 
   void say(const std::string& line) {
     if (opts.log) opts.log(line);
@@ -615,6 +617,7 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
   /// malformed exchange as what was wrong (08P01).
   awaitable<void> failed(std::string user, std::string why, bool proof) {
     srv->failures.count(peer, std::chrono::steady_clock::now());
+    ++srv->auth_failure_count;
     srv->say_failure("replication client from " + peer + ": authentication of user \"" + user + "\" failed: " + why);
     if (proof) co_await fatal("28P01", "password authentication failed for user \"" + user + "\"");
     else co_await fatal("08P01", why);
@@ -1428,6 +1431,61 @@ bool replication_server::reload_users(std::string& error) {
 }
 
 std::size_t replication_server::users() const { return impl_->users.size(); }
+
+std::vector<replication_server::slot_figures> replication_server::slots() const {
+  std::vector<slot_figures> out;
+  for (const auto& [name, s] : impl_->slots.all()) {
+    if (s.dropping) continue;
+    slot_figures f;
+    f.name = name;
+    f.confirmed = s.confirmed_flush;
+    f.held_bytes = s.invalidated ? 0 : impl_->log.bytes_held_from(s.confirmed_flush);
+    f.active = s.active_pid != 0;   // (a temporary slot is held by its connection for good)
+    f.temporary = s.temporary;
+    f.invalidated = s.invalidated;
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
+std::size_t replication_server::connections() const {
+  std::size_t n = 0;
+  for (const auto& w : impl_->sessions) n += w.expired() ? 0 : 1;
+  return n;
+}
+
+std::uint64_t replication_server::auth_failures() const { return impl_->auth_failure_count; }
+
+void register_replication_metrics(metrics_registry& r, std::function<const replication_server*()> get) {
+  // (A slot's name is [a-z0-9_]: a label value that needs no escaping.)
+  auto per_slot = [&r, get](const char* name, const char* help, std::function<std::string(const replication_server::slot_figures&)> value) {
+    r.add(name, "gauge", help, [get, value](std::vector<metrics_registry::sample>& out) {
+      const auto* w = get();
+      if (!w) return;
+      for (const auto& f : w->slots()) out.push_back({"{slot=\"" + f.name + "\"}", value(f)});
+    });
+  };
+  per_slot("walgate_replication_slot_confirmed_lsn", "A downstream slot's confirmed position, as a number.",
+           [](const auto& f) { return std::to_string(f.confirmed.value); });
+  per_slot("walgate_replication_slot_held_bytes",
+           "Bytes of the event log a downstream slot keeps from retention (what it has not confirmed).",
+           [](const auto& f) { return std::to_string(f.held_bytes); });
+  per_slot("walgate_replication_slot_active", "1 while a connection streams from (or holds) a downstream slot.",
+           [](const auto& f) { return std::string(f.active ? "1" : "0"); });
+  per_slot("walgate_replication_slot_invalidated",
+           "1 once a downstream slot held more than --replication-slot-max-mb and was invalidated.",
+           [](const auto& f) { return std::string(f.invalidated ? "1" : "0"); });
+  r.add_value("walgate_replication_connections", "gauge", "Connections to walgate's walsender.", [get] {
+    const auto* w = get();
+    return w ? w->connections() : 0;
+  });
+  r.add_value("walgate_replication_auth_failures_total", "counter",
+              "Failed authentications on walgate's walsender (wrong passwords, unknown users, malformed exchanges).",
+              [get] {
+                const auto* w = get();
+                return w ? w->auth_failures() : 0;
+              });
+}
 
 std::uint16_t replication_server::port() const {
   boost::system::error_code ec;

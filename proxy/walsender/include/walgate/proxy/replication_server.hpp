@@ -49,6 +49,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace boost::asio {
 class io_context;
@@ -57,6 +58,7 @@ class io_context;
 namespace walgate::proxy {
 
 class log_reader;
+class metrics_registry;
 
 /// The upstream as walgate's walsender reports it: its cluster, timeline, database and the
 /// ParameterStatus values it sent walgate (nullopt until walgate has connected to it once).
@@ -113,9 +115,25 @@ class replication_server {
   bool reload_users(std::string& error);
   std::size_t users() const;
 
+  /// What /metrics shows of one downstream slot.
+  struct slot_figures {
+    std::string name;
+    protocol::lsn confirmed;
+    std::uint64_t held_bytes = 0;   ///< the log it keeps from retention (log_reader::bytes_held_from)
+    bool active = false, temporary = false, invalidated = false;
+  };
+  std::vector<slot_figures> slots() const;
+  std::size_t connections() const;
+  std::uint64_t auth_failures() const;
+
  private:
   struct impl;
   std::shared_ptr<impl> impl_;
 };
+
+/// Registers the walsender's metrics (per slot: walgate_replication_slot_confirmed_lsn,
+/// _held_bytes, _active, _invalidated; walgate_replication_connections,
+/// walgate_replication_auth_failures_total), read through get (nullptr: none yet).
+void register_replication_metrics(metrics_registry& r, std::function<const replication_server*()> get);
 
 }  // namespace walgate::proxy

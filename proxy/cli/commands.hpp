@@ -27,5 +27,7 @@ int run_demo(config c);
 int run_stream(const config& c);
 /// Prints "NAME VERIFIER" for --replication-users from a password on stdin (replication_user.cpp).
 int run_replication_user(const config& c);
+/// Prints the downstream slots of a data directory (replication_user.cpp).
+int run_slots(const config& c);
 
 }  // namespace walgate::cli

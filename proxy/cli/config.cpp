@@ -544,6 +544,8 @@ load_result load(config& c, int argc, char** argv) {
   auto* stream = app.add_subcommand("stream", "stream from a server and print each decoded message");
   auto* edge = app.add_subcommand("edge", "serve the HTTP API from a JetStream stream an origin walgate publishes (--nats)");
   stream->add_option("--capture", c.capture, "append every byte read from the server to FILE");
+  auto* slots_cmd = app.add_subcommand("slots", "list the downstream slots of a data directory (walgate's walsender), as TOML");
+  slots_cmd->add_option("--data-dir", c.slots_data_dir, "the data directory (default: --data-dir's)");
   auto* replication_user = app.add_subcommand(
       "replication-user",
       "print a --replication-users line for NAME: its SCRAM-SHA-256 verifier, from a password read on stdin");
@@ -604,6 +606,7 @@ load_result load(config& c, int argc, char** argv) {
   }
   r.cmd = print_config ? command::print_config
           : *replication_user ? command::replication_user
+          : *slots_cmd ? command::slots
           : *demo     ? command::demo
           : *stream   ? command::stream
           : *edge     ? command::edge

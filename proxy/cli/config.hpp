@@ -24,6 +24,7 @@ struct config {
   std::string replication_listen;             ///< HOST:PORT of walgate's own walsender ("": off)
   std::string replication_listen_host;        ///< from replication_listen
   std::uint16_t replication_listen_port = 0;  ///< from replication_listen
+  std::string slots_data_dir;                 ///< walgate slots --data-dir D ("": --data-dir's)
   std::string replication_user_name;          ///< walgate replication-user NAME
   std::uint32_t replication_user_iterations = 4096;   ///< its --iterations
   std::string replication_users;              ///< file of "NAME VERIFIER" lines ("": trust, loopback only)
@@ -80,7 +81,7 @@ struct config {
   std::string capture;                  ///< walgate stream --capture
 };
 
-enum class command { serve, demo, stream, edge, print_config, replication_user, exit_now };
+enum class command { serve, demo, stream, edge, print_config, replication_user, slots, exit_now };
 
 struct load_result {
   command cmd = command::serve;

@@ -4,6 +4,7 @@
 //   walgate stream --pg ... --slot ... --publication ...             print decoded messages (stream_command.cpp)
 //   walgate edge --nats URL --nats-stream NAME ...                   serve from a JetStream stream (serve.cpp)
 //   walgate replication-user NAME < password                        a --replication-users line (replication_user.cpp)
+//   walgate slots [--data-dir D]                                     the downstream slots, as TOML (replication_user.cpp)
 //   walgate --print-config                                           the configuration, checked, as TOML
 // Settings (config.cpp): flags over WALGATE_* environment variables over the TOML config file.
 #include "commands.hpp"
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
     case command::demo: return run_demo(c);
     case command::stream: return run_stream(c);
     case command::replication_user: return run_replication_user(c);
+    case command::slots: return run_slots(c);
     case command::edge: return run_edge(c);
     default: {
       const int rc = serve(c);

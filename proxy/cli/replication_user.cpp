@@ -1,3 +1,6 @@
+// walgate slots: the downstream slots of a data directory, read from its replication-slots file
+// (walgate running or not: the file is rewritten whole by a rename, never half-written).
+//
 // walgate replication-user NAME: a line for --replication-users — NAME and the SCRAM-SHA-256
 // verifier of a password read on stdin, in PostgreSQL's form (what pg_authid.rolpassword holds,
 // so a verifier copied from there serves too). The password itself is never written anywhere.
@@ -8,6 +11,7 @@
 #include "commands.hpp"
 
 #include "walgate/protocol/auth.hpp"
+#include "walgate/proxy/replication_server.hpp"
 
 #include <termios.h>
 #include <unistd.h>
@@ -76,6 +80,17 @@ int run_replication_user(const config& c) {
   }
   const auto v = protocol::make_scram_verifier(password, c.replication_user_iterations);
   std::printf("%s %s\n", c.replication_user_name.c_str(), protocol::format_scram_verifier(v).c_str());
+  return std::fflush(stdout) == 0 ? 0 : 1;
+}
+
+int run_slots(const config& c) {
+  std::string out, error;
+  const std::string dir = c.slots_data_dir.empty() ? c.data_dir : c.slots_data_dir;
+  if (!proxy::describe_slots_file(dir, out, error)) {
+    log_line("slots: " + error);
+    return 1;
+  }
+  std::fputs(out.c_str(), stdout);
   return std::fflush(stdout) == 0 ? 0 : 1;
 }
 

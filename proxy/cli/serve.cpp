@@ -659,10 +659,12 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
   // walgate's own walsender (started below, once the HTTP server listens): its metrics read
   // through this pointer.
   std::unique_ptr<proxy::replication_server> walsender;
-  if (!s.replication_listen.empty())
+  if (!s.replication_listen.empty()) {
     so.extra_metrics.push_back([&walsender](proxy::metrics_registry& m) {
       proxy::register_replication_metrics(m, [&walsender]() -> const proxy::replication_server* { return walsender.get(); });
     });
+    so.slots_json = [&walsender] { return walsender ? walsender->slots_json() : std::string("{\"slots\":[]}"); };
+  }
   proxy::server_status st;
   st.streaming = [&] { return client.streaming(); };
   st.reconnects = [&] { return client.reconnects(); };

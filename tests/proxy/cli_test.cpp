@@ -351,3 +351,23 @@ TEST_CASE("walgate replication-user NAME: a --replication-users line from a pass
   CHECK(alone.status == 2);
   CHECK(alone.output.find("--replication-users goes with --replication-listen") != std::string::npos);
 }
+
+TEST_CASE("walgate slots: a data directory's downstream slots as TOML; none, or a file that cannot be read") {
+  const std::string dir = "/tmp/walgate-cli-slots-test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto none = run("slots --data-dir " + dir);
+  CHECK(none.status == 0);
+  CHECK(none.output.find("# no downstream slots in " + dir) != std::string::npos);
+  std::ofstream(dir + "/replication-slots") << "walgate replication slots 1\na test_decoding 0/16B3748 two_phase,invalidated\n";
+  auto one = run("slots --data-dir " + dir);
+  CHECK(one.status == 0);
+  CHECK_MESSAGE(one.output.find("[[slot]]\nname = \"a\"\nplugin = \"test_decoding\"\nconfirmed_flush_lsn = \"0/16B3748\"\n"
+                                "two_phase = true\nfailover = false\ninvalidated = true\n") != std::string::npos,
+                one.output);
+  std::ofstream(dir + "/replication-slots") << "walgate replication slots 1\na test_decoding 0/16B3748 invalidated,two_phase\n";
+  auto bad = run("slots --data-dir " + dir);
+  CHECK(bad.status == 1);
+  CHECK(bad.output.find("line 2 is not") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}

@@ -900,5 +900,27 @@ TEST_CASE("retention keeps what a downstream slot has not confirmed, past --rete
            text.find("\nwalgate_replication_slot_invalidated{slot=\"fresh\"} 0\n") != std::string::npos &&
            text.find("\nwalgate_replication_connections 1\n") != std::string::npos;
   }));
+  // /v1/slots and `walgate slots` list them.
+  {
+    const auto [status, body] = http_get(f.http_port, "/v1/slots");
+    CHECK(status == 200);
+    CHECK_MESSAGE(body.find("{\"slot\":\"lagger\",\"plugin\":\"test_decoding\",\"confirmed_flush_lsn\":\"") != std::string::npos,
+                  body);
+    CHECK(body.find("\"held_bytes\":0,\"active\":false,\"temporary\":false,\"two_phase\":false,\"failover\":false,"
+                    "\"invalidated\":true}") != std::string::npos);
+    CHECK(body.find("{\"slot\":\"fresh\",") != std::string::npos);
+    CHECK(body.rfind("{\"slots\":[", 0) == 0);
+    std::string listed;
+    FILE* p = popen((std::string(WALGATE_BINARY) + " slots --data-dir " + (f.dir / "data").string()).c_str(), "r");
+    REQUIRE(p);
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, p)) listed += buf;
+    CHECK(pclose(p) == 0);
+    CHECK_MESSAGE(listed.find("[[slot]]\nname = \"lagger\"\nplugin = \"test_decoding\"\nconfirmed_flush_lsn = \"") !=
+                      std::string::npos,
+                  listed);
+    CHECK(listed.find("invalidated = true\n") != std::string::npos);
+    CHECK(listed.find("name = \"fresh\"") != std::string::npos);
+  }
   PQfinish(c);
 }

@@ -185,21 +185,38 @@ struct request_context {
   /// With --auth jwt: a token in the Authorization header that carries the claim
   /// --metrics-claim names (the figures tell WAL positions and every client's activity).
   answer metrics() const {
-    const auto& opts = core.opts;
-    if (opts.auth) {
-      const std::string claim = opts.metrics_claim + "=" + opts.metrics_claim_value;
-      if (auto wait = failing()) return *wait;
-      auto a = authenticate(core, req, {});
-      if (a.why == admission::reason::no_token && a.status == 401)
-        a.message = "/metrics needs a bearer token with the claim " + claim + ": Authorization: Bearer <token>";
-      if (a.status) return unauthenticated(a);
-      if (!claim_equals(*a.who, opts.metrics_claim, opts.metrics_claim_value)) {
-        const std::string message = "this token does not carry the claim " + claim + " that /metrics needs (--metrics-claim)";
-        refused(admission::reason::forbidden, 403, a.who.get(), message);
-        return refuse(http::status::forbidden, json_error("", message), cors);
-      }
-    }
+    if (auto refused_here = operator_only("/metrics")) return *refused_here;
     return ok(http::status::ok, "text/plain; version=0.0.4", core.metrics.render(), req.keep_alive(), cors);
+  }
+
+  /// /v1/slots: the downstream slots (with --replication-listen), for the same tokens as /metrics.
+  answer slots() const {
+    if (!core.opts.slots_json)
+      return ok(http::status::not_found, "application/json",
+                json_error("", "no downstream slots: walgate serves /v1/slots with --replication-listen"), req.keep_alive(),
+                cors);
+    if (auto refused_here = operator_only("/v1/slots")) return *refused_here;
+    return ok(http::status::ok, "application/json", core.opts.slots_json(), req.keep_alive(), cors);
+  }
+
+  /// With --auth jwt, what an operator's endpoint (/metrics, /v1/slots) answers a request whose
+  /// token does not carry the --metrics-claim claim; nullopt: it may have it.
+  std::optional<answer> operator_only(const char* endpoint) const {
+    const auto& opts = core.opts;
+    if (!opts.auth) return std::nullopt;
+    const std::string claim = opts.metrics_claim + "=" + opts.metrics_claim_value;
+    if (auto wait = failing()) return *wait;
+    auto a = authenticate(core, req, {});
+    if (a.why == admission::reason::no_token && a.status == 401)
+      a.message = std::string(endpoint) + " needs a bearer token with the claim " + claim + ": Authorization: Bearer <token>";
+    if (a.status) return unauthenticated(a);
+    if (!claim_equals(*a.who, opts.metrics_claim, opts.metrics_claim_value)) {
+      const std::string message =
+          "this token does not carry the claim " + claim + " that " + endpoint + " needs (--metrics-claim)";
+      refused(admission::reason::forbidden, 403, a.who.get(), message);
+      return refuse(http::status::forbidden, json_error("", message), cors);
+    }
+    return std::nullopt;
   }
 
   /// /v1/mux: the subscriptions come in the client's messages (each admitted by admit_stream,
@@ -418,6 +435,7 @@ routed route(server_core& core, http::request<http::empty_body>& req, const std:
   if (path == "/healthz") out.reply = ctx.healthz();
   else if (path == "/readyz") out.reply = ctx.readyz();
   else if (path == "/metrics") out.reply = ctx.metrics();
+  else if (path == "/v1/slots") out.reply = ctx.slots();
   else if (path == "/") out.reply = ok(http::status::ok, "text/html; charset=utf-8", live_page_html, req.keep_alive(), cors);
   else if (path == "/v1/mux") return ctx.mux();
   else if (path == "/v1/stream" || path == "/v1/ws") return ctx.stream();

@@ -1438,6 +1438,9 @@ std::vector<replication_server::slot_figures> replication_server::slots() const 
     if (s.dropping) continue;
     slot_figures f;
     f.name = name;
+    f.plugin = s.plugin;
+    f.two_phase = s.two_phase;
+    f.failover = s.failover;
     f.confirmed = s.confirmed_flush;
     f.held_bytes = s.invalidated ? 0 : impl_->log.bytes_held_from(s.confirmed_flush);
     f.active = s.active_pid != 0;   // (a temporary slot is held by its connection for good)
@@ -1455,6 +1458,51 @@ std::size_t replication_server::connections() const {
 }
 
 std::uint64_t replication_server::auth_failures() const { return impl_->auth_failure_count; }
+
+std::string replication_server::slots_json() const {
+  // (Names are [a-z0-9_] and plugins a known name: nothing to escape.)
+  auto b = [](bool v) { return v ? "true" : "false"; };
+  std::string out = "{\"slots\":[";
+  bool first = true;
+  for (const auto& f : slots()) {
+    if (!first) out += ",";
+    first = false;
+    out += "{\"slot\":\"" + f.name + "\",\"plugin\":\"" + f.plugin + "\",\"confirmed_flush_lsn\":\"" +
+           f.confirmed.to_string() + "\",\"held_bytes\":" + std::to_string(f.held_bytes) + ",\"active\":" + b(f.active) +
+           ",\"temporary\":" + b(f.temporary) + ",\"two_phase\":" + b(f.two_phase) + ",\"failover\":" + b(f.failover) +
+           ",\"invalidated\":" + b(f.invalidated) + "}";
+  }
+  return out + "]}";
+}
+
+bool describe_slots_file(const std::string& data_dir, std::string& out, std::string& error) {
+  const auto file = std::filesystem::path(data_dir) / "replication-slots";
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec)) {
+    out = "# no downstream slots in " + data_dir + " (no replication-slots file)\n";
+    return true;
+  }
+  const auto size = std::filesystem::file_size(file, ec);
+  if (ec || size > max_users_file) {
+    error = file.string() + ": " + (ec ? ec.message() : std::string("larger than 16 MiB"));
+    return false;
+  }
+  std::ifstream f(file, std::ios::binary);
+  std::stringstream text;
+  text << f.rdbuf();
+  std::map<std::string, downstream_slot> slots;
+  if (!f || !downstream_slots::parse(text.str(), slots, error)) {
+    error = file.string() + ": " + (error.empty() ? std::string("cannot be read") : error);
+    return false;
+  }
+  auto b = [](bool v) { return v ? "true" : "false"; };
+  out = "# walgate slots: the downstream slots of " + data_dir + "\n";
+  for (const auto& [name, s] : slots)
+    out += "\n[[slot]]\nname = \"" + name + "\"\nplugin = \"" + s.plugin + "\"\nconfirmed_flush_lsn = \"" +
+           s.confirmed_flush.to_string() + "\"\ntwo_phase = " + b(s.two_phase) + "\nfailover = " + b(s.failover) +
+           "\ninvalidated = " + b(s.invalidated) + "\n";
+  return true;
+}
 
 void register_replication_metrics(metrics_registry& r, std::function<const replication_server*()> get) {
   // (A slot's name is [a-z0-9_]: a label value that needs no escaping.)

@@ -110,6 +110,9 @@ struct server_options {
   /// When set, a resume id past the log's head and past that end is refused (400): no event
   /// of this stream has it, and a client would wait for it forever.
   std::function<protocol::lsn()> server_wal_end;
+  /// GET /v1/slots: walgate's downstream slots as JSON (walgate's walsender, --replication-listen);
+  /// unset: 404.
+  std::function<std::string()> slots_json;
 };
 
 /// What /readyz and /metrics need from the replication side.

@@ -118,6 +118,8 @@ class replication_server {
   /// What /metrics shows of one downstream slot.
   struct slot_figures {
     std::string name;
+    std::string plugin;
+    bool two_phase = false, failover = false;
     protocol::lsn confirmed;
     std::uint64_t held_bytes = 0;   ///< the log it keeps from retention (log_reader::bytes_held_from)
     bool active = false, temporary = false, invalidated = false;
@@ -125,6 +127,9 @@ class replication_server {
   std::vector<slot_figures> slots() const;
   std::size_t connections() const;
   std::uint64_t auth_failures() const;
+  /// GET /v1/slots: {"slots":[{"slot", "plugin", "confirmed_flush_lsn", "held_bytes", "active",
+  /// "temporary", "two_phase", "failover", "invalidated"}, …]}, by name.
+  std::string slots_json() const;
 
  private:
   struct impl;
@@ -134,6 +139,11 @@ class replication_server {
 /// Registers the walsender's metrics (per slot: walgate_replication_slot_confirmed_lsn,
 /// _held_bytes, _active, _invalidated; walgate_replication_connections,
 /// walgate_replication_auth_failures_total), read through get (nullptr: none yet).
+/// `walgate slots --data-dir D`: the slots' file of a data directory, one TOML [[slot]] table
+/// each (name, plugin, confirmed_flush_lsn, two_phase, failover, invalidated); false with error
+/// when it cannot be read (no file: no slots, true).
+bool describe_slots_file(const std::string& data_dir, std::string& out, std::string& error);
+
 void register_replication_metrics(metrics_registry& r, std::function<const replication_server*()> get);
 
 }  // namespace walgate::proxy

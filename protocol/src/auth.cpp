@@ -13,6 +13,8 @@
 
 #include <array>
 #include <charconv>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 namespace walgate::protocol {
@@ -231,11 +233,16 @@ std::string sha256(std::string_view in) {
   return {reinterpret_cast<const char*>(md), len};
 }
 
-std::string random_base64(std::size_t n) {
+/// n random bytes; a failing generator ends the process (a predictable nonce or salt is worse).
+std::string random_bytes(std::size_t n) {
   std::string raw(n, '\0');
-  RAND_bytes(reinterpret_cast<unsigned char*>(raw.data()), static_cast<int>(n));
-  return base64_encode(raw);
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(raw.data()), static_cast<int>(n)) != 1) {
+    std::fputs("walgate: OpenSSL's random generator failed: stopping rather than use a predictable nonce\n", stderr);
+    std::abort();
+  }
+  return raw;
 }
+std::string random_base64(std::size_t n) { return base64_encode(random_bytes(n)); }
 
 /// PostgreSQL's read_attr_value: "<attr>=<value>" up to a comma (taken) or the end.
 bool read_attr(std::string_view& in, char attr, std::string_view& value, std::string& why) {
@@ -309,10 +316,7 @@ boost::system::result<scram_verifier> parse_scram_verifier(std::string_view text
 scram_verifier make_scram_verifier(std::string_view password, std::uint32_t iterations, std::string salt) {
   scram_verifier v;
   v.iterations = iterations;
-  if (salt.empty()) {
-    salt.assign(16, '\0');
-    RAND_bytes(reinterpret_cast<unsigned char*>(salt.data()), static_cast<int>(salt.size()));
-  }
+  if (salt.empty()) salt = random_bytes(16);
   v.salt = std::move(salt);
   const std::string prepared = scram_prepare_password(password);
   digest salted{};
@@ -330,8 +334,10 @@ std::string format_scram_verifier(const scram_verifier& v) {
          base64_encode(v.stored_key) + ":" + base64_encode(v.server_key);
 }
 
+std::string scram_mock_secret(std::string_view seed) { return sha256(seed); }
+
 scram_server::scram_server(std::optional<scram_verifier> verifier, std::string_view user, std::string_view mock_secret,
-                           std::string channel_binding_data, std::string nonce)
+                           std::string channel_binding_data, std::string nonce, std::uint32_t mock_iterations)
     : binding_data_(std::move(channel_binding_data)), server_nonce_(std::move(nonce)) {
   if (server_nonce_.empty()) server_nonce_ = random_base64(18);
   if (verifier) {
@@ -340,7 +346,7 @@ scram_server::scram_server(std::optional<scram_verifier> verifier, std::string_v
     // (PostgreSQL's scram_mock_salt: the same salt for the same name, every time, so that a
     // client cannot tell an unknown user from a wrong password; keys nobody can match)
     mock_ = true;
-    verifier_.iterations = 4096;
+    verifier_.iterations = mock_iterations ? mock_iterations : 4096;
     verifier_.salt = sha256(std::string(mock_secret) + '\0' + std::string(user)).substr(0, 16);
     verifier_.stored_key = sha256(std::string(mock_secret) + "\1stored");
     verifier_.server_key = sha256(std::string(mock_secret) + "\1server");

@@ -636,6 +636,7 @@ std::string check(const config& c, command cmd) {
     if (n.empty() || n.size() > 63) return "replication-user: NAME has 1 to 63 bytes";
     for (unsigned char ch : n)
       if (ch <= ' ' || ch == 0x7f) return "replication-user: NAME holds a space or a control character";
+    if (n[0] == '#') return "replication-user: NAME cannot start with # (the users file's comments do)";
   }
   if (cmd == command::edge && (c.nats.empty() || c.nats_stream.empty()))
     return "walgate edge needs --nats and --nats-stream (the stream an origin walgate publishes to)";

@@ -689,6 +689,7 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
     ro.timeout = std::chrono::seconds(s.replication_timeout_s);
     ro.hold = [&log](std::optional<protocol::lsn> from) { log->hold_from_lsn(from); };
     ro.slot_max_bytes = static_cast<std::uint64_t>(s.replication_slot_max_mb) << 20;
+    ro.retention_bytes = static_cast<std::uint64_t>(s.retention_mb) << 20;
     ro.log = [](const std::string& line) { log_line(line); };
     ro.users_file = s.replication_users;
     ro.auth_failures_per_minute = s.auth_failures_per_minute;

@@ -98,10 +98,17 @@ void event_log::enforce_retention() {
     if (!later_events && segments_.front().end_seq > segments_.front().first_seq) break;
     // Held (not yet confirmed by a consumer that must have every event): kept.
     if (hold_ && segments_.front().end_seq > *hold_ && segments_.front().end_seq > segments_.front().first_seq) break;
-    // Held by a downstream slot: it holds an event committed at or past the slot's position.
-    if (hold_lsn_ && segments_.front().end_seq > segments_.front().first_seq &&
-        !(segments_.front().last_id.commit_lsn < *hold_lsn_))
-      break;
+    // Held by a downstream slot: it holds an event committed at or past the slot's position —
+    // or the last event before it, when the next segment with events starts at or past it:
+    // after a restart, where the slot resumes is found after that event (resume_after), and
+    // a log that no longer held it could not tell the slot lost nothing.
+    if (hold_lsn_ && segments_.front().end_seq > segments_.front().first_seq) {
+      if (!(segments_.front().last_id.commit_lsn < *hold_lsn_)) break;
+      const segment* next = nullptr;
+      for (std::size_t i = 1; i < segments_.size() && !next; ++i)
+        if (segments_[i].end_seq > segments_[i].first_seq) next = &segments_[i];
+      if (!next || !(next->first_id.commit_lsn < *hold_lsn_)) break;
+    }
     std::error_code ec;
     fs::remove(segments_.front().path, ec);
     if (segments_.front().end_seq > segments_.front().first_seq) {

@@ -114,6 +114,7 @@ bool downstream_slots::parse(const std::string& text, std::map<std::string, down
     s.two_phase = f[3].find("two_phase") != std::string::npos;
     s.failover = f[3].find("failover") != std::string::npos;
     s.invalidated = f[3].find("invalidated") != std::string::npos;
+    s.hold_released = s.invalidated;
     if (!out.emplace(s.name, s).second) {
       error = "line " + std::to_string(n) + " names slot " + s.name + " again";
       return false;

@@ -35,6 +35,9 @@ struct downstream_slot {
   /// Held more of the log than --replication-slot-max-mb: no longer holds any, and cannot
   /// stream (PostgreSQL's invalidation for max_slot_wal_keep_size). Kept until dropped.
   bool invalidated = false;
+  /// Invalidated, and that stored: retention no longer keeps anything for it (read back from
+  /// the file as invalidated: released at once).
+  bool hold_released = false;
 };
 
 /// PostgreSQL's ReplicationSlotValidateName: "" when name is valid, else its error message.

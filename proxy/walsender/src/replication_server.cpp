@@ -28,7 +28,6 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 
-#include <openssl/rand.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -59,6 +58,8 @@ constexpr auto caught_up_keepalive = std::chrono::milliseconds(1000);
 /// Connections at once (PostgreSQL's max_wal_senders is 10 by default): more get PostgreSQL's
 /// "sorry, too many clients already".
 constexpr std::size_t max_connections = 256;
+/// Connections of one address still in their startup (before authentication ends), at most.
+constexpr std::size_t max_starting_per_address = 16;
 /// A connection that has not finished its startup in this long is closed (authentication_timeout).
 constexpr auto startup_timeout = std::chrono::seconds(10);
 /// A message of the authentication exchange, at most (PostgreSQL's PG_MAX_AUTH_TOKEN_LENGTH).
@@ -154,6 +155,23 @@ std::string version_num(const std::string& v) {
   return std::to_string(major * 10000 + minor);
 }
 
+/// A client's bytes fit for one log line: control and non-ASCII bytes as \xNN, at most 200
+/// bytes kept (a forged line, or a megabyte, never reaches the log).
+std::string printable(std::string_view s) {
+  std::string out;
+  for (unsigned char c : s.substr(0, 200)) {
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  if (s.size() > 200) out += "…";
+  return out;
+}
+
 /// The address a connection's failures are counted under.
 std::string peer_of(const tcp::socket& socket) {
   boost::system::error_code ec;
@@ -220,8 +238,7 @@ struct replication_server::impl : std::enable_shared_from_this<impl> {
       : io(io), opts(std::move(o)), log(l), acceptor(io),
         slots(std::filesystem::path(opts.data_dir) / "replication-slots", opts.fsync),
         failures({opts.auth_failures_per_minute, std::chrono::seconds(60), 65536}) {
-    mock_secret.assign(32, '\0');
-    RAND_bytes(reinterpret_cast<unsigned char*>(mock_secret.data()), static_cast<int>(mock_secret.size()));
+    mock_secret = protocol::scram_mock_secret("walgate: no users file");
   }
 
   /// The users file read into users; false with error (users unchanged).
@@ -248,6 +265,15 @@ struct replication_server::impl : std::enable_shared_from_this<impl> {
       error = "--replication-users " + opts.users_file + ": " + error;
       return false;
     }
+    // A user not in the file is told the iteration count most users have, and a salt from a
+    // secret that stays while the file does (across restarts too, as a real user's salt).
+    std::map<std::uint32_t, std::size_t> counts;
+    for (const auto& [name, v] : read) ++counts[v.iterations];
+    mock_iterations = 4096;
+    std::size_t most = 0;
+    for (const auto& [i, n] : counts)
+      if (n > most) most = n, mock_iterations = i;
+    mock_secret = protocol::scram_mock_secret("walgate mock salts\n" + text.str());
     users = std::move(read);
     return true;
   }
@@ -280,6 +306,7 @@ struct replication_server::impl : std::enable_shared_from_this<impl> {
   std::mt19937 random{std::random_device{}()};
   std::map<std::string, protocol::scram_verifier> users;   ///< (used when opts.users_file is given)
   std::string mock_secret;     ///< a user not in the file: its mock salt is derived from this
+  std::uint32_t mock_iterations = 4096;   ///< and the iteration count it is told
   failure_window failures;
   std::chrono::steady_clock::time_point log_second{};
   std::size_t logged = 0, unlogged = 0;
@@ -316,7 +343,8 @@ struct replication_server::impl : std::enable_shared_from_this<impl> {
       self->save_scheduled = false;
       // (The writer thread holds only a weak reference: the last one to the server is never
       // dropped there, where its destructor would join that very thread.)
-      // (The io_context outlives the writer thread: the server's destructor joins it first.)
+      // (Posted to the loop, which a write finishing during the shutdown may find stopped: the
+      // handler then never runs, and holds only a weak reference.)
       self->slots.save([weak = std::weak_ptr<impl>(self), ex = self->io.get_executor()](const std::string& e) {
         if (e.empty()) return;
         asio::post(ex, [weak, e] {
@@ -334,7 +362,7 @@ struct replication_server::impl : std::enable_shared_from_this<impl> {
   void update_hold() {
     std::optional<lsn> oldest;
     for (const auto& [name, s] : slots.all())
-      if (!s.invalidated && !s.dropping) oldest = oldest ? std::min(*oldest, s.confirmed_flush) : s.confirmed_flush;
+      if (!s.hold_released) oldest = oldest ? std::min(*oldest, s.confirmed_flush) : s.confirmed_flush;
     if (oldest == held) return;
     held = oldest;
     if (opts.hold) opts.hold(oldest);
@@ -350,16 +378,32 @@ struct replication_server::impl : std::enable_shared_from_this<impl> {
     bool changed = false;
     for (auto& [name, s] : slots.all()) {
       if (s.invalidated || s.dropping) continue;
+      // (As PostgreSQL keeps the larger of wal_keep_size and the slot limit: a slot holding
+      // what retention keeps anyway costs nothing and is left alone.)
       const auto held_bytes = log.bytes_held_from(s.confirmed_flush);
-      if (held_bytes <= opts.slot_max_bytes) continue;
+      if (held_bytes <= std::max<std::uint64_t>(opts.slot_max_bytes, opts.retention_bytes)) continue;
       s.invalidated = true;
       changed = true;
       say("replication slot " + name + " invalidated: it holds " + std::to_string(held_bytes >> 20) +
           " MiB of the event log, over --replication-slot-max-mb (" + std::to_string(opts.slot_max_bytes >> 20) + ")");
     }
     if (changed) {
-      schedule_save();
-      update_hold();
+      // The flag stored first, then the hold let go: a crash between the two finds the slot
+      // invalidated with what it held still there, never valid with it gone.
+      slots.save([weak = std::weak_ptr<impl>(shared_from_this()), ex = io.get_executor()](const std::string& e) {
+        asio::post(ex, [weak, e] {
+          auto self = weak.lock();
+          if (!self) return;
+          if (!e.empty()) {
+            self->say("replication slots not stored (an invalidation; their hold stays until it is): " + e);
+            self->schedule_save();
+            return;
+          }
+          for (auto& [n, slot] : self->slots.all())
+            if (slot.invalidated) slot.hold_released = true;
+          self->update_hold();
+        });
+      });
       wake_streams();
     }
     limit_timer.expires_after(std::chrono::seconds(1));
@@ -427,12 +471,16 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
   }
 
   bool started = false;   ///< the startup is over (the startup timer closes the connection until then)
+  asio::steady_timer startup_timer{socket.get_executor()};
 
   awaitable<void> run() {
     {
-      auto timer = std::make_shared<asio::steady_timer>(socket.get_executor(), startup_timeout);
-      timer->async_wait([self = shared_from_this(), timer](boost::system::error_code ec) {
-        if (ec || self->started || self->closed) return;
+      // (A weak reference, and cancelled at the end: a session that ended is not kept, nor
+      // counted against the connection caps, until the timer fires.)
+      startup_timer.expires_after(startup_timeout);
+      startup_timer.async_wait([weak = std::weak_ptr<session>(shared_from_this())](boost::system::error_code ec) {
+        auto self = weak.lock();
+        if (ec || !self || self->started || self->closed) return;
         self->closed = true;
         boost::system::error_code ignored;
         self->socket.close(ignored);
@@ -450,6 +498,7 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
   void finish() {
     boost::system::error_code ec;
     socket.close(ec);
+    startup_timer.cancel();
     for (const auto& name : temporary_slots)
       if (auto* s = srv->slots.find(name); s && s->temporary && s->active_pid == pid) srv->slots.all().erase(name);
     srv->update_hold();
@@ -575,7 +624,7 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
   awaitable<bool> sasl(std::string user) {
     std::optional<protocol::scram_verifier> verifier;
     if (auto it = srv->users.find(user); it != srv->users.end()) verifier = it->second;
-    protocol::scram_server scram(std::move(verifier), user, srv->mock_secret);
+    protocol::scram_server scram(std::move(verifier), user, srv->mock_secret, {}, {}, srv->mock_iterations);
     if (!co_await send(ws::build_authentication_sasl(scram.mechanisms()))) co_return false;
     auto first = co_await auth_message();
     if (!first) co_return false;
@@ -618,7 +667,8 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
   awaitable<void> failed(std::string user, std::string why, bool proof) {
     srv->failures.count(peer, std::chrono::steady_clock::now());
     ++srv->auth_failure_count;
-    srv->say_failure("replication client from " + peer + ": authentication of user \"" + user + "\" failed: " + why);
+    srv->say_failure("replication client from " + peer + ": authentication of user \"" + printable(user) +
+                     "\" failed: " + printable(why));
     if (proof) co_await fatal("28P01", "password authentication failed for user \"" + user + "\"");
     else co_await fatal("08P01", why);
     co_return;
@@ -956,6 +1006,7 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
           s->active_pid = 0;
         }
         srv->schedule_save();   // (as for a failed creation: the file is made the table again)
+        srv->update_hold();
         co_await error("58030", "could not store the replication slots: " + e);
         co_return;
       }
@@ -1373,6 +1424,23 @@ awaitable<void> replication_server::impl::accept_loop() {
       socket.write_some(asio::buffer(refused), ec);   // (best effort: a fresh socket takes it)
       socket.close(ec);
       continue;
+    }
+    // One address's connections that have not finished their startup (not authenticated yet):
+    // at most max_starting_per_address, so that no one host keeps everyone else out, nor runs
+    // many password guesses at once past the failure limit.
+    {
+      const std::string peer = peer_of(socket);
+      std::size_t starting = 0;
+      for (const auto& w : sessions)
+        if (auto other = w.lock(); other && !other->started && other->peer == peer) ++starting;
+      if (starting >= max_starting_per_address) {
+        const std::string refused = error_message("FATAL", "53300",
+                                                  "too many connections from " + peer + " in their startup at once (" +
+                                                      std::to_string(max_starting_per_address) + ")");
+        socket.write_some(asio::buffer(refused), ec);
+        socket.close(ec);
+        continue;
+      }
     }
     auto s = std::make_shared<session>(self, std::move(socket), ++next_pid);
     sessions.push_back(s);

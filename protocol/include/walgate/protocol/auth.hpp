@@ -70,8 +70,9 @@ class scram_client {
 //   authorization identity (a=) and mandatory extensions (m=) are refused;
 // - a client that says "y" (it supports channel binding, thinks the server does not) while the
 //   server offers SCRAM-SHA-256-PLUS is refused: a downgrade;
-// - a user without a verifier gets the same exchange as one with (a mock salt derived from the
-//   name, stable for a process), failing at the proof: whether a user exists is not told.
+// - a user without a verifier gets the same exchange as one with (a 16-byte mock salt derived
+//   from the name and a secret, the iteration count the caller names), failing at the proof:
+//   whether a user exists is not told by the exchange.
 
 /// A PostgreSQL SCRAM-SHA-256 verifier (pg_authid.rolpassword).
 struct scram_verifier {
@@ -85,6 +86,10 @@ boost::system::result<scram_verifier> parse_scram_verifier(std::string_view text
 /// The verifier of a password (SASLprep'd as PostgreSQL does), with salt (16 random bytes when
 /// empty) and iterations.
 scram_verifier make_scram_verifier(std::string_view password, std::uint32_t iterations = 4096, std::string salt = {});
+/// A secret for mock salts from seed (SHA-256 of it): stable while seed is (walgate seeds it
+/// with its users file, so that an unknown user's salt is the same after a restart, as a real
+/// user's is).
+std::string scram_mock_secret(std::string_view seed);
 /// Its text form, as PostgreSQL stores and prints it.
 std::string format_scram_verifier(const scram_verifier& v);
 
@@ -98,8 +103,10 @@ class scram_server {
   /// channel_binding_data: the tls-server-end-point hash of the server's certificate when the
   /// connection is on TLS (then SCRAM-SHA-256-PLUS is offered), empty otherwise.
   /// nonce: the server's part of the nonce (18 random bytes, base64, when empty).
+  /// mock_iterations: the iteration count a user without a verifier is told (the one most of
+  /// the real users have, so that it tells nothing).
   scram_server(std::optional<scram_verifier> verifier, std::string_view user, std::string_view mock_secret,
-               std::string channel_binding_data = {}, std::string nonce = {});
+               std::string channel_binding_data = {}, std::string nonce = {}, std::uint32_t mock_iterations = 4096);
 
   /// The mechanisms to offer, in PostgreSQL's order.
   std::vector<std::string> mechanisms() const;

@@ -83,8 +83,10 @@ struct replication_server_options {
   /// Keeps the log from letting go of events committed at or past an LSN (nullopt: none): the
   /// oldest confirmed position of the slots (event_log::hold_from_lsn).
   std::function<void(std::optional<protocol::lsn>)> hold;
-  /// A slot holding more of the log than this is invalidated (0: no limit).
+  /// A slot holding more of the log than this — and than retention_bytes, which the log keeps
+  /// anyway — is invalidated (0: no limit).
   std::uint64_t slot_max_bytes = 0;
+  std::uint64_t retention_bytes = 0;
   /// The users file (--replication-users): SCRAM-SHA-256 when given; "" is trust.
   std::string users_file;
   /// Failed authentications of an address a minute before it waits (0: no limit).

@@ -872,8 +872,8 @@ TEST_CASE("retention keeps what a downstream slot has not confirmed, past --rete
     segments += e.path().extension() == ".log" ? 1 : 0;
   MESSAGE("log segments after the slot read everything: " << segments);
 
-  // A slot that never confirms, with a limit of 10 MB (after a restart: the slots and their
-  // positions are read back, and hold again): invalidated once it holds more, in the file too.
+  // A slot that never confirms, with a limit of 10 MB (made after walgate starts again with
+  // it): invalidated once it holds more, in the file too.
   auto dropped = recvlogical_once({"-d", f.downstream(), "--slot", "holder", "--drop-slot"}, f.dir);
   REQUIRE_MESSAGE(dropped.first == 0, dropped.second);
   CHECK(f.gw.kill_with(SIGTERM) == 0);

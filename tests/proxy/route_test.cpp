@@ -294,6 +294,26 @@ TEST_CASE("route: authentication before anything about the log, counted per addr
   CHECK(t.go(routing::get("/v1/stream", {{"Authorization", t.bearer()}}), "10.0.0.2").stream);
 }
 
+TEST_CASE("route: /v1/slots: 404 without a walsender; with one, its JSON for the tokens /metrics takes") {
+  {
+    routing t(false);
+    auto none = t.go(routing::get("/v1/slots"));
+    CHECK(reply_of(none).status == http::status::not_found);
+    CHECK(none.reply->body.find("walgate serves /v1/slots with --replication-listen") != std::string::npos);
+  }
+  server_options so;
+  so.slots_json = [] { return std::string("{\"slots\":[]}"); };
+  routing t(true, "", so);
+  CHECK(reply_of(t.go(routing::get("/v1/slots"))).status == http::status::unauthorized);
+  auto plain = t.go(routing::get("/v1/slots", {{"Authorization", t.bearer()}}));
+  CHECK(reply_of(plain).status == http::status::forbidden);
+  CHECK(plain.reply->body.find("that /v1/slots needs (--metrics-claim)") != std::string::npos);
+  auto admin = t.go(routing::get("/v1/slots", {{"Authorization", t.bearer("\"walgate_admin\":true")}}));
+  CHECK(reply_of(admin).status == http::status::ok);
+  CHECK(admin.reply->content_type == "application/json");
+  CHECK(admin.reply->body == "{\"slots\":[]}");
+}
+
 TEST_CASE("route: /metrics with authentication needs the claim --metrics-claim names") {
   routing t(true);
   auto none = t.go(routing::get("/metrics"));

@@ -51,7 +51,8 @@ downstream_slots::~downstream_slots() {
 }
 
 std::string downstream_slots::serialize(const std::map<std::string, downstream_slot>& slots) {
-  std::string out = std::string(header) + "\n";
+  std::string out(header);   // (not header + "\n": GCC 12 warns falsely of an out-of-bounds copy there)
+  out += "\n";
   for (const auto& [name, s] : slots) {
     if (s.temporary || s.dropping) continue;
     std::string flags;

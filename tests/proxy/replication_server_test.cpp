@@ -36,6 +36,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 
 using namespace walgate;
 using namespace walgate::test::fault_harness;
@@ -881,10 +882,38 @@ TEST_CASE("retention keeps what a downstream slot has not confirmed, past --rete
   f.start_walgate();
   made = recvlogical_once({"-d", f.downstream(), "--slot", "lagger", "--plugin", "test_decoding", "--create-slot"}, f.dir);
   REQUIRE_MESSAGE(made.first == 0, made.second);
+  // A client streams from it, reading everything and confirming nothing: invalidated under it,
+  // its stream ends with the reason.
+  PGconn* streaming = PQconnectdb((f.downstream() + " replication=database").c_str());
+  REQUIRE(PQstatus(streaming) == CONNECTION_OK);
+  PGresult* started = PQexec(streaming, "START_REPLICATION SLOT lagger LOGICAL 0/0");
+  REQUIRE(PQresultStatus(started) == PGRES_COPY_BOTH);
+  PQclear(started);
+  int copy_end = 0;
+  std::thread drain([&] {
+    char* buf = nullptr;
+    int n = 0;
+    while ((n = PQgetCopyData(streaming, &buf, 0)) > 0) PQfreemem(buf);
+    copy_end = n;
+  });
   write_mb(100, 40);
   REQUIRE_MESSAGE(test::wait_until([&] { return f.gw.this_run().find("replication slot lagger invalidated") != std::string::npos; },
                                    std::chrono::seconds(60)),
                   f.gw.this_run());
+  drain.join();   // (bounded: walgate ends a silent client at --replication-timeout anyway)
+  CHECK(copy_end < 0);
+  {
+    std::string ended;
+    while (PGresult* e = PQgetResult(streaming)) {
+      if (PQresultStatus(e) == PGRES_FATAL_ERROR) ended += PQresultErrorMessage(e);
+      PQclear(e);
+    }
+    ended += PQerrorMessage(streaming);
+    CHECK_MESSAGE(ended.find("replication slot \"lagger\" was invalidated: it held more of walgate's event log than "
+                             "--replication-slot-max-mb") != std::string::npos,
+                  ended);
+  }
+  PQfinish(streaming);
   CHECK(test::wait_until([&] {
     return read_file(f.dir / "data" / "replication-slots").find("\nlagger test_decoding ") != std::string::npos &&
            read_file(f.dir / "data" / "replication-slots").find(" invalidated\n") != std::string::npos;

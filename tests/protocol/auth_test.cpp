@@ -152,15 +152,14 @@ TEST_CASE("SCRAM verifiers: PostgreSQL's text form, made, printed and parsed; ev
 
 TEST_CASE("SCRAM server against walgate's client: right password, wrong one, no such user, with and without channel binding") {
   const auto v = make_scram_verifier("s3cret, with = and ,");
+  // True when the server took the proof and the client took the server's signature.
   auto exchange = [&](scram_client& c, scram_server& s, std::string_view mechanism) -> bool {
     auto first = s.server_first(mechanism, c.client_first());
     REQUIRE_MESSAGE(first, s.failure());
     auto client_final = c.client_final(*first);
     REQUIRE(client_final);
     auto server_final = s.server_final(*client_final);
-    if (!server_final) return false;
-    CHECK(c.verify_server_final(*server_final));
-    return true;
+    return server_final && c.verify_server_final(*server_final).has_value();
   };
   {
     scram_client c("s3cret, with = and ,", "ignored,=name");

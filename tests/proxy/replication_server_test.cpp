@@ -488,6 +488,30 @@ TEST_CASE("what a replication client may send wrong: PostgreSQL's errors, walgat
     CHECK(read_file(f.dir / "data" / "replication-slots").find("\n" + std::string(63, 'n') + " test_decoding ") != std::string::npos);
     CHECK(error_of(a, "DROP_REPLICATION_SLOT " + std::string(63, 'n')) == " (no error)");
   }
+  // At most 1000 slots (temporary ones too): the next is PostgreSQL's 53400.
+  {
+    PGconn* t = connect();
+    REQUIRE(PQstatus(t) == CONNECTION_OK);
+    std::size_t before = 0;   // (the slots there are now, temporary ones too: /v1/slots lists them)
+    {
+      const auto listed = http_get(f.http_port, "/v1/slots").second;
+      for (auto at = listed.find("{\"slot\":"); at != std::string::npos; at = listed.find("{\"slot\":", at + 1)) ++before;
+    }
+    REQUIRE(before > 0);
+    std::string refused;
+    std::size_t made_here = 0;
+    for (std::size_t i = 0; i < 1100 && refused.empty(); ++i) {
+      const auto e = error_of(t, "CREATE_REPLICATION_SLOT cap_" + std::to_string(i) + " TEMPORARY LOGICAL test_decoding (SNAPSHOT 'nothing')");
+      if (e == " (no error)") ++made_here;
+      else refused = e;
+    }
+    CHECK_MESSAGE(refused.rfind("53400 ERROR:  all replication slots are in use\nHINT:  Free one or increase max_replication_slots.", 0) == 0,
+                  refused);
+    CHECK(made_here + before == 1000);
+    PQfinish(t);   // (its temporary slots go with it)
+    CHECK(test::wait_until([&] { return error_of(a, "CREATE_REPLICATION_SLOT cap_after TEMPORARY LOGICAL test_decoding (SNAPSHOT 'nothing')") == " (no error)"; }));
+    CHECK(error_of(a, "DROP_REPLICATION_SLOT cap_after") == " (no error)");
+  }
   // The options as the server's parseCreateReplSlotOptions takes them.
   CHECK(error_of(a, "CREATE_REPLICATION_SLOT e3 LOGICAL test_decoding (SNAPSHOT 'nothing', RESERVE_WAL)") ==
         "42601 ERROR:  conflicting or redundant options\n");
@@ -776,20 +800,25 @@ TEST_CASE("SCRAM-SHA-256 against --replication-users: PostgreSQL's verifiers and
                                  f.dir);
     CHECK_MESSAGE(made.first == 0, made.second << f.gw.log());
   }
+  // "ok" when connected and IDENTIFY_SYSTEM answered; else libpq's error.
   auto connect = [&](const std::string& conninfo) {
     PGconn* c = PQconnectdb((conninfo + " replication=database").c_str());
     std::string e = PQstatus(c) == CONNECTION_OK ? "" : PQerrorMessage(c);
-    bool ok = PQstatus(c) == CONNECTION_OK;
-    if (ok) {
+    if (e.empty()) {
       PGresult* r = PQexec(c, "IDENTIFY_SYSTEM");
-      ok = PQresultStatus(r) == PGRES_TUPLES_OK;
-      CHECK(std::string(PQparameterStatus(c, "session_authorization")) == PQuser(c));
-      CHECK(std::string(PQparameterStatus(c, "is_superuser")) == "off");
+      if (PQresultStatus(r) != PGRES_TUPLES_OK) e = PQresultErrorMessage(r);
       PQclear(r);
     }
     PQfinish(c);
-    return ok ? std::string("ok") : e;
+    return e.empty() ? std::string("ok") : e;
   };
+  {  // what the client is told of itself: its own name, not walgate's upstream role
+    PGconn* c = PQconnectdb((f.downstream_as("alice", alice_password) + " replication=database").c_str());
+    REQUIRE_MESSAGE(PQstatus(c) == CONNECTION_OK, PQerrorMessage(c));
+    CHECK(std::string(PQparameterStatus(c, "session_authorization")) == "alice");
+    CHECK(std::string(PQparameterStatus(c, "is_superuser")) == "off");
+    PQfinish(c);
+  }
   CHECK(connect(f.downstream_as("from_pg", "made by postgres")) == "ok");   // PostgreSQL's own verifier
   CHECK(connect(f.downstream_as("alice", alice_password)) == "ok");
   // A wrong password and a user not in the file: the same FATAL (and the same exchange before it).

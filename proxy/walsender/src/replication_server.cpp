@@ -58,6 +58,9 @@ constexpr auto caught_up_keepalive = std::chrono::milliseconds(1000);
 /// Connections at once (PostgreSQL's max_wal_senders is 10 by default): more get PostgreSQL's
 /// "sorry, too many clients already".
 constexpr std::size_t max_connections = 256;
+/// Downstream slots at most (PostgreSQL's max_replication_slots): the table, its file and the
+/// per-confirmation hold computation stay bounded whatever clients create.
+constexpr std::size_t max_slots = 1000;
 /// Connections of one address still in their startup (before authentication ends), at most.
 constexpr std::size_t max_starting_per_address = 16;
 /// A connection that has not finished its startup in this long is closed (authentication_timeout).
@@ -910,6 +913,12 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
     }
     if (srv->slots.find(c.name)) {
       co_await error("42710", "replication slot \"" + c.name + "\" already exists");
+      co_return;
+    }
+    if (srv->slots.all().size() >= max_slots) {   // (temporary ones counted, as PostgreSQL does)
+      co_await error("53400", "all replication slots are in use", {},
+                     "Free one or increase max_replication_slots. walgate keeps at most " + std::to_string(max_slots) +
+                         " downstream slots.");
       co_return;
     }
     if (c.plugin != "test_decoding") {

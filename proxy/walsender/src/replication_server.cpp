@@ -83,16 +83,6 @@ constexpr const char* reported[] = {"server_version", "server_encoding", "client
 // (is_superuser and session_authorization are the client's own: its user name, and "off" — not
 // the role walgate connects upstream as, which a client has no business learning.)
 
-std::string copy_data(std::string_view payload) {
-  std::string out;
-  out.reserve(payload.size() + 5);
-  out.push_back('d');
-  const auto n = static_cast<std::uint32_t>(payload.size() + 4);
-  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>((n >> shift) & 0xff));
-  out += payload;
-  return out;
-}
-
 std::string error_message(const char* severity, const std::string& sqlstate, const std::string& message,
                           const std::string& detail = {}, const std::string& hint = {}) {
   protocol::server_notice n;
@@ -1116,7 +1106,7 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
     if (!closed && copy_done) {
       // CopyDone from the client: ours, then the COPY's end and the command's (as the walsender:
       // "COPY 0", then "START_REPLICATION"), and the connection goes on.
-      co_await send(std::string("c\0\0\0\4", 5) + ws::build_command_complete("COPY 0") +
+      co_await send(protocol::build_copy_done() + ws::build_command_complete("COPY 0") +
                     ws::build_command_complete("START_REPLICATION") + ws::build_ready_for_query('I'));
     }
     co_return;
@@ -1228,7 +1218,7 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
       x.wal_end = at;
       x.server_clock_us = protocol::pg_now_us();
       x.data = protocol::as_bytes(text);
-      out += copy_data(protocol::build_xlog_data(x));
+      out += protocol::build_copy_data(protocol::build_xlog_data(x));
       sent = std::max(sent, at);
     };
     auto begin_if_needed = [&](lsn at) {
@@ -1287,7 +1277,7 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
         k.wal_end = position;
         k.server_clock_us = protocol::pg_now_us();
         k.reply_requested = ask;
-        if (!co_await send(copy_data(protocol::build_primary_keepalive(k)))) break;
+        if (!co_await send(protocol::build_copy_data(protocol::build_primary_keepalive(k)))) break;
         keepalive_sent = position;
         last_keepalive = now;
         if (ask) ping_outstanding = true;

@@ -18,6 +18,7 @@
 // Label "walsender": on PostgreSQL 15 and 18.
 #include "walgate/protocol/lsn.hpp"
 #include "walgate/proxy/local_cluster.hpp"
+#include "walgate/proxy/replication_server.hpp"
 
 #include "fault_harness.hpp"
 #include "test_cluster.hpp"
@@ -148,8 +149,13 @@ struct fixture {
       if (c == '\\' || c == '\'') quoted.push_back('\\');
       quoted.push_back(c);
     }
-    return "host=127.0.0.1 port=" + std::to_string(repl_port) + " user=" + user +
-           " dbname=postgres sslmode=disable password='" + quoted + "'";
+    std::string quoted_user;
+    for (char c : user) {
+      if (c == '\\' || c == '\'') quoted_user.push_back('\\');
+      quoted_user.push_back(c);
+    }
+    return "host=127.0.0.1 port=" + std::to_string(repl_port) + " user='" + quoted_user +
+           "' dbname=postgres sslmode=disable password='" + quoted + "'";
   }
   void start_walgate() {
     gw.args = {"--pg", upstream(), "--slot", "ws_slot", "--publication", "ws_pub", "--data-dir", (dir / "data").string(),
@@ -835,7 +841,10 @@ TEST_CASE("SCRAM-SHA-256 against --replication-users: PostgreSQL's verifiers and
   // (Not even the password's hash crossed: neither appears in walgate's log.)
   CHECK(f.gw.log().find("not it") == std::string::npos);
   // The third failure this minute from 127.0.0.1: then even the right password waits.
-  CHECK(connect(f.downstream_as("from_pg", "wrong")).find("password authentication failed") != std::string::npos);
+  // (a user name that would forge a log line: escaped there)
+  CHECK(connect(f.downstream_as("x\nwalgate: forged", "wrong")).find("password authentication failed") != std::string::npos);
+  CHECK(test::wait_until([&] { return f.gw.log().find("user \"x\\x0awalgate: forged\" failed") != std::string::npos; }));
+  CHECK(f.gw.log().find("\nwalgate: forged") == std::string::npos);
   const auto limited = connect(f.downstream_as("alice", alice_password));
   CHECK_MESSAGE(limited.find("too many failed authentications from 127.0.0.1: try again in") != std::string::npos, limited);
   CHECK(http_get(f.http_port, "/metrics").second.find("\nwalgate_replication_auth_failures_total 3\n") != std::string::npos);
@@ -845,6 +854,12 @@ TEST_CASE("SCRAM-SHA-256 against --replication-users: PostgreSQL's verifiers and
   ::kill(f.gw.pid, SIGHUP);
   CHECK(test::wait_until([&] { return f.gw.this_run().find("; the replication users in use stay") != std::string::npos; }));
   CHECK(f.gw.this_run().find("line 2: expected NAME VERIFIER") != std::string::npos);
+  {  // a file over 16 MiB is not read (a file on disk is untrusted bytes too)
+    std::ofstream(users) << alice_line;
+    std::filesystem::resize_file(users, (16u << 20) + 1);
+    ::kill(f.gw.pid, SIGHUP);
+    CHECK(test::wait_until([&] { return f.gw.this_run().find(": larger than 16 MiB; the replication users in use stay") != std::string::npos; }));
+  }
   std::ofstream(users) << alice_line;
   ::kill(f.gw.pid, SIGHUP);
   CHECK(test::wait_until([&] { return f.gw.this_run().find("replication users read again: 1 user(s)") != std::string::npos; }));
@@ -1004,4 +1019,27 @@ TEST_CASE("retention keeps what a downstream slot has not confirmed, past --rete
     CHECK(listed.find("name = \"fresh\"") != std::string::npos);
   }
   PQfinish(c);
+}
+
+TEST_CASE("--replication-users files: comments, blank lines, CRLF; a name twice, a long name, a line without a verifier refused with its line") {
+  const std::string v = "SCRAM-SHA-256$4096:W22ZaJ0SNY7soEsUEjb6gQ==$WG5d8oPm3OtcPnkdi4Uo7BkeZkBFzpcXkuLmtbsT4qY=:"
+                        "wfPLwcE6nTWhTAmQ7tl2KeoiWGPlZqQxSrmfPwDl2dU=";
+  std::map<std::string, protocol::scram_verifier> users;
+  std::string error;
+  CHECK(proxy::parse_replication_users("# users\r\n\r\n  alice\t" + v + "  \r\nbob " + v + "\n", users, error));
+  CHECK(users.size() == 2);
+  CHECK(users.at("alice").iterations == 4096);
+  CHECK(proxy::parse_replication_users("", users, error));
+  CHECK(users.empty());
+  auto refused = [&](const std::string& text, const std::string& why) {
+    std::map<std::string, protocol::scram_verifier> kept{{"keep", {}}};
+    std::string e;
+    CHECK_FALSE(proxy::parse_replication_users(text, kept, e));
+    CHECK_MESSAGE(e.find(why) != std::string::npos, e);
+    CHECK(kept.count("keep") == 1);   // (what was there stays)
+  };
+  refused("alice " + v + "\nalice " + v + "\n", "line 2: user \"alice\" is given twice");
+  refused(std::string(64, 'n') + " " + v + "\n", "line 1: the user name is longer than 63 bytes");
+  refused("\n\nalice\n", "line 3: expected NAME VERIFIER");
+  refused("alice md5abc\n", "line 1: user \"alice\": not a SCRAM-SHA-256 verifier");
 }

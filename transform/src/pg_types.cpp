@@ -59,6 +59,31 @@ std::string with_precision(const char* before, const char* after, std::int32_t t
   if (typmod < 0) return std::string(before) + after;
   return std::string(before) + "(" + std::to_string(typmod) + ")" + after;
 }
+/// intervaltypmodout(): " day to second(3)", "(2)", "" (src/backend/utils/adt/timestamp.c).
+std::string interval_typmod(std::int32_t typmod) {
+  if (typmod < 0) return {};
+  const int range = (typmod >> 16) & 0x7FFF, precision = typmod & 0xFFFF;
+  constexpr int month = 1 << 1, year = 1 << 2, day = 1 << 3, hour = 1 << 10, minute = 1 << 11, second = 1 << 12;
+  const char* fields = "";
+  switch (range) {
+    case year: fields = " year"; break;
+    case month: fields = " month"; break;
+    case day: fields = " day"; break;
+    case hour: fields = " hour"; break;
+    case minute: fields = " minute"; break;
+    case second: fields = " second"; break;
+    case year | month: fields = " year to month"; break;
+    case day | hour: fields = " day to hour"; break;
+    case day | hour | minute: fields = " day to minute"; break;
+    case day | hour | minute | second: fields = " day to second"; break;
+    case hour | minute: fields = " hour to minute"; break;
+    case hour | minute | second: fields = " hour to second"; break;
+    case minute | second: fields = " minute to second"; break;
+    default: break;   // (0x7FFF: every field)
+  }
+  if (precision != 0xFFFF) return std::string(fields) + "(" + std::to_string(precision) + ")";
+  return fields;
+}
 }  // namespace
 
 namespace {
@@ -143,7 +168,7 @@ std::string builtin_type_name(std::uint32_t t, std::int32_t typmod) {
     case oid::time: return with_precision("time", " without time zone", typmod);
     case oid::timestamp: return with_precision("timestamp", " without time zone", typmod);
     case oid::timestamptz: return with_precision("timestamp", " with time zone", typmod);
-    case oid::interval: return typmod < 0 ? "interval" : "interval";   // fields/precision: see docs
+    case oid::interval: return "interval" + interval_typmod(typmod);
     case oid::timetz: return with_precision("time", " with time zone", typmod);
     case oid::bit: return typmod < 0 ? "bit" : "bit(" + std::to_string(typmod) + ")";
     case oid::varbit: return typmod < 0 ? "bit varying" : "bit varying(" + std::to_string(typmod) + ")";
@@ -198,6 +223,33 @@ std::string builtin_type_name(std::uint32_t t, std::int32_t typmod) {
     case 4536: return "int8multirange";
     default: return {};
   }
+}
+
+std::string builtin_typname(std::uint32_t t) {
+  if (std::uint32_t e = array_element_type(t) ? array_element_type(t) : named_array_element(t)) {
+    std::string inner = builtin_typname(e);
+    return inner.empty() ? inner : "_" + inner;
+  }
+  switch (t) {
+    case oid::bool_: return "bool";
+    case oid::char_: return "char";
+    case oid::int8: return "int8";
+    case oid::int2: return "int2";
+    case oid::int4: return "int4";
+    case oid::float4: return "float4";
+    case oid::float8: return "float8";
+    case oid::bpchar: return "bpchar";
+    case oid::varchar: return "varchar";
+    case oid::time: return "time";
+    case oid::timestamp: return "timestamp";
+    case oid::timestamptz: return "timestamptz";
+    case oid::timetz: return "timetz";
+    case oid::varbit: return "varbit";
+    default: break;
+  }
+  // (every other built-in type's format_type() name is its typname)
+  std::string n = builtin_type_name(t, -1);
+  return n.find_first_of(" (\"") == std::string::npos ? n : std::string();
 }
 
 }  // namespace walgate::transform

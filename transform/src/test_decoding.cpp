@@ -1,5 +1,7 @@
 #include "walgate/transform/test_decoding.hpp"
 
+#include "walgate/transform/output_plugin.hpp"
+
 #include "walgate/transform/formats.hpp"
 #include "walgate/transform/pg_types.hpp"
 
@@ -10,6 +12,29 @@
 namespace walgate::transform {
 
 namespace pg = protocol::pgoutput;
+
+// parse_bool_with_len (src/backend/utils/adt/bool.c): a unique prefix of true/false/yes/no, on/off
+// (at least "of" for off), 1/0; case-insensitive.
+bool pg_parse_bool(std::string_view v, bool& out) {
+  std::string s(v);
+  for (auto& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  auto prefix_of = [&](std::string_view word) { return !s.empty() && s.size() <= word.size() && word.substr(0, s.size()) == s; };
+  if (s.empty()) return false;
+  switch (s[0]) {
+    case 't': if (prefix_of("true")) { out = true; return true; } break;
+    case 'f': if (prefix_of("false")) { out = false; return true; } break;
+    case 'y': if (prefix_of("yes")) { out = true; return true; } break;
+    case 'n': if (prefix_of("no")) { out = false; return true; } break;
+    case 'o':
+      if (s.size() >= 2 && prefix_of("on")) { out = true; return true; }
+      if (s.size() >= 2 && prefix_of("off")) { out = false; return true; }
+      break;
+    case '1': if (s.size() == 1) { out = true; return true; } break;
+    case '0': if (s.size() == 1) { out = false; return true; } break;
+    default: break;
+  }
+  return false;
+}
 
 namespace {
 
@@ -35,50 +60,6 @@ constexpr std::array<std::string_view, 164> quoted_keywords = {
     "user", "using", "values", "varchar", "variadic", "verbose", "when", "where", "window", "with", "xmlattributes",
     "xmlconcat", "xmlelement", "xmlexists", "xmlforest", "xmlnamespaces", "xmlparse", "xmlpi", "xmlroot",
     "xmlserialize", "xmltable"};
-
-// parse_bool_with_len (src/backend/utils/adt/bool.c): a unique prefix of true/false/yes/no, on/off
-// (at least "of" for off), 1/0; case-insensitive.
-bool parse_bool(std::string_view v, bool& out) {
-  std::string s(v);
-  for (auto& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  auto prefix_of = [&](std::string_view word) { return !s.empty() && s.size() <= word.size() && word.substr(0, s.size()) == s; };
-  if (s.empty()) return false;
-  switch (s[0]) {
-    case 't': if (prefix_of("true")) { out = true; return true; } break;
-    case 'f': if (prefix_of("false")) { out = false; return true; } break;
-    case 'y': if (prefix_of("yes")) { out = true; return true; } break;
-    case 'n': if (prefix_of("no")) { out = false; return true; } break;
-    case 'o':
-      if (s.size() >= 2 && prefix_of("on")) { out = true; return true; }
-      if (s.size() >= 2 && prefix_of("off")) { out = false; return true; }
-      break;
-    case '1': if (s.size() == 1) { out = true; return true; } break;
-    case '0': if (s.size() == 1) { out = false; return true; } break;
-    default: break;
-  }
-  return false;
-}
-
-// format_type_be(): the name without typmod; types outside pg_catalog qualified (search_path '').
-std::string type_name(const change& c, const pg::cached_column& col) {
-  // (bpchar without a typmod: format_type_be says "character", where wal2json's "bpchar" is
-  // format_type_extended's with the typmod given)
-  if (col.type_oid == oid::bpchar) return "character";
-  if (array_element_type(col.type_oid) == oid::bpchar) return "character[]";
-  std::string n = builtin_type_name(col.type_oid, -1);
-  if (!n.empty()) return n;
-  if (c.types)
-    if (const auto* t = c.types->find(col.type_oid)) {
-      std::string name = t->name, suffix;
-      if (name.size() > 1 && name[0] == '_') {   // an array type: "element[]"
-        name = name.substr(1);
-        suffix = "[]";
-      }
-      return (t->nspname == "pg_catalog" ? pg_quote_identifier(name)
-                                         : pg_quote_identifier(t->nspname) + "." + pg_quote_identifier(name)) + suffix;
-    }
-  return std::to_string(col.type_oid);   // (format_type_be's "???" is never reached: pgoutput names every type)
-}
 
 void print_literal(std::string& out, std::uint32_t type, std::string_view text) {
   switch (type) {
@@ -114,7 +95,7 @@ void tuple(std::string& out, const change& c, pg::tuple_view t, bool skip_nulls)
     out.push_back(' ');
     out += pg_quote_identifier(col.name);
     out.push_back('[');
-    out += type_name(c, col);
+    out += plugin_type_name(c, col, false);
     out += "]:";
     switch (v.kind) {
       case pg::column_kind::null: out += "null"; break;
@@ -170,7 +151,7 @@ test_decoding_parse parse_test_decoding_options(const std::vector<std::pair<std:
       continue;
     }
     bool b = false;
-    if (!parse_bool(*value, b)) {
+    if (!pg_parse_bool(*value, b)) {
       r.error = "could not parse value \"" + *value + "\" for parameter \"" + name + "\"";
       return r;
     }
@@ -244,6 +225,97 @@ void test_decoding_truncate(std::string& out, const std::vector<const pg::cached
   } else {
     out += " (no-flags)";
   }
+}
+
+
+// format_type_be() (with_typmod false) or format_type_with_typemod(): types outside pg_catalog
+// qualified (every libpq replication client runs with search_path '').
+std::string plugin_type_name(const change& c, const pg::cached_column& col, bool with_typmod) {
+  const std::int32_t typmod = with_typmod ? col.type_modifier : -1;
+  if (!with_typmod) {
+    // (bpchar without a typmod: format_type_be says "character"; format_type_extended with the
+    // typmod given as -1 says "bpchar")
+    if (col.type_oid == oid::bpchar) return "character";
+    if (array_element_type(col.type_oid) == oid::bpchar) return "character[]";
+  }
+  std::string n = builtin_type_name(col.type_oid, typmod);
+  if (!n.empty()) return n;
+  if (c.types)
+    if (const auto* t = c.types->find(col.type_oid)) {
+      std::string name = t->name, suffix;
+      if (name.size() > 1 && name[0] == '_') {   // an array type: "element[]"
+        name = name.substr(1);
+        suffix = "[]";
+      }
+      return (t->nspname == "pg_catalog" ? pg_quote_identifier(name)
+                                         : pg_quote_identifier(t->nspname) + "." + pg_quote_identifier(name)) + suffix;
+    }
+  return std::to_string(col.type_oid);   // (format_type_be's "???" is never reached: pgoutput names every type)
+}
+
+std::string plugin_typname(const change& c, const pg::cached_column& col) {
+  std::string n = builtin_typname(col.type_oid);
+  if (!n.empty()) return n;
+  if (c.types)
+    if (const auto* t = c.types->find(col.type_oid)) return t->name;
+  return std::to_string(col.type_oid);
+}
+
+namespace {
+
+/// test_decoding as an output_plugin: BEGIN/COMMIT lines around each transaction's lines (or,
+/// with skip-empty-xacts, only around one that printed something), only-local dropping what has
+/// an origin.
+class test_decoding_plugin final : public output_plugin {
+ public:
+  test_decoding_plugin(test_decoding_options o, plugin_sink sink) : output_plugin(std::move(sink)), o_(o) {}
+
+  void begin(const plugin_transaction& t, protocol::lsn first) override {
+    wrote_ = false;
+    skipped_ = o_.only_local && t.has_origin;
+    if (!skipped_ && !o_.skip_empty_xacts) sink_(first, test_decoding_begin(o_, t.xid));
+  }
+  void change(const plugin_transaction& t, const transform::change& c) override {
+    if (skipped_) return;
+    // (test_decoding before 17: no BEGIN for a message, and it is no change)
+    if (c.kind != op::message || o_.message_is_change) begin_if_needed(t, c.change_lsn);
+    line_.clear();
+    test_decoding_change(line_, c);
+    sink_(c.change_lsn, line_);
+  }
+  void truncate(const plugin_transaction& t, const std::vector<const pg::cached_relation*>& relations, std::uint8_t options,
+                protocol::lsn at) override {
+    if (skipped_) return;
+    begin_if_needed(t, at);
+    line_.clear();
+    test_decoding_truncate(line_, relations, options);
+    sink_(at, line_);
+  }
+  void commit(const plugin_transaction& t) override {
+    if (!skipped_ && (!o_.skip_empty_xacts || wrote_)) sink_(t.end_lsn, test_decoding_commit(o_, t.xid, t.commit_time));
+    wrote_ = skipped_ = false;
+  }
+  void message(const transform::change& c) override {
+    if (o_.only_local && c.txn && c.txn->origin) return;
+    line_.clear();
+    test_decoding_change(line_, c);
+    sink_(c.change_lsn, line_);
+  }
+
+ private:
+  void begin_if_needed(const plugin_transaction& t, protocol::lsn at) {
+    if (!wrote_ && o_.skip_empty_xacts) sink_(at, test_decoding_begin(o_, t.xid));
+    wrote_ = true;
+  }
+  test_decoding_options o_;
+  bool wrote_ = false, skipped_ = false;
+  std::string line_;
+};
+
+}  // namespace
+
+std::unique_ptr<output_plugin> make_test_decoding_plugin(const test_decoding_options& o, plugin_sink sink) {
+  return std::make_unique<test_decoding_plugin>(o, std::move(sink));
 }
 
 }  // namespace walgate::transform

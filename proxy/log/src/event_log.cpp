@@ -237,6 +237,7 @@ event_ptr event_log::place(transform::event_id id, transform::op kind, std::uint
   if (next_seq_ == seg.first_seq) seg.first_id = ev->id;   // the segment's first event
   seg.last_id = ev->id;
   ++next_seq_;
+  last_placed_ = ev;
   tail_.push(ev);
   evict();
   // A large transaction goes to the file as it comes (without fsync: it is not durable until
@@ -258,6 +259,11 @@ void event_log::account_memory(const logged_event& e, std::size_t bytes) {
 void event_log::commit(lsn commit_lsn, lsn end_lsn) {
   if (!open_) return;
   open_ = false;
+  // (before it is visible: no reader has it yet; an event framed after it unheld, read from the
+  // file, gets its end from the end frame there)
+  if (last_placed_ && last_placed_->seq + 1 == next_seq_ && last_placed_->id.commit_lsn == commit_lsn)
+    last_placed_->txn_end = end_lsn;
+  last_placed_.reset();
   if (skipping_) {
     skipping_ = false;
     return;

@@ -23,6 +23,15 @@ bool event_log::index_due(const std::vector<index_entry>& index, std::uint64_t s
 
 namespace {
 
+/// A transaction's end frame ('C': Int64 commit_lsn | Int64 end_lsn) read right after `last`,
+/// the last event read: that event is its transaction's last, and learns where its commit ends.
+void set_transaction_end(const std::shared_ptr<logged_event>& last, std::string_view body) {
+  if (!last || body.size() != 16) return;
+  protocol::cursor c(body);
+  const protocol::lsn commit{c.u64()}, end{c.u64()};
+  if (last->id.commit_lsn == commit) last->txn_end = end;
+}
+
 /// Closed when the last holder lets go (the background job, or its closure never run).
 struct file_descriptor {
   int fd;
@@ -120,7 +129,12 @@ void read_block(const block_args& a) {
   };
   std::size_t offset = a.offset;
   try {
-    while (events.size() < block_events && record_bytes < block_record_bytes) {
+    // (Past the limits, one more frame is read if it is the end frame of the last event's
+    // transaction: that event then knows where its commit record ends.)
+    std::shared_ptr<logged_event> last;
+    for (;;) {
+      const bool full = events.size() >= block_events || record_bytes >= block_record_bytes;
+      if (full && !last) break;
       if (offset >= a.byte_limit) break;
       if (offset + 5 > a.byte_limit || !have(offset, 5)) {
         fail("event log " + name + " ends at offset " + std::to_string(offset) + ", before its " +
@@ -164,6 +178,7 @@ void read_block(const block_args& a) {
         fail("event log " + name + " ends inside the frame at offset " + std::to_string(offset));
         break;
       }
+      if (full && type != 'C') break;
       const std::string_view frame = std::string_view(buf).substr(offset - buf_at, frame_overhead + len);
       protocol::cursor sum_at(frame.substr(5 + len));
       if (sum_at.u32() != protocol::crc32c(frame.substr(0, 5 + len))) {
@@ -171,6 +186,11 @@ void read_block(const block_args& a) {
         break;
       }
       offset += frame_overhead + len;
+      if (type == 'C') {
+        set_transaction_end(last, frame.substr(5, len));
+        if (full) break;
+      }
+      last.reset();
       if (type != 'E') continue;
       protocol::cursor p(frame.substr(5, len));
       const std::uint64_t s_seq = p.u64();
@@ -183,6 +203,7 @@ void read_block(const block_args& a) {
       auto ev = make_event(s_seq, std::string(protocol::as_string_view(p.rest())));
       ev->end_offset = a.base + offset;
       record_bytes += len;
+      last = ev;
       events.push_back(std::move(ev));
     }
   } catch (const std::exception& e) {   // (memory)
@@ -382,7 +403,10 @@ std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max, 
     std::size_t read_bytes = 0;
     // Bounded in bytes too (at least one event): a reader far behind over huge rows does not
     // load hundreds of them at once.
-    while (out.size() < max && (out.empty() || read_bytes < max_bytes)) {
+    std::shared_ptr<logged_event> last;   // (past the limits: one more frame if it is last's end frame)
+    for (;;) {
+      const bool full = !(out.size() < max && (out.empty() || read_bytes < max_bytes));
+      if (full && !last) break;
       // What this process wrote ends at s.bytes (the rest of the open segment is still in
       // memory, in the tail): reading stops there, and stopping before it is a fault.
       if (offset >= s.bytes) break;
@@ -395,6 +419,7 @@ std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max, 
       protocol::cursor h(frame_bytes);
       char type = static_cast<char>(h.u8());
       std::uint32_t len = h.u32();
+      if (full && type != 'C') break;
       // A large record only as the first of a read: a batch of small ones does not load it too.
       if (type == 'E' && len >= large_record && !out.empty()) break;
       if (len > s.bytes - offset) {
@@ -412,6 +437,11 @@ std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max, 
         break;
       }
       offset += frame_overhead + len;
+      if (type == 'C') {
+        set_transaction_end(last, std::string_view(frame_bytes).substr(5, len));
+        if (full) break;
+      }
+      last.reset();
       if (type != 'E') continue;
       protocol::cursor p(std::string_view(frame_bytes).substr(5, len));
       std::uint64_t s_seq = p.u64();
@@ -428,6 +458,7 @@ std::vector<event_ptr> event_log::read_disk(std::uint64_t seq, std::size_t max, 
       }
       read_bytes += len;
       ev->end_offset = s.base + offset;
+      last = ev;
       out.push_back(std::move(ev));
     }
     return out;

@@ -17,7 +17,7 @@
 #include "walgate/proxy/log_reader.hpp"
 #include "walgate/proxy/metrics.hpp"
 #include "walgate/transform/record.hpp"
-#include "walgate/transform/test_decoding.hpp"
+#include "walgate/transform/output_plugin.hpp"
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -911,9 +911,9 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
                          " downstream slots.");
       co_return;
     }
-    if (c.plugin != "test_decoding") {
+    if (!transform::is_emulated_plugin(c.plugin)) {
       co_await error("0A000", "output plugin \"" + c.plugin + "\" is not served by walgate yet",
-                     {}, "walgate emulates test_decoding; pgoutput and wal2json are to come");
+                     {}, "walgate emulates test_decoding and wal2json; pgoutput is to come");
       co_return;
     }
     downstream_slot s;
@@ -1034,16 +1034,17 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
       co_await send(refused);
       co_return;
     }
-    std::vector<std::pair<std::string, std::optional<std::string>>> options;
+    transform::plugin_options options;
     for (const auto& o : c.options) options.emplace_back(o.name, o.value);
-    auto parsed = transform::parse_test_decoding_options(options);
-    if (!parsed.error.empty()) {
-      co_await error("22023", parsed.error);
-      co_return;
-    }
-    {
+    const int major = [&] {
       auto v = id.parameters.find("server_version");
-      parsed.options.message_is_change = v == id.parameters.end() || std::atoi(v->second.c_str()) >= 17;
+      return v == id.parameters.end() ? 18 : std::atoi(v->second.c_str());
+    }();
+    // (The plugin writes each 'w' into `out`, the batch the stream sends next.)
+    auto made = transform::make_output_plugin(s->plugin, options, major, [this](lsn at, std::string_view text) { write_xlog(at, text); });
+    if (!made.plugin) {
+      co_await error(made.sqlstate, made.error);
+      co_return;
     }
     const lsn from = std::max(c.start, s->confirmed_flush);
     // Where to begin reading: the stream itself skips every transaction whose commit LSN is below
@@ -1072,10 +1073,6 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
       else lost = true;
     }
     if (lost) {
-      const int major = [&] {
-        auto v = id.parameters.find("server_version");
-        return v == id.parameters.end() ? 18 : std::atoi(v->second.c_str());
-      }();
       // (each version's own text: 18 "can no longer access", 16 and 17 "can no longer get
       // changes from", 13 to 15 "cannot read from logical replication slot")
       std::string message = major >= 18   ? "can no longer access replication slot \""
@@ -1100,7 +1097,7 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
     streaming_slot = c.name;
     srv->say("replication slot " + c.name + " streaming to connection " + std::to_string(pid) + " from " + from.to_string());
     if (!co_await send(ws::build_copy_both_response())) co_return;
-    co_await stream(c.name, parsed.options, from, seq);
+    co_await stream(c.name, std::move(made.plugin), from, seq);
     if (auto* still = srv->slots.find(c.name); still && still->active_pid == pid && !still->temporary) still->active_pid = 0;
     streaming_slot.clear();
     if (!closed && copy_done) {
@@ -1163,17 +1160,28 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
     co_return;
   }
 
+  /// The transaction the stream is in, and a Truncate of several tables being joined (the log
+  /// keeps one event per table, with the same change LSN; the plugins print one).
   struct open_transaction {
     bool open = false;
-    lsn commit, end;
-    std::uint32_t xid = 0;
-    std::int64_t commit_time = 0;
-    bool wrote = false;
-    bool skipped = false;   ///< only-local and a transaction with an origin
-    std::vector<pg::cached_relation> truncated;   ///< a Truncate being joined (copies: the view is reused)
+    transform::plugin_transaction info;
+    std::vector<pg::cached_relation> truncated;   ///< (copies: the view is reused)
     std::uint8_t truncate_options = 0;
     lsn truncate_lsn;
   };
+
+  /// What the stream sends next (the plugin's 'w' messages of the batch being read).
+  std::string stream_out;
+
+  void write_xlog(lsn at, std::string_view text) {
+    protocol::xlog_data x;
+    x.wal_start = at;
+    x.wal_end = at;
+    x.server_clock_us = protocol::pg_now_us();
+    x.data = protocol::as_bytes(text);
+    stream_out += protocol::build_copy_data(protocol::build_xlog_data(x));
+    sent = std::max(sent, at);
+  }
 
   void disconnect_silent(const std::string& slot_name) {
     if (closed) return;
@@ -1196,7 +1204,31 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
     co_return;
   }
 
-  awaitable<void> stream(std::string slot_name, transform::test_decoding_options o, lsn from, std::uint64_t seq) {
+  /// Where the transaction whose events start at seq ends (its last event says so), read ahead
+  /// in the log (in the background when not in memory); nullopt when the log does not tell.
+  awaitable<std::optional<lsn>> find_transaction_end(std::uint64_t seq, lsn commit) {
+    auto self = shared_from_this();
+    while (!closed) {
+      std::string error;
+      bool fetching = false;
+      auto events = srv->log.read(seq, batch_events, batch_bytes, &error, &fetching);
+      if (events.empty() && fetching) {
+        wake.expires_after(caught_up_keepalive);
+        boost::system::error_code ec;
+        co_await wake.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+        continue;
+      }
+      if (events.empty()) co_return std::nullopt;
+      for (const auto& e : events) {
+        if (e->id.commit_lsn != commit) co_return std::nullopt;
+        if (e->txn_end.valid()) co_return e->txn_end;
+        seq = e->seq + 1;
+      }
+    }
+    co_return std::nullopt;
+  }
+
+  awaitable<void> stream(std::string slot_name, std::unique_ptr<transform::output_plugin> plugin, lsn from, std::uint64_t seq) {
     auto self = shared_from_this();
     copy_done = false;
     last_received = std::chrono::steady_clock::now();
@@ -1209,36 +1241,21 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
     lsn keepalive_sent;
     auto last_keepalive = std::chrono::steady_clock::now();
     bool ping_outstanding = false;
-    std::string out;
+    std::string& out = stream_out;
+    out.clear();
     const auto timeout = srv->opts.timeout;
 
-    auto write = [&](lsn at, std::string_view text) {
-      protocol::xlog_data x;
-      x.wal_start = at;
-      x.wal_end = at;
-      x.server_clock_us = protocol::pg_now_us();
-      x.data = protocol::as_bytes(text);
-      out += protocol::build_copy_data(protocol::build_xlog_data(x));
-      sent = std::max(sent, at);
-    };
-    auto begin_if_needed = [&](lsn at) {
-      if (!t.wrote && o.skip_empty_xacts) write(at, transform::test_decoding_begin(o, t.xid));
-      t.wrote = true;
-    };
     auto flush_truncate = [&] {
       if (t.truncated.empty()) return;
-      begin_if_needed(t.truncate_lsn);
       std::vector<const pg::cached_relation*> rels;
       for (const auto& r : t.truncated) rels.push_back(&r);
-      std::string line;
-      transform::test_decoding_truncate(line, rels, t.truncate_options);
-      write(t.truncate_lsn, line);
+      plugin->truncate(t.info, rels, t.truncate_options, t.truncate_lsn);
       t.truncated.clear();
     };
     auto close_transaction = [&] {
       if (!t.open) return;
       flush_truncate();
-      if (!t.skipped && (!o.skip_empty_xacts || t.wrote)) write(t.end, transform::test_decoding_commit(o, t.xid, t.commit_time));
+      plugin->commit(t.info);
       t = open_transaction{};
     };
 
@@ -1318,24 +1335,26 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
           if (c.kind == transform::op::read) continue;   // (an initial snapshot's row: no change a plugin prints)
           if (c.kind == transform::op::message && c.message && !c.message->transactional) {
             close_transaction();
-            if (!(o.only_local && c.txn->origin)) {
-              std::string line;
-              transform::test_decoding_change(line, c);
-              write(c.change_lsn, line);
-            }
+            plugin->message(c);
             continue;
           }
-          if (t.open && t.commit != e->id.commit_lsn) close_transaction();
+          if (t.open && t.info.commit_lsn != e->id.commit_lsn) close_transaction();
           if (!t.open) {
             t.open = true;
-            t.commit = e->id.commit_lsn;
-            t.end = c.txn->end_lsn;
-            t.xid = c.txn->xid;
-            t.commit_time = c.txn->commit_time;
-            t.skipped = o.only_local && c.txn->origin.has_value();
-            if (!t.skipped && !o.skip_empty_xacts) write(c.change_lsn, transform::test_decoding_begin(o, t.xid));
+            t.info.xid = c.txn->xid;
+            t.info.commit_lsn = e->id.commit_lsn;
+            t.info.end_lsn = e->txn_end.valid() ? e->txn_end : c.txn->end_lsn;   // (a streamed one's record has it)
+            t.info.commit_time = c.txn->commit_time;
+            t.info.has_origin = c.txn->origin.has_value();
+            if (!t.info.end_lsn.valid() && plugin->needs_end_at_begin()) {
+              // (read ahead to the transaction's last event, which knows it; `view` is untouched)
+              auto end = co_await find_transaction_end(e->seq, e->id.commit_lsn);
+              if (closed) break;
+              if (end) t.info.end_lsn = *end;
+            }
+            plugin->begin(t.info, c.change_lsn);
           }
-          if (t.skipped) continue;
+          if (e->txn_end.valid()) t.info.end_lsn = e->txn_end;
           if (!t.truncated.empty() && (c.kind != transform::op::truncate || c.change_lsn != t.truncate_lsn)) flush_truncate();
           if (c.kind == transform::op::truncate) {
             if (c.relation) {
@@ -1345,22 +1364,18 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
             }
             continue;
           }
-          if (c.kind == transform::op::message) {
-            // (test_decoding before 17: no BEGIN for a message, and it is no change)
-            if (o.message_is_change) begin_if_needed(c.change_lsn);
-            std::string line;
-            transform::test_decoding_change(line, c);
-            write(c.change_lsn, line);
-            continue;
-          }
-          begin_if_needed(c.change_lsn);
-          std::string line;
-          transform::test_decoding_change(line, c);
-          write(c.change_lsn, line);
+          plugin->change(t.info, c);
         }
         if (closed) break;
         const bool at_end = seq >= srv->log.visible_seq();
         if (at_end) close_transaction();   // (visibility is whole transactions)
+        if (!plugin->failed().empty()) {
+          // (the real plugin's ERROR ends the stream; nothing of the batch after it is sent)
+          out.clear();
+          co_await send(error_message("ERROR", "XX000", plugin->failed()));
+          closed = true;
+          break;
+        }
         if (copy_done) {
           // (The client's CopyDone came while this batch was read: nothing more is sent, as the
           // walsender stops sending once it has it.)

@@ -26,6 +26,10 @@ char array_delimiter(std::uint32_t array_oid);
 /// "numeric(12,2)", "timestamp(3) with time zone", "text[]"...); empty if the OID is not built in.
 std::string builtin_type_name(std::uint32_t type_oid, std::int32_t typmod);
 
+/// pg_type.typname of a built-in type ("int4", "bpchar", "_text", "timestamptz"); empty if the OID
+/// is not one builtin_type_name knows.
+std::string builtin_typname(std::uint32_t type_oid);
+
 /// numeric typmod -> (precision, scale); false when the column has no declared precision.
 bool numeric_typmod(std::int32_t typmod, int& precision, int& scale);
 

@@ -312,6 +312,7 @@ class event_log final : public log_reader {
   std::deque<std::pair<std::uint64_t, std::uint64_t>> recent_commits_;   // (first seq, end offset), seq order
   std::deque<std::pair<std::uint32_t, std::uint64_t>> recent_xids_;      // (xid, first seq), seq order
   std::uint32_t txn_xid_ = 0;                                            // of the open transaction
+  std::shared_ptr<logged_event> last_placed_;   // the open transaction's last event held in memory (its txn_end is set at the commit)
   void remember_xid(std::uint32_t xid, std::uint64_t first_seq);
   transform::event_id txn_seg_first_id_, txn_seg_last_id_;   // the last segment's ids at begin()
   memory_tail tail_{0};   // the newest events in memory, and those out of it a reader holds

@@ -55,6 +55,11 @@ struct logged_event {
   /// laid end to end from the oldest retained one): a client's lag in bytes is the log's
   /// end_offset() minus that of the last event it was given.
   std::uint64_t end_offset = 0;
+  /// On the last event of a transaction: where its commit record ends (pgoutput's Commit
+  /// end_lsn, which the log keeps in the transaction's end frame); invalid on the others, and
+  /// when a read stopped before the end frame. The walsender's commit 'w' header and wal2json's
+  /// "nextlsn" are this.
+  protocol::lsn txn_end;
   /// What a reader keeps with the event (see event_attachment): made by its owner on first use
   /// (the event is const to readers, hence mutable); null until then.
   mutable std::unique_ptr<event_attachment> attached;

@@ -1,0 +1,38 @@
+// The emulated output plugins by name (see output_plugin.hpp).
+#include "walgate/transform/output_plugin.hpp"
+
+#include "walgate/transform/wal2json_plugin.hpp"
+
+namespace walgate::transform {
+
+bool is_emulated_plugin(std::string_view name) { return name == "test_decoding" || name == "wal2json"; }
+
+plugin_made make_output_plugin(std::string_view name, const plugin_options& options, int server_major, plugin_sink sink) {
+  plugin_made made;
+  if (name == "test_decoding") {
+    auto parsed = parse_test_decoding_options(options);
+    if (!parsed.error.empty()) {
+      made.sqlstate = "22023";
+      made.error = parsed.error;
+      return made;
+    }
+    parsed.options.message_is_change = server_major >= 17;
+    made.plugin = make_test_decoding_plugin(parsed.options, std::move(sink));
+    return made;
+  }
+  if (name == "wal2json") {
+    auto parsed = parse_wal2json_options(options);
+    if (!parsed.error.empty()) {
+      made.sqlstate = parsed.sqlstate;
+      made.error = parsed.error;
+      return made;
+    }
+    made.plugin = make_wal2json_plugin(parsed.options, std::move(sink));
+    return made;
+  }
+  made.sqlstate = "58P01";
+  made.error = "output plugin \"" + std::string(name) + "\" is not served by walgate";
+  return made;
+}
+
+}  // namespace walgate::transform

@@ -727,3 +727,37 @@ TEST_CASE("a record of megabytes added without hold: written at once as large re
   CHECK(again[1]->record == records[1]);
   CHECK(again[2]->record == records[2]);
 }
+
+TEST_CASE("a transaction's last event knows where its commit ends: from memory, from the file past a read's limit, after a restart") {
+  temp_dir d;
+  std::string error;
+  log_options o;
+  o.dir = d.path;
+  o.memory_bytes = 1 << 20;
+  o.fsync = false;
+  auto ends = [](const std::vector<event_ptr>& events) {
+    std::vector<std::uint64_t> out;
+    for (const auto& e : events) out.push_back(e->txn_end.value);
+    return out;
+  };
+  {
+    auto log = event_log::open(o, error);
+    REQUIRE(log);
+    txn_builder b;
+    protocol::transaction_info t1, t2;
+    REQUIRE(b.append(*log, 0x100, 3, t1));   // (ends at 0x108)
+    REQUIRE(b.append(*log, 0x200, 2, t2));   // (ends at 0x208)
+    // From the memory tail: set at the commit, on the last event only.
+    CHECK(ends(log->read(0, 10)) == std::vector<std::uint64_t>{0, 0, 0x108, 0, 0x208});
+    REQUIRE(log->sync());
+  }
+  // After a restart, from the file: a read that stops at its limit right after a transaction's
+  // last event still reads that transaction's end frame; one that stops inside does not invent it.
+  o.memory_bytes = 1;
+  auto log = event_log::open(o, error);
+  REQUIRE_MESSAGE(log, error);
+  CHECK(ends(log->read(0, 3)) == std::vector<std::uint64_t>{0, 0, 0x108});
+  CHECK(ends(log->read(0, 2)) == std::vector<std::uint64_t>{0, 0});
+  CHECK(ends(log->read(1, 10)) == std::vector<std::uint64_t>{0, 0x108, 0, 0x208});
+  CHECK(ends(log->read(4, 1)) == std::vector<std::uint64_t>{0x208});
+}

@@ -2,9 +2,11 @@
 // tagged messages, each Query through the replication-command grammar (and, as text, through the
 // verifier parser a --replication-users line goes through), the first 'p' through the
 // SASLInitialResponse parser and SCRAM's server-first step, the second through server-final — as
-// a connection to --replication-listen feeds them.
+// a connection to --replication-listen feeds them. A START_REPLICATION's options go through each
+// emulated plugin's option parser (wal2json's lists and escaped table names among them).
 #include "walgate/protocol/auth.hpp"
 #include "walgate/protocol/walsender.hpp"
+#include "walgate/transform/output_plugin.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -33,6 +35,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (text) {
         auto c = parse_replication_command(*text);
         if (c.command.has_value() == !c.error.empty()) std::abort();   // one or the other
+        if (c.command && !c.command->options.empty()) {
+          walgate::transform::plugin_options options;
+          for (const auto& o : c.command->options) options.emplace_back(o.name, o.value);
+          for (const char* plugin : {"test_decoding", "wal2json"}) {
+            auto made = walgate::transform::make_output_plugin(plugin, options, 15, [](lsn, std::string_view) {});
+            if (!made.plugin == made.error.empty()) std::abort();   // a plugin or an error
+          }
+        }
         std::string why;
         auto v = parse_scram_verifier(*text, &why);
         if (v.has_value() == !why.empty()) std::abort();

@@ -383,6 +383,87 @@ TEST_CASE("pg_recvlogical reads wal2json from walgate, format-version 1 and 2, b
   CHECK(f.gw.log().find("replication slot wj0 made (wal2json)") != std::string::npos);
 }
 
+TEST_CASE("50 downstream slots on one upstream slot, wal2json through the standard workload's shape: each consumer's bytes the real plugin's") {
+  REQUIRE_MESSAGE(recvlogical()[0] != '\0', "pg_recvlogical is not installed (.ci/install-deps.sh installs postgresql-15)");
+  fixture f;
+  REQUIRE_MESSAGE(f.pg->server_major() == 15, "the wal2json comparison runs on PostgreSQL 15 (postgresql-15-wal2json)");
+  // ../shared/bench/workload.sql's table; load.sh's changes at a tenth of its rows (CI's time):
+  // 10 transactions of 1000 inserts, 20% updated and 10% deleted in two large ones.
+  f.pg->sql(
+      "CREATE TABLE bench_orders(id bigserial PRIMARY KEY, customer_id int NOT NULL, status text NOT NULL, "
+      "amount numeric(12,2) NOT NULL, paid boolean NOT NULL, created_at timestamptz NOT NULL DEFAULT now(), "
+      "tags text[], meta jsonb); CREATE TABLE ws_full (id int PRIMARY KEY, v text, w text); "
+      "CREATE PUBLICATION ws_pub FOR ALL TABLES");
+  f.start_walgate();
+  // Two kinds of consumer, 25 each: format 2 with LSNs (walgate reads ahead to each
+  // transaction's end for its "B") and format 1 as pg_recvlogical users run it by default.
+  const std::vector<std::vector<std::string>> kinds = {{"format-version=2", "include-lsn=1", "include-xids=1"}, {}};
+  constexpr int consumers = 50;
+  std::vector<child> refs(kinds.size()), readers(consumers);
+  std::vector<std::filesystem::path> files;
+  for (std::size_t k = 0; k < kinds.size(); ++k) {
+    auto up = recvlogical_once({"-d", f.upstream(), "--slot", "ref_" + std::to_string(k), "--plugin", "wal2json", "--create-slot"}, f.dir);
+    REQUIRE_MESSAGE(up.first == 0, up.second);
+  }
+  for (int i = 0; i < consumers; ++i) {
+    auto down = recvlogical_once({"-d", f.downstream(), "--slot", "c" + std::to_string(i), "--plugin", "wal2json", "--create-slot"}, f.dir);
+    REQUIRE_MESSAGE(down.first == 0, down.second << f.gw.log());
+  }
+  for (std::size_t k = 0; k < kinds.size(); ++k) {
+    f.start_reader(refs[k], false, "ref_" + std::to_string(k), kinds[k], "ref_" + std::to_string(k) + ".out");
+    files.push_back(f.dir / ("ref_" + std::to_string(k) + ".out"));
+  }
+  for (int i = 0; i < consumers; ++i) {
+    f.start_reader(readers[static_cast<std::size_t>(i)], true, "c" + std::to_string(i), kinds[static_cast<std::size_t>(i) % kinds.size()],
+                   "c" + std::to_string(i) + ".out");
+    files.push_back(f.dir / ("c" + std::to_string(i) + ".out"));
+    // (at most 16 connections of one address in their startup at once: a moment between starts)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  f.pg->sql(
+      "DO $$ DECLARE i int; BEGIN FOR i IN 0..9 LOOP "
+      "INSERT INTO bench_orders(customer_id,status,amount,paid,tags,meta) "
+      "SELECT g % 5000, (ARRAY['pending','paid','shipped'])[1 + g % 3], (g % 100000)/100.0, g % 2 = 0, "
+      "ARRAY['t' || (g % 7), 'x'], jsonb_build_object('k', g, 'note', 'order ' || g) "
+      "FROM generate_series(i*1000+1, (i+1)*1000) g; COMMIT; END LOOP; END $$");
+  f.pg->sql("UPDATE bench_orders SET status='shipped', amount=amount+1 WHERE id % 5 = 0");
+  f.pg->sql("DELETE FROM bench_orders WHERE id % 10 = 3");
+  f.pg->sql("INSERT INTO ws_full VALUES (424242, 'marker', 'end')");
+  const bool done = wait_for_marker_then_quiet(files, "\"marker\"", std::chrono::seconds(300));
+  // The upstream's walsenders while 50 consumers read: walgate's one and the two references'.
+  const auto senders = f.pg->sql("SELECT slot_name, active_pid FROM pg_replication_slots WHERE active ORDER BY slot_name");
+  auto cpu_seconds = [](const std::string& pid) {
+    std::ifstream stat("/proc/" + pid + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    std::istringstream fields(line.substr(line.rfind(')') + 2));
+    std::vector<std::string> v(13);
+    for (auto& x : v) fields >> x;   // (state … stime: fields 3 to 15)
+    return (std::stod(v[11]) + std::stod(v[12])) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  };
+  std::string cpu;
+  for (const auto& row : senders) cpu += *row[0] + " " + std::to_string(cpu_seconds(*row[1])) + " s; ";
+  MESSAGE("upstream walsenders' CPU with 50 downstream consumers: " << cpu);
+  for (auto& r : readers) r.stop();
+  for (auto& r : refs) r.stop();
+  REQUIRE_MESSAGE(done, "a reader did not get the last transaction; walgate said:\n" << f.gw.log());
+  CHECK(senders.size() == 3);   // (walgate's own slot and the two references: one decoder for all 50)
+  std::vector<std::string> reference;
+  for (std::size_t k = 0; k < kinds.size(); ++k) {
+    reference.push_back(read_file(files[k]));
+    CHECK(reference.back().size() > 13000u * 100);
+  }
+  int equal = 0;
+  for (int i = 0; i < consumers; ++i) {
+    const auto got = read_file(files[kinds.size() + static_cast<std::size_t>(i)]);
+    const auto& ref = reference[static_cast<std::size_t>(i) % kinds.size()];
+    INFO("consumer c" << i);
+    CHECK_MESSAGE(got == ref, first_difference(ref, got));
+    equal += got == ref;
+  }
+  CHECK(equal == consumers);
+}
+
 TEST_CASE("downstream slots survive kill -9 of walgate: a resuming pg_recvlogical gets exactly the rest") {
   REQUIRE_MESSAGE(recvlogical()[0] != '\0', "pg_recvlogical is not installed (.ci/install-deps.sh installs postgresql-15)");
   fixture f;

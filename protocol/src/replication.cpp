@@ -53,6 +53,13 @@ std::string build_xlog_data(const xlog_data& x) {
   return w.take();
 }
 
+void append_copy_xlog_data(std::string& out, const xlog_data& x) {
+  const std::size_t length = 4 + 1 + 8 + 8 + 8 + x.data.size();   // (CopyData's length counts itself)
+  out.reserve(out.size() + 1 + length);
+  writer w(out);
+  w.u8('d').u32(static_cast<std::uint32_t>(length)).u8('w').u64(x.wal_start.value).u64(x.wal_end.value).i64(x.server_clock_us).raw(x.data);
+}
+
 std::string build_primary_keepalive(const primary_keepalive& k) {
   writer w;
   w.u8('k').u64(k.wal_end.value).i64(k.server_clock_us).u8(k.reply_requested ? 1 : 0);

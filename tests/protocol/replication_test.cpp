@@ -82,3 +82,13 @@ TEST_CASE("CopyData frames carrying w and k, split at every offset") {
     CHECK_FALSE(b->keepalive.reply_requested);
   });
 }
+
+TEST_CASE("a CopyData of XLogData appended in place: the same bytes as framing a built payload, after what out held") {
+  for (std::string_view data : {std::string_view(), std::string_view("x"), std::string_view("{\"change\":[]}")}) {
+    xlog_data x{lsn{0x1A2B3C4}, lsn{0x1A2B3F0}, 812345678, as_bytes(data)};
+    std::string out = "before";
+    append_copy_xlog_data(out, x);
+    CHECK(out == "before" + build_copy_data(build_xlog_data(x)));
+    CHECK(out.size() == 6 + 1 + 4 + 25 + data.size());
+  }
+}

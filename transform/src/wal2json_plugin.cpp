@@ -46,6 +46,9 @@ void pg_escape_json(std::string& out, std::string_view s) {
 namespace {
 
 constexpr std::size_t max_alloc = 0x3fffffff;   // PostgreSQL's MaxAllocSize: a StringInfo's limit
+/// Room left in front of a format 1 transaction's body for its header (at most about 150 bytes:
+/// xid, nextlsn, timestamp, with pretty-print's tabs and spaces).
+constexpr std::size_t header_room = 256;
 
 bool space(char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; }
 
@@ -158,7 +161,8 @@ class wal2json_plugin final : public output_plugin {
   void begin(const plugin_transaction& t, protocol::lsn first) override {
     if (o_.format_version == 1) {
       nr_changes_ = 0;
-      buf_.clear();
+      // (room for the header in front, written at the commit: the body is never copied)
+      buf_.assign(header_room, ' ');
       at_ = first;
       // (without chunks the header is written at the commit, when the end is surely known)
       if (o_.write_in_chunks) emit(first, header_v1(t));
@@ -182,15 +186,19 @@ class wal2json_plugin final : public output_plugin {
         emit(t.end_lsn, piece_);
         return;
       }
-      // (without chunks, the whole transaction is one message, prepared at its begin)
-      std::string whole = header_v1(t);
-      whole.reserve(whole.size() + buf_.size() + 8);
-      whole += buf_;
+      // (without chunks, the whole transaction is one message, prepared at its begin; its
+      // header goes in the room left in front of the body)
+      const std::string h = header_v1(t);
+      buf_ += nl_ + ht_ + "]" + nl_ + "}";
+      if (h.size() > header_room || buf_.size() < header_room) {   // (never: the header is bounded)
+        failed_ = "wal2json: a transaction's header does not fit";
+        return;
+      }
+      buf_.replace(header_room - h.size(), h.size(), h);
+      if (!grew(buf_)) return;
+      emit(at_, std::string_view(buf_).substr(header_room - h.size()));
       buf_.clear();
       if (buf_.capacity() > (1u << 20)) buf_.shrink_to_fit();   // (a huge transaction's buffer is not kept)
-      whole += nl_ + ht_ + "]" + nl_ + "}";
-      if (!grew(whole)) return;
-      emit(at_, whole);
       return;
     }
     if (!o_.include_transaction) return;

@@ -53,8 +53,11 @@ constexpr std::size_t max_client_message = 1 << 20;
 constexpr std::size_t batch_events = 512;
 constexpr std::size_t batch_bytes = 1 << 20;
 /// While caught up, a keepalive telling the client where walgate is goes out at most this often
-/// when that moved (PostgreSQL's walsender sends one as soon as it is caught up).
-constexpr auto caught_up_keepalive = std::chrono::milliseconds(1000);
+/// when that moved (PostgreSQL's walsender sends one as soon as it is caught up, and as the WAL
+/// it has read moves on): walgate's durable position moves without a new event (an fsync ends,
+/// the server's keepalive), so a caught-up stream looks this often. A client waiting for a
+/// position (pg_recvlogical --endpos) learns of it within this.
+constexpr auto caught_up_keepalive = std::chrono::milliseconds(100);
 /// Connections at once (PostgreSQL's max_wal_senders is 10 by default): more get PostgreSQL's
 /// "sorry, too many clients already".
 constexpr std::size_t max_connections = 256;
@@ -1179,7 +1182,7 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
     x.wal_end = at;
     x.server_clock_us = protocol::pg_now_us();
     x.data = protocol::as_bytes(text);
-    stream_out += protocol::build_copy_data(protocol::build_xlog_data(x));
+    protocol::append_copy_xlog_data(stream_out, x);
     sent = std::max(sent, at);
   }
 

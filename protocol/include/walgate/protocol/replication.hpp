@@ -56,6 +56,10 @@ std::string build_standby_status_message(const standby_status_update& s);
 
 /// Builders of server payloads, used by tests and fuzz seeds.
 std::string build_xlog_data(const xlog_data& x);
+/// Appends a whole CopyData message carrying x (build_copy_data(build_xlog_data(x))) to out,
+/// with no copy of x.data but the one into out: what walgate's walsender sends, where a 'w'
+/// may hold a whole transaction (wal2json's format 1). x.data is at most 1 GiB.
+void append_copy_xlog_data(std::string& out, const xlog_data& x);
 std::string build_primary_keepalive(const primary_keepalive& k);
 /// Parses a status update payload (the reverse of build_standby_status_update), for tests.
 parse_result<standby_status_update> parse_standby_status_update(bytes_view payload) noexcept;

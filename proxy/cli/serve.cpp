@@ -371,6 +371,10 @@ class reloads {
         std::string e;
         if (srv_.reload_tls(e)) log_line("SIGHUP: TLS certificate and key read again (for new connections)");
         else log_line("SIGHUP: " + e + "; the certificate in use stays");
+        if (walsender_) {
+          if (walsender_->reload_tls(e)) log_line("SIGHUP: the walsender's TLS certificate and key read again (for new connections)");
+          else log_line("SIGHUP: --replication-listen: " + e + "; the certificate in use stays");
+        }
       }
       if (walsender_ && !s_.replication_users.empty()) {
         std::string e;
@@ -693,6 +697,8 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
     ro.log = [](const std::string& line) { log_line(line); };
     ro.users_file = s.replication_users;
     ro.auth_failures_per_minute = s.auth_failures_per_minute;
+    ro.tls_cert = s.tls_cert;
+    ro.tls_key = s.tls_key;
     walsender = std::make_unique<proxy::replication_server>(io, std::move(ro), *log);
     if (!walsender->start(error)) {
       log_line(error);

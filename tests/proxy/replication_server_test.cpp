@@ -23,6 +23,7 @@
 #include "fault_harness.hpp"
 #include "test_cluster.hpp"
 
+#include <boost/asio/read.hpp>
 #include <doctest/doctest.h>
 #include <libpq-fe.h>
 
@@ -1209,4 +1210,87 @@ TEST_CASE("--replication-users files: comments, blank lines, CRLF; a name twice,
   refused(std::string(64, 'n') + " " + v + "\n", "line 1: the user name is longer than 63 bytes");
   refused("\n\nalice\n", "line 3: expected NAME VERIFIER");
   refused("alice md5abc\n", "line 1: user \"alice\": not a SCRAM-SHA-256 verifier");
+}
+
+TEST_CASE("TLS on --replication-listen with --tls-cert/--tls-key: 'S', SCRAM-SHA-256-PLUS bound to the certificate, pg_recvlogical over it; a bad handshake leaves the rest unharmed") {
+  fixture f;
+  f.pg->sql("CREATE TABLE ws_tls (id int PRIMARY KEY, v text); CREATE PUBLICATION ws_pub FOR ALL TABLES");
+  // A certificate for localhost (its own root), and a user with a password.
+  const std::string make_cert = "cd '" + f.dir.string() +
+                                "' && openssl req -x509 -newkey rsa:2048 -nodes -subj '/CN=localhost' -addext "
+                                "'subjectAltName=DNS:localhost' -days 2 -keyout server.key -out server.crt >/dev/null 2>&1";
+  REQUIRE(std::system(make_cert.c_str()) == 0);
+  std::string line;
+  {
+    FILE* p = popen(("printf 'tls pass\\n' | " + std::string(WALGATE_BINARY) + " replication-user app --iterations 1024").c_str(), "r");
+    REQUIRE(p);
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, p)) line += buf;
+    REQUIRE(pclose(p) == 0);
+  }
+  std::ofstream(f.dir / "users") << line;
+  f.extra_args = {"--replication-users", (f.dir / "users").string(), "--tls-cert", (f.dir / "server.crt").string(),
+                  "--tls-key", (f.dir / "server.key").string()};
+  f.start_walgate();
+  const std::string base = "host=localhost hostaddr=127.0.0.1 port=" + std::to_string(f.repl_port) + " user=app dbname=postgres";
+  const std::string verified = base + " sslmode=verify-full sslrootcert=" + (f.dir / "server.crt").string();
+  // "ok, TLS" / "ok, clear" when connected and IDENTIFY_SYSTEM answered; else libpq's error.
+  auto connect = [&](const std::string& conninfo) {
+    PGconn* c = PQconnectdb((conninfo + " replication=database").c_str());
+    std::string e = PQstatus(c) == CONNECTION_OK ? "" : PQerrorMessage(c);
+    const bool on_tls = PQsslInUse(c) == 1;
+    if (e.empty()) {
+      PGresult* r = PQexec(c, "IDENTIFY_SYSTEM");
+      if (PQresultStatus(r) != PGRES_TUPLES_OK) e = PQresultErrorMessage(r);
+      PQclear(r);
+    }
+    PQfinish(c);
+    return e.empty() ? std::string(on_tls ? "ok, TLS" : "ok, clear") : e;
+  };
+  // The certificate verified by name; channel binding required: libpq accepts only
+  // SCRAM-SHA-256-PLUS bound to that certificate, which walgate offers on TLS alone.
+  CHECK(connect(verified + " password='tls pass' channel_binding=require") == "ok, TLS");
+  CHECK(connect(base + " sslmode=require password='tls pass'") == "ok, TLS");
+  CHECK(connect(base + " sslmode=disable password='tls pass'") == "ok, clear");
+  CHECK(connect(base + " sslmode=disable password='tls pass' channel_binding=require").find("channel binding") != std::string::npos);
+  CHECK(connect(verified + " password='wrong' channel_binding=require").find("password authentication failed for user \"app\"") !=
+        std::string::npos);
+  CHECK(connect(base + " host=127.0.0.1 sslmode=verify-full sslrootcert=" + (f.dir / "server.crt").string() +
+                " password='tls pass'")
+            .find("does not match host name") != std::string::npos);   // (verify-full: the name is checked)
+  // pg_recvlogical over TLS with channel binding: a slot, a change, the stream.
+  const std::string recv_conn = verified + " password='tls pass' channel_binding=require";
+  auto made = recvlogical_once({"-d", recv_conn, "--slot", "tls_slot", "--plugin", "test_decoding", "--create-slot"}, f.dir);
+  REQUIRE_MESSAGE(made.first == 0, made.second << f.gw.log());
+  child reader;
+  reader.start({recvlogical(), "-d", recv_conn, "--slot", "tls_slot", "--start", "-f", (f.dir / "tls.out").string(), "-F", "1"},
+               f.dir / "tls.log");
+  f.pg->sql("INSERT INTO ws_tls VALUES (1, 'over TLS')");
+  // A client that answers 'S' with garbage: its connection ends, logged; the stream goes on.
+  {
+    asio::io_context io;
+    tcp::socket s(io);
+    s.connect({asio::ip::make_address("127.0.0.1"), f.repl_port});
+    const unsigned char ssl_request[] = {0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f};
+    boost::system::error_code ec;
+    asio::write(s, asio::buffer(ssl_request), ec);
+    char answer = 0;
+    asio::read(s, asio::buffer(&answer, 1), ec);
+    CHECK(answer == 'S');
+    asio::write(s, asio::buffer(std::string("this is no ClientHello\r\n\r\n")), ec);
+    char rest[64];
+    s.read_some(asio::buffer(rest), ec);   // (closed by walgate, or an alert and then closed)
+  }
+  CHECK(test::wait_until([&] { return f.gw.log().find("TLS handshake failed") != std::string::npos; }, std::chrono::seconds(10)));
+  f.pg->sql("INSERT INTO ws_tls VALUES (2, 'after the bad handshake')");
+  CHECK(test::wait_until([&] { return read_file(f.dir / "tls.out").find("'after the bad handshake'") != std::string::npos; },
+                         std::chrono::seconds(30)));
+  reader.stop();
+  const auto out = read_file(f.dir / "tls.out");
+  CHECK(out.find("table public.ws_tls: INSERT: id[integer]:1 v[text]:'over TLS'") != std::string::npos);
+  // SIGHUP reads the certificate again for the walsender too.
+  ::kill(f.gw.pid, SIGHUP);
+  CHECK(test::wait_until([&] { return f.gw.log().find("SIGHUP: the walsender's TLS certificate and key read again") != std::string::npos; },
+                         std::chrono::seconds(10)));
+  CHECK(connect(verified + " password='tls pass' channel_binding=require") == "ok, TLS");
 }

@@ -4,6 +4,8 @@
 // its stream).
 #include "serving.hpp"
 
+#include "walgate/proxy/tls_server.hpp"
+
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -30,36 +32,6 @@ namespace {
 constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
 
 
-/// The listener's TLS: TLS 1.2 at least, and for 1.2 only forward-secret AEAD suites (Mozilla's
-/// "intermediate" list, without DHE); TLS 1.3's suites are OpenSSL's. No renegotiation, no
-/// compression. nullptr with error when the certificate or key cannot be used.
-std::shared_ptr<asio::ssl::context> make_tls(const server_options& o, std::string& error) {
-  auto ctx = std::make_shared<asio::ssl::context>(asio::ssl::context::tls_server);
-  boost::system::error_code ec;
-  ctx->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
-                       asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 | asio::ssl::context::no_tlsv1_1 |
-                       asio::ssl::context::no_compression,
-                   ec);
-  SSL_CTX* native = ctx->native_handle();
-  SSL_CTX_set_min_proto_version(native, TLS1_2_VERSION);
-  SSL_CTX_set_options(native, SSL_OP_NO_RENEGOTIATION);
-  if (SSL_CTX_set_cipher_list(native,
-                              "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:"
-                              "ECDHE-RSA-AES256-GCM-SHA384:ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305") != 1) {
-    error = "--tls-cert/--tls-key: OpenSSL has none of the TLS 1.2 cipher suites walgate uses";
-    return nullptr;
-  }
-  if (!ec) ctx->use_certificate_chain_file(o.tls_cert, ec);
-  if (!ec) ctx->use_private_key_file(o.tls_key, asio::ssl::context::pem, ec);
-  if (!ec && SSL_CTX_check_private_key(native) != 1) ec = asio::error::invalid_argument;
-  ERR_clear_error();
-  if (ec) {
-    error = "--tls-cert " + o.tls_cert + " / --tls-key " + o.tls_key + ": " +
-            (ec == asio::error::invalid_argument ? std::string("the key does not match the certificate") : ec.message());
-    return nullptr;
-  }
-  return ctx;
-}
 }  // namespace
 
 std::string address_of(const tcp::socket& socket) {
@@ -157,7 +129,7 @@ bool server::start(std::string& error) {
     return false;
   }
   if (!core.opts.tls_cert.empty()) {
-    core.tls = make_tls(core.opts, error);
+    core.tls = make_server_tls(core.opts.tls_cert, core.opts.tls_key, error);
     if (!core.tls) return false;
   }
   core.loopback_listener = addr.is_loopback();
@@ -199,7 +171,7 @@ bool server::reload_tls(std::string& error) {
     error = "no TLS is configured";
     return false;
   }
-  auto next = make_tls(core.opts, error);
+  auto next = make_server_tls(core.opts.tls_cert, core.opts.tls_key, error);
   if (!next) return false;
   core.tls = std::move(next);   // for the connections accepted from now on; the others keep theirs
   return true;

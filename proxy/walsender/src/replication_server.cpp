@@ -16,6 +16,7 @@
 #include "walgate/proxy/failure_window.hpp"
 #include "walgate/proxy/log_reader.hpp"
 #include "walgate/proxy/metrics.hpp"
+#include "walgate/proxy/tls_server.hpp"
 #include "walgate/transform/record.hpp"
 #include "walgate/transform/output_plugin.hpp"
 
@@ -24,6 +25,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/redirect_error.hpp>
+#include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
@@ -301,6 +303,26 @@ struct replication_server::impl : std::enable_shared_from_this<impl> {
   bool stopped = false;
   std::mt19937 random{std::random_device{}()};
   std::map<std::string, protocol::scram_verifier> users;   ///< (used when opts.users_file is given)
+  /// --tls-cert/--tls-key's context and its certificate's tls-server-end-point hash (what
+  /// SCRAM-SHA-256-PLUS binds to); a connection keeps the pair it began with across a reload.
+  struct tls_state {
+    std::shared_ptr<asio::ssl::context> context;
+    std::string end_point;
+  };
+  std::shared_ptr<const tls_state> tls;
+  bool load_tls(std::string& error) {
+    auto ctx = make_server_tls(opts.tls_cert, opts.tls_key, error);
+    if (!ctx) return false;
+    auto state = std::make_shared<tls_state>();
+    state->end_point = server_end_point(*ctx);
+    if (state->end_point.empty()) {
+      error = "--tls-cert " + opts.tls_cert + ": no tls-server-end-point hash can be made of it (its signature algorithm)";
+      return false;
+    }
+    state->context = std::move(ctx);
+    tls = std::move(state);
+    return true;
+  }
   std::string mock_secret;     ///< a user not in the file: its mock salt is derived from this
   std::uint32_t mock_iterations = 4096;   ///< and the iteration count it is told
   failure_window failures;
@@ -415,6 +437,10 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
 
   std::shared_ptr<impl> srv;
   tcp::socket socket;
+  /// The connection's TLS once its SSLRequest was answered 'S' (null: in the clear), with the
+  /// certificate's binding data it began with.
+  std::shared_ptr<const impl::tls_state> tls_with;
+  std::unique_ptr<asio::ssl::stream<tcp::socket&>> tls;
   asio::steady_timer wake;   ///< the writer's wait while streaming: cancelled to wake it
   int pid;
   std::string peer;          ///< the client's address as failures are counted (peer_key)
@@ -441,7 +467,9 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
   awaitable<bool> fill() {
     char buf[16384];
     boost::system::error_code ec;
-    auto n = co_await socket.async_read_some(asio::buffer(buf), asio::redirect_error(asio::use_awaitable, ec));
+    std::size_t n = 0;
+    if (tls) n = co_await tls->async_read_some(asio::buffer(buf), asio::redirect_error(asio::use_awaitable, ec));
+    else n = co_await socket.async_read_some(asio::buffer(buf), asio::redirect_error(asio::use_awaitable, ec));
     if (ec || n == 0) {
       closed = true;
       co_return false;
@@ -451,7 +479,10 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
   }
   awaitable<bool> send(std::string bytes) {
     boost::system::error_code ec;
-    co_await asio::async_write(socket, asio::buffer(bytes), asio::redirect_error(asio::use_awaitable, ec));
+    // (With TLS, a read — the client's status updates — may be under way at the same time: an
+    // SSL stream takes one read and one write at once.)
+    if (tls) co_await asio::async_write(*tls, asio::buffer(bytes), asio::redirect_error(asio::use_awaitable, ec));
+    else co_await asio::async_write(socket, asio::buffer(bytes), asio::redirect_error(asio::use_awaitable, ec));
     if (ec) closed = true;
     co_return !ec;
   }
@@ -515,14 +546,36 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
         co_return false;
       }
       const auto what = r.packet.what;
+      if ((what == ws::startup_packet::kind::ssl_request || what == ws::startup_packet::kind::gssenc_request) && tls) {
+        // (a second negotiation inside TLS: PostgreSQL's own refusal)
+        co_await fatal("08P01", std::string("unsupported frontend protocol ") +
+                                    (what == ws::startup_packet::kind::ssl_request ? "1234.5679" : "1234.5680") +
+                                    ": server supports 3.0 to 3.0");
+        co_return false;
+      }
       if (what == ws::startup_packet::kind::ssl_request || what == ws::startup_packet::kind::gssenc_request) {
-        // (TLS on this endpoint is not built: 'N', and the client goes on in the clear or gives up)
         in.erase(0, r.packet.size);
         if (!in.empty()) {   // bytes after an SSLRequest before the answer: PostgreSQL refuses them too
-          co_await fatal("08P01", "received unencrypted data after SSL request");
+          co_await fatal("08P01", what == ws::startup_packet::kind::ssl_request ? "received unencrypted data after SSL request"
+                                                                                 : "received unencrypted data after GSSAPI encryption request");
           co_return false;
         }
-        if (!co_await send("N")) co_return false;
+        // TLS with --tls-cert/--tls-key: 'S' and the handshake (under the startup's time limit);
+        // GSSAPI encryption, or no certificate: 'N', and the client goes on in the clear or gives up.
+        tls_with = what == ws::startup_packet::kind::ssl_request ? srv->tls : nullptr;
+        if (!tls_with) {
+          if (!co_await send("N")) co_return false;
+          continue;
+        }
+        if (!co_await send("S")) co_return false;
+        tls = std::make_unique<asio::ssl::stream<tcp::socket&>>(socket, *tls_with->context);
+        boost::system::error_code ec;
+        co_await tls->async_handshake(asio::ssl::stream_base::server, asio::redirect_error(asio::use_awaitable, ec));
+        if (ec) {
+          srv->say("replication connection " + std::to_string(pid) + " from " + peer + ": TLS handshake failed: " + ec.message());
+          closed = true;
+          co_return false;
+        }
         continue;
       }
       if (what == ws::startup_packet::kind::cancel_request) co_return false;   // (nothing to cancel: closed)
@@ -620,7 +673,8 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
   awaitable<bool> sasl(std::string user) {
     std::optional<protocol::scram_verifier> verifier;
     if (auto it = srv->users.find(user); it != srv->users.end()) verifier = it->second;
-    protocol::scram_server scram(std::move(verifier), user, srv->mock_secret, {}, {}, srv->mock_iterations);
+    protocol::scram_server scram(std::move(verifier), user, srv->mock_secret, tls ? tls_with->end_point : std::string(), {},
+                                 srv->mock_iterations);
     if (!co_await send(ws::build_authentication_sasl(scram.mechanisms()))) co_return false;
     auto first = co_await auth_message();
     if (!first) co_return false;
@@ -1478,6 +1532,7 @@ replication_server::~replication_server() { stop(); }
 
 bool replication_server::start(std::string& error) {
   if (!impl_->opts.users_file.empty() && !impl_->load_users(error)) return false;
+  if (!impl_->opts.tls_cert.empty() && !impl_->load_tls(error)) return false;
   if (!impl_->slots.load(error)) return false;
   impl_->update_hold();   // (before the log appends anything: nothing a slot needs is let go)
   boost::system::error_code ec;
@@ -1516,6 +1571,14 @@ bool replication_server::reload_users(std::string& error) {
 }
 
 std::size_t replication_server::users() const { return impl_->users.size(); }
+
+bool replication_server::reload_tls(std::string& error) {
+  if (impl_->opts.tls_cert.empty()) {
+    error = "no TLS is configured";
+    return false;
+  }
+  return impl_->load_tls(error);
+}
 
 std::vector<replication_server::slot_figures> replication_server::slots() const {
   std::vector<slot_figures> out;

@@ -91,6 +91,9 @@ struct replication_server_options {
   std::string users_file;
   /// Failed authentications of an address a minute before it waits (0: no limit).
   std::size_t auth_failures_per_minute = 30;
+  /// --tls-cert/--tls-key: an SSLRequest is answered 'S' and the connection goes on in TLS (and
+  /// SCRAM-SHA-256-PLUS is offered, bound to this certificate); "" : 'N'.
+  std::string tls_cert, tls_key;
 };
 
 /// The users of a --replication-users file: a "NAME VERIFIER" line each, the verifier in
@@ -116,6 +119,9 @@ class replication_server {
   /// with error then, or when there is no users file.
   bool reload_users(std::string& error);
   std::size_t users() const;
+  /// Reads --tls-cert/--tls-key again (SIGHUP), for connections from now on; the certificate in
+  /// use stays when they cannot be used. False with error then, or when there is no TLS.
+  bool reload_tls(std::string& error);
 
   /// What /metrics shows of one downstream slot.
   struct slot_figures {

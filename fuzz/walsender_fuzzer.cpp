@@ -38,8 +38,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         if (c.command && !c.command->options.empty()) {
           walgate::transform::plugin_options options;
           for (const auto& o : c.command->options) options.emplace_back(o.name, o.value);
-          for (const char* plugin : {"test_decoding", "wal2json"}) {
-            auto made = walgate::transform::make_output_plugin(plugin, options, 15, [](lsn, std::string_view) {});
+          walgate::transform::plugin_context context;
+          context.publications = {"p"};
+          for (const char* plugin : {"test_decoding", "wal2json", "pgoutput"}) {
+            auto made = walgate::transform::make_output_plugin(plugin, options, context, [](lsn, std::string_view) {});
             if (!made.plugin == made.error.empty()) std::abort();   // a plugin or an error
           }
         }

@@ -697,6 +697,7 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
     ro.log = [](const std::string& line) { log_line(line); };
     ro.users_file = s.replication_users;
     ro.auth_failures_per_minute = s.auth_failures_per_minute;
+    ro.publications = s.publications;
     ro.tls_cert = s.tls_cert;
     ro.tls_key = s.tls_key;
     walsender = std::make_unique<proxy::replication_server>(io, std::move(ro), *log);

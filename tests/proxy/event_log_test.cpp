@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 using namespace walgate;
 using namespace walgate::proxy;
@@ -760,4 +761,69 @@ TEST_CASE("a transaction's last event knows where its commit ends: from memory, 
   CHECK(ends(log->read(0, 2)) == std::vector<std::uint64_t>{0, 0});
   CHECK(ends(log->read(1, 10)) == std::vector<std::uint64_t>{0, 0x108, 0, 0x208});
   CHECK(ends(log->read(4, 1)) == std::vector<std::uint64_t>{0x208});
+}
+
+TEST_CASE("a transaction of one record of megabytes: its end known when read from the file directly and in the background") {
+  temp_dir d;
+  std::string error;
+  log_options o;
+  o.dir = d.path;
+  o.memory_bytes = 64 * 1024;
+  o.fsync = false;
+  const std::string big(3u << 20, 'v');   // (past the 1 MiB written straight to the file and read alone)
+  pg::cached_relation rel;
+  rel.oid = 1;
+  rel.nspname = "public";
+  rel.relname = "items";
+  rel.columns = {{"v", 25, -1, false}};
+  std::vector<pg::tuple_column> row{{pg::column_kind::text, protocol::as_bytes(big)}};
+  {
+    auto log = event_log::open(o, error);
+    REQUIRE_MESSAGE(log, error);
+    for (std::uint64_t i = 0; i < 2; ++i) {
+      protocol::transaction_info t;
+      t.commit_lsn = lsn{0x1000 * (i + 1)};
+      t.end_lsn = lsn{0x1000 * (i + 1) + 0x30};
+      transform::change c;
+      c.txn = &t;
+      c.kind = transform::op::insert;
+      c.change_lsn = t.commit_lsn;
+      c.relation = &rel;
+      c.after = row;
+      REQUIRE(log->append(t, {c}));
+      REQUIRE(log->sync());
+    }
+  }
+  auto log = event_log::open(o, error);
+  REQUIRE_MESSAGE(log, error);
+  REQUIRE(log->visible_seq() == 2);
+  auto direct = log->read(0, 10);
+  REQUIRE(direct.size() == 1);   // (a large record is read alone)
+  CHECK(direct[0]->txn_end == lsn{0x1030});
+  direct.clear();
+  // In the background (the reader thread's blocks, run here at once): the same, for each of the two.
+  std::vector<std::pair<std::function<void()>, std::function<void()>>> jobs;
+  log->set_background([&jobs](std::function<void()> work, std::function<void()> done) { jobs.emplace_back(work, done); });
+  for (std::uint64_t seq = 0; seq < 2; ++seq) {
+    std::vector<event_ptr> got;
+    bool went_to_background = false;
+    for (int tries = 0; tries < 10 && got.empty(); ++tries) {
+      bool fetching = false;
+      std::string e;
+      got = log->read(seq, 10, 1 << 20, &e, &fetching);
+      went_to_background = went_to_background || fetching;
+      auto run = std::move(jobs);
+      jobs.clear();
+      for (auto& [work, done] : run) {
+        work();
+        done();
+      }
+    }
+    REQUIRE(!got.empty());
+    // (the block reader's path, not the direct one: seq 1's block is read ahead while seq 0's is
+    // taken, so it is there at once)
+    CHECK((went_to_background || seq == 1));
+    CHECK(got[0]->seq == seq);
+    CHECK(got[0]->txn_end == lsn{0x1000 * (seq + 1) + 0x30});
+  }
 }

@@ -73,7 +73,9 @@ struct sample {
     return c;
   }
   std::unique_ptr<output_plugin> plugin(const plugin_options& options) {
-    auto made = make_output_plugin("wal2json", options, 15, [this](lsn at, std::string_view b) { out.push_back({at, std::string(b)}); });
+    plugin_context context;
+    context.server_major = 15;
+    auto made = make_output_plugin("wal2json", options, context, [this](lsn at, std::string_view b) { out.push_back({at, std::string(b)}); });
     REQUIRE_MESSAGE(made.plugin, made.error);
     return std::move(made.plugin);
   }
@@ -356,10 +358,10 @@ TEST_CASE("wal2json: options parsed as pg_decode_startup parses them, with its e
   CHECK(parse_wal2json_options({{"filter-origins", "1,2"}}).sqlstate == "0A000");
   CHECK(parse_wal2json_options({{"filter-origins", ""}}).error.empty());
   // The factory: an unknown plugin, and test_decoding's errors through it.
-  auto none = make_output_plugin("pgoutput", {}, 15, [](lsn, std::string_view) {});
+  auto none = make_output_plugin("decoderbufs", {}, {}, [](lsn, std::string_view) {});
   CHECK_FALSE(none.plugin);
-  CHECK(none.error == "output plugin \"pgoutput\" is not served by walgate");
-  auto td = make_output_plugin("test_decoding", {{"bad", "1"}}, 15, [](lsn, std::string_view) {});
+  CHECK(none.error == "output plugin \"decoderbufs\" is not served by walgate");
+  auto td = make_output_plugin("test_decoding", {{"bad", "1"}}, {}, [](lsn, std::string_view) {});
   CHECK(td.error == "option \"bad\" = \"1\" is unknown");
 }
 

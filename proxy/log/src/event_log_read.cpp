@@ -132,8 +132,9 @@ void read_block(const block_args& a) {
     // (Past the limits, one more frame is read if it is the end frame of the last event's
     // transaction: that event then knows where its commit record ends.)
     std::shared_ptr<logged_event> last;
+    bool large_read = false;
     for (;;) {
-      const bool full = events.size() >= block_events || record_bytes >= block_record_bytes;
+      const bool full = large_read || events.size() >= block_events || record_bytes >= block_record_bytes;
       if (full && !last) break;
       if (offset >= a.byte_limit) break;
       if (offset + 5 > a.byte_limit || !have(offset, 5)) {
@@ -170,9 +171,17 @@ void read_block(const block_args& a) {
         buf = std::string();
         std::string error;
         auto ev = read_large_frame(a.fd->fd, offset, len, a.base, name, s_seq, error);
-        if (!ev) fail(error);
-        else events.push_back(std::move(ev));
-        break;
+        if (!ev) {
+          fail(error);
+          break;
+        }
+        // (read alone: the block ends here, but for its transaction's end frame if that follows)
+        last = ev;
+        events.push_back(std::move(ev));
+        large_read = true;
+        offset += frame_overhead + len;
+        buf_at = offset;
+        continue;
       }
       if (!have(offset, frame_overhead + len)) {
         fail("event log " + name + " ends inside the frame at offset " + std::to_string(offset));

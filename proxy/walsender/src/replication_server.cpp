@@ -970,7 +970,7 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
     }
     if (!transform::is_emulated_plugin(c.plugin)) {
       co_await error("0A000", "output plugin \"" + c.plugin + "\" is not served by walgate yet",
-                     {}, "walgate emulates test_decoding and wal2json; pgoutput is to come");
+                     {}, "walgate emulates test_decoding, wal2json and pgoutput");
       co_return;
     }
     downstream_slot s;
@@ -1098,7 +1098,10 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
       return v == id.parameters.end() ? 18 : std::atoi(v->second.c_str());
     }();
     // (The plugin writes each 'w' into `out`, the batch the stream sends next.)
-    auto made = transform::make_output_plugin(s->plugin, options, major, [this](lsn at, std::string_view text) { write_xlog(at, text); });
+    transform::plugin_context context;
+    context.server_major = major;
+    context.publications = srv->opts.publications;
+    auto made = transform::make_output_plugin(s->plugin, options, context, [this](lsn at, std::string_view text) { write_xlog(at, text); });
     if (!made.plugin) {
       co_await error(made.sqlstate, made.error);
       co_return;
@@ -1403,6 +1406,8 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
             t.info.end_lsn = e->txn_end.valid() ? e->txn_end : c.txn->end_lsn;   // (a streamed one's record has it)
             t.info.commit_time = c.txn->commit_time;
             t.info.has_origin = c.txn->origin.has_value();
+            t.info.origin = c.txn->origin.value_or(std::string());
+            t.info.origin_lsn = c.txn->origin_lsn;
             if (!t.info.end_lsn.valid() && plugin->needs_end_at_begin()) {
               // (read ahead to the transaction's last event, which knows it; `view` is untouched)
               auto end = co_await find_transaction_end(e->seq, e->id.commit_lsn);

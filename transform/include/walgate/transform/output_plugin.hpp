@@ -35,6 +35,8 @@ struct plugin_transaction {
   protocol::lsn end_lsn;      ///< the commit record's end
   std::int64_t commit_time = 0;
   bool has_origin = false;
+  std::string origin;          ///< its replication origin's name, when it has one
+  protocol::lsn origin_lsn;    ///< and that origin's LSN
 };
 
 using plugin_sink = std::function<void(protocol::lsn at, std::string_view bytes)>;
@@ -83,11 +85,17 @@ bool pg_parse_bool(std::string_view v, bool& out);
 
 std::unique_ptr<output_plugin> make_test_decoding_plugin(const test_decoding_options& o, plugin_sink sink);
 
-/// The plugins walgate emulates: "test_decoding" and "wal2json".
+/// The plugins walgate emulates: "test_decoding", "wal2json" and "pgoutput".
 bool is_emulated_plugin(std::string_view name);
 
+/// What a plugin's startup may check its options against.
+struct plugin_context {
+  int server_major = 18;                   ///< the upstream's (test_decoding's output changed in 17; pgoutput's protocol versions)
+  std::vector<std::string> publications;   ///< walgate's own (pgoutput's publication_names must be among them)
+};
+
 /// The plugin with START_REPLICATION's options, as its startup callback parses them.
-/// server_major: the upstream's (test_decoding's output changed in 17).
-plugin_made make_output_plugin(std::string_view name, const plugin_options& options, int server_major, plugin_sink sink);
+plugin_made make_output_plugin(std::string_view name, const plugin_options& options, const plugin_context& context,
+                               plugin_sink sink);
 
 }  // namespace walgate::transform

@@ -94,6 +94,8 @@ struct replication_server_options {
   /// --tls-cert/--tls-key: an SSLRequest is answered 'S' and the connection goes on in TLS (and
   /// SCRAM-SHA-256-PLUS is offered, bound to this certificate); "" : 'N'.
   std::string tls_cert, tls_key;
+  /// walgate's publications (--publication): what a pgoutput subscriber may ask for.
+  std::vector<std::string> publications;
 };
 
 /// The users of a --replication-users file: a "NAME VERIFIER" line each, the verifier in

@@ -238,6 +238,10 @@ const std::vector<setting>& settings() {
                        "event log a downstream slot may hold (retention keeps what it has not confirmed) before it "
                        "is invalidated, as max_slot_wal_keep_size; 0: no limit",
                        &config::replication_slot_max_mb, 0, 16'777'216, on_serve));
+    s.push_back(choice<bool>("replication-sql",
+                             "none: SQL on a replication connection is an error; forward: one statement runs on the "
+                             "upstream in a READ ONLY transaction, rolled back, its result relayed (subscribers' catalog queries)",
+                             &config::replication_sql_forward, {{"none", false}, {"forward", true}}));
     s.push_back(number("replication-timeout", "a replication client silent this long is disconnected, s (1-3600)",
                        &config::replication_timeout_s, 1, 3600, on_serve, " s"));
     s.push_back(text("data-dir", "directory of the event log", &config::data_dir, on_serve,

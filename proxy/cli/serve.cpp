@@ -21,6 +21,7 @@
 #include "walgate/proxy/pg_connection.hpp"
 #include "walgate/proxy/replication_client.hpp"
 #include "walgate/proxy/replication_server.hpp"
+#include "walgate/proxy/sql_forwarder.hpp"
 #include "walgate/proxy/server.hpp"
 
 #include <boost/asio/as_tuple.hpp>
@@ -662,6 +663,7 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
   }
   // walgate's own walsender (started below, once the HTTP server listens): its metrics read
   // through this pointer.
+  std::unique_ptr<proxy::sql_forwarder> forwarder;   // (--replication-sql forward; before walsender: it outlives it)
   std::unique_ptr<proxy::replication_server> walsender;
   if (!s.replication_listen.empty()) {
     so.extra_metrics.push_back([&walsender](proxy::metrics_registry& m) {
@@ -700,13 +702,21 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
     ro.publications = s.publications;
     ro.tls_cert = s.tls_cert;
     ro.tls_key = s.tls_key;
+    if (s.replication_sql_forward) {
+      forwarder = std::make_unique<proxy::sql_forwarder>(libpq_conninfo,
+                                                        [&io](std::function<void()> f) { asio::post(io, std::move(f)); });
+      ro.run_sql = [&forwarder](std::string sql, std::function<void(std::string)> done) {
+        forwarder->run(std::move(sql), std::move(done));
+      };
+    }
     walsender = std::make_unique<proxy::replication_server>(io, std::move(ro), *log);
     if (!walsender->start(error)) {
       log_line(error);
       return 1;
     }
     log_line("replication clients served on " + s.replication_listen_host + ":" + std::to_string(walsender->port()) +
-             " (logical, test_decoding; " +
+             " (logical: test_decoding, wal2json, pgoutput; " + (s.tls_cert.empty() ? "" : "TLS; ") +
+             (s.replication_sql_forward ? "SQL forwarded read-only; " : "") +
              (s.replication_users.empty() ? std::string("trust on loopback")
                                           : "SCRAM-SHA-256, " + std::to_string(walsender->users()) + " user(s)") +
              ")");

@@ -1294,3 +1294,100 @@ TEST_CASE("TLS on --replication-listen with --tls-cert/--tls-key: 'S', SCRAM-SHA
                          std::chrono::seconds(10)));
   CHECK(connect(verified + " password='tls pass' channel_binding=require") == "ok, TLS");
 }
+
+TEST_CASE("a PostgreSQL subscriber applies from walgate (pgoutput, --replication-sql forward) under a writer, through three kill -9 of walgate: equal tables, no duplicate key") {
+  fixture f;
+  const char* schema =
+      "CREATE TYPE mood AS ENUM ('sad', 'happy');"
+      "CREATE TABLE sub_a (id int PRIMARY KEY, v text, m mood, n numeric(10,2), at timestamptz);"
+      "CREATE TABLE sub_full (id int PRIMARY KEY, v text); ALTER TABLE sub_full REPLICA IDENTITY FULL;";
+  f.pg->sql(schema);
+  f.pg->sql("CREATE PUBLICATION ws_pub FOR ALL TABLES");
+  f.extra_args = {"--replication-sql", "forward"};
+  f.start_walgate();
+  // The subscriber: the same server version, the same tables.
+  proxy::cluster_options so;
+  so.name = "subscriber";
+  std::string error;
+  auto sub = proxy::local_cluster::start(so, error);
+  REQUIRE_MESSAGE(sub, error);
+  sub->sql(schema);
+  // A SQL statement through the walsender: run upstream read-only, relayed; a write refused by
+  // the server; two statements at once refused too.
+  {
+    PGconn* c = PQconnectdb((f.downstream() + " replication=database").c_str());
+    REQUIRE(PQstatus(c) == CONNECTION_OK);
+    PGresult* r = PQexec(c, "SELECT pubname, puballtables FROM pg_catalog.pg_publication ORDER BY 1");
+    REQUIRE(PQresultStatus(r) == PGRES_TUPLES_OK);
+    CHECK(PQntuples(r) == 1);
+    CHECK(std::string(PQgetvalue(r, 0, 0)) == "ws_pub");
+    CHECK(std::string(PQgetvalue(r, 0, 1)) == "t");
+    CHECK(PQftype(r, 1) == 16);   // (the server's RowDescription: bool)
+    PQclear(r);
+    r = PQexec(c, "INSERT INTO sub_a (id) VALUES (-1)");
+    CHECK(std::string(PQresultErrorField(r, PG_DIAG_SQLSTATE)) == "25006");   // read-only transaction
+    PQclear(r);
+    r = PQexec(c, "COMMIT; INSERT INTO sub_a (id) VALUES (-2)");
+    CHECK(PQresultStatus(r) == PGRES_FATAL_ERROR);
+    PQclear(r);
+    r = PQexec(c, "IDENTIFY_SYSTEM");   // (the connection goes on)
+    CHECK(PQresultStatus(r) == PGRES_TUPLES_OK);
+    PQclear(r);
+    PQfinish(c);
+    CHECK(f.pg->sql("SELECT count(*) FROM sub_a")[0][0].value() == "0");
+  }
+  sub->sql("CREATE SUBSCRIPTION ws_sub CONNECTION '" + f.downstream() +
+           "' PUBLICATION ws_pub WITH (copy_data = false)");
+  // A writer throughout: inserts, updates (the enum, a FULL table), deletes, one a transaction.
+  std::atomic<bool> stop{false};
+  std::atomic<int> done{0};
+  std::thread writer([&] {
+    sql_conn c(f.upstream());
+    for (int i = 1; !stop; ++i) {
+      const std::string n = std::to_string(i);
+      const bool ok = c.exec("BEGIN; INSERT INTO sub_a VALUES (" + n + ", md5('" + n + "'), '" + (i % 2 ? "happy" : "sad") +
+                             "', " + n + ".25, now()); INSERT INTO sub_full VALUES (" + n + ", 'x'); "
+                             "UPDATE sub_a SET v = 'u' || v, m = 'sad' WHERE id = " + std::to_string(i / 2) + "; "
+                             "UPDATE sub_full SET v = 'y' WHERE id = " + std::to_string(i / 3) + "; "
+                             "DELETE FROM sub_full WHERE id = " + std::to_string(i / 4) + "; COMMIT");
+      if (ok) done = i;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  auto same = [&] {
+    const std::string q =
+        "SELECT (SELECT coalesce(md5(string_agg(format('%s|%s|%s|%s|%s', id, v, m, n, at), ',' ORDER BY id)), '') FROM sub_a) || "
+        "(SELECT coalesce(md5(string_agg(format('%s|%s', id, v), ',' ORDER BY id)), '') FROM sub_full)";
+    const auto a = f.pg->sql(q), b = sub->sql(q);
+    return !a.empty() && !b.empty() && a[0][0] == b[0][0];
+  };
+  auto applied = [&] { return std::stoi(sub->sql("SELECT count(*) FROM sub_a")[0][0].value_or("0")); };
+  // Each round: the subscriber streaming from this walgate and applying, then walgate killed
+  // mid-stream (the subscriber reconnects by itself, wal_retrieve_retry_interval later).
+  for (int round = 1; round <= 3; ++round) {
+    REQUIRE_MESSAGE(test::wait_until([&] { return f.gw.this_run().find("ws_sub streaming to connection") != std::string::npos; },
+                                     std::chrono::seconds(60)),
+                    f.gw.log());
+    const int before = applied();
+    REQUIRE(test::wait_until([&] { return applied() > before + 20; }, std::chrono::seconds(60)));
+    CHECK(f.gw.kill_with(SIGKILL) == 128 + SIGKILL);
+    f.start_walgate();
+  }
+  REQUIRE(test::wait_until([&] { return done > 400; }, std::chrono::seconds(120)));
+  stop = true;
+  writer.join();
+  const bool equal = test::wait_until(same, std::chrono::seconds(120));
+  const auto sub_log = read_file(sub->log_file());
+  CHECK_MESSAGE(equal, "the subscriber did not end equal (upstream " << f.pg->sql("SELECT count(*) || ' ' || max(id) FROM sub_a")[0][0].value_or("")
+                                                                       << ", subscriber " << sub->sql("SELECT count(*) || ' ' || max(id) FROM sub_a")[0][0].value_or("")
+                                                                       << "); its log:\n" << sub_log.substr(sub_log.size() > 6000 ? sub_log.size() - 6000 : 0)
+                                                                        << "\nwalgate's:\n" << f.gw.log());
+  CHECK(sub_log.find("duplicate key") == std::string::npos);
+  CHECK(sub->sql("SELECT count(*) FROM sub_a")[0][0].value() == std::to_string(done.load()));
+  std::size_t starts = 0;
+  for (auto at = sub_log.find("apply worker for subscription"); at != std::string::npos; at = sub_log.find("apply worker for subscription", at + 1))
+    ++starts;
+  CHECK(starts >= 4);   // (the first start and one after each kill)
+  MESSAGE("writer transactions: " << done.load() << "; the subscriber's apply worker started " << starts << " times");
+  sub->sql("ALTER SUBSCRIPTION ws_sub DISABLE; ALTER SUBSCRIPTION ws_sub SET (slot_name = NONE); DROP SUBSCRIPTION ws_sub");
+}

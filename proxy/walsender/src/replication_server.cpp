@@ -887,8 +887,32 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
     }
       co_return;
     }
-    co_await error("0A000", "walgate's walsender does not run SQL",
-                   "it answers replication commands; forwarding SQL to the upstream (--replication-sql) is not built yet");
+    if (!srv->opts.run_sql) {
+      co_await error("0A000", "walgate's walsender does not run SQL",
+                     "it answers replication commands; with --replication-sql forward a statement runs on the upstream, read-only");
+      co_return;
+    }
+    // --replication-sql forward: on the forwarder's threads; this connection waits for the
+    // result (the loop does not).
+    struct forwarded {
+      explicit forwarded(asio::any_io_executor ex) : timer(ex, asio::steady_timer::time_point::max()) {}
+      asio::steady_timer timer;
+      std::string bytes;
+      bool done = false;
+    };
+    auto state = std::make_shared<forwarded>(socket.get_executor());
+    srv->opts.run_sql(text, [state](std::string bytes) {
+      state->bytes = std::move(bytes);
+      state->done = true;
+      state->timer.cancel();
+    });
+    while (!state->done && !closed) {
+      boost::system::error_code ec;
+      co_await state->timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    }
+    if (closed) co_return;
+    std::string bytes = std::move(state->bytes) + ws::build_ready_for_query('I');
+    co_await send(std::move(bytes));
     co_return;
   }
 

@@ -96,6 +96,9 @@ struct replication_server_options {
   std::string tls_cert, tls_key;
   /// walgate's publications (--publication): what a pgoutput subscriber may ask for.
   std::vector<std::string> publications;
+  /// --replication-sql forward: runs a SQL statement upstream read-only and calls done, on the
+  /// event loop, with the backend messages to relay (sql_forwarder); unset: SQL is an error.
+  std::function<void(std::string sql, std::function<void(std::string)> done)> run_sql;
 };
 
 /// The users of a --replication-users file: a "NAME VERIFIER" line each, the verifier in

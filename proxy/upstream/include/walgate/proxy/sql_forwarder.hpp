@@ -1,0 +1,56 @@
+// --replication-sql forward: a SQL statement a replication client sends (a subscriber's catalog
+// queries, Debezium's) run on the upstream on a connection of walgate's own, in a READ ONLY
+// transaction that is rolled back, its result relayed as the backend messages a server sends
+// for it. On threads of their own (libpq blocks): never on the event loop.
+//
+// Assumptions, each broken by a test in tests/proxy/replication_server_test.cpp:
+// - one statement: it runs through the extended protocol (PQexecParams), which takes one
+//   statement alone — "COMMIT; INSERT …" is the server's error, not two statements;
+// - nothing writes: the statement runs inside BEGIN READ ONLY (a write is the server's 25006
+//   error) and the transaction is rolled back whatever it did;
+// - bounded: at most max_running statements at once and max_queued waiting (more: an error
+//   at once), each under a statement timeout.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace walgate::proxy {
+
+/// Runs sql on conninfo as above; the backend messages to relay (RowDescription, DataRows and
+/// CommandComplete; EmptyQueryResponse; or the server's ErrorResponse), without ReadyForQuery.
+std::string forward_read_only(const std::string& conninfo, const std::string& sql, long statement_timeout_ms);
+
+class sql_forwarder {
+ public:
+  /// post: runs a function on the event loop (where done is called).
+  sql_forwarder(std::string conninfo, std::function<void(std::function<void()>)> post, std::size_t max_running = 4,
+                std::size_t max_queued = 16, long statement_timeout_ms = 10'000);
+  ~sql_forwarder();   ///< waits for the statements under way (at most their timeout)
+  sql_forwarder(const sql_forwarder&) = delete;
+  sql_forwarder& operator=(const sql_forwarder&) = delete;
+
+  /// Queues sql; done gets the messages to relay, on the event loop.
+  void run(std::string sql, std::function<void(std::string)> done);
+
+ private:
+  void work();
+  std::string conninfo_;
+  std::function<void(std::function<void()>)> post_;
+  std::size_t max_running_, max_queued_;
+  long timeout_ms_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::pair<std::string, std::function<void(std::string)>>> queue_;
+  std::vector<std::thread> threads_;
+  std::size_t idle_ = 0;
+  bool stopping_ = false;
+};
+
+}  // namespace walgate::proxy

@@ -702,13 +702,16 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
     ro.publications = s.publications;
     ro.tls_cert = s.tls_cert;
     ro.tls_key = s.tls_key;
-    if (s.replication_sql_forward) {
-      forwarder = std::make_unique<proxy::sql_forwarder>(libpq_conninfo,
-                                                        [&io](std::function<void()> f) { asio::post(io, std::move(f)); });
+    forwarder = std::make_unique<proxy::sql_forwarder>(libpq_conninfo,
+                                                      [&io](std::function<void()> f) { asio::post(io, std::move(f)); });
+    if (s.replication_sql_forward)
       ro.run_sql = [&forwarder](std::string sql, std::function<void(std::string)> done) {
         forwarder->run(std::move(sql), std::move(done));
       };
-    }
+    ro.published_tables = [&forwarder, pubs = s.publications](
+                              std::function<void(std::optional<proxy::sql_forwarder::table_list>, std::string)> done) {
+      forwarder->published_tables(pubs, std::move(done));
+    };
     walsender = std::make_unique<proxy::replication_server>(io, std::move(ro), *log);
     if (!walsender->start(error)) {
       log_line(error);

@@ -382,6 +382,22 @@ TEST_CASE("pg_recvlogical reads wal2json from walgate, format-version 1 and 2, b
   CHECK(v2.find("\"identity\":[{\"name\":\"id\",\"type\":\"integer\",\"value\":2},{\"name\":\"v\",\"type\":\"text\",\"value\":\"b\"},{\"name\":\"w\",\"type\":\"text\",\"value\":\"c\"}]") != std::string::npos);
   CHECK(pretty.find("\n\t\"xid\": ") != std::string::npos);
   CHECK(f.gw.log().find("replication slot wj0 made (wal2json)") != std::string::npos);
+  // A table named in add-tables that walgate's publication does not publish: an error, never a
+  // stream that stays empty; one it publishes (or a pattern matching one) streams.
+  auto down = recvlogical_once({"-d", f.downstream(), "--slot", "wjx", "--plugin", "wal2json", "--create-slot"}, f.dir);
+  REQUIRE_MESSAGE(down.first == 0, down.second);
+  for (const std::string named : {"public.nope", "nowhere.*", "public.ws_full,*.nope"}) {
+    INFO(named);
+    auto refused = recvlogical_once({"-d", f.downstream(), "--slot", "wjx", "--start", "--no-loop", "-o", "add-tables=" + named,
+                                     "-f", "-"},
+                                    f.dir);
+    CHECK(refused.first != 0);
+    CHECK(refused.second.find("named by the client is not in walgate's publication \"ws_pub\"") != std::string::npos);
+  }
+  auto accepted = recvlogical_once({"-d", f.downstream(), "--slot", "wjx", "--start", "--no-loop", "-o",
+                                    "add-tables=public.ws_full,*.ws_big", "--endpos", "0/1", "-f", "-"},
+                                   f.dir);
+  CHECK_MESSAGE(accepted.first == 0, accepted.second << f.gw.log());
 }
 
 TEST_CASE("50 downstream slots on one upstream slot, wal2json through the standard workload's shape: each consumer's bytes the real plugin's") {
@@ -642,8 +658,8 @@ TEST_CASE("what a replication client may send wrong: PostgreSQL's errors, walgat
         "42710 ERROR:  replication slot \"e1\" already exists\n");
   CHECK(error_of(a, "CREATE_REPLICATION_SLOT \"E-1\" LOGICAL test_decoding (SNAPSHOT 'nothing')")
             .rfind("42602 ERROR:  replication slot name \"E-1\" contains invalid character", 0) == 0);
-  CHECK(error_of(a, "CREATE_REPLICATION_SLOT e2 LOGICAL pgoutput (SNAPSHOT 'nothing')")
-            .find("output plugin \"pgoutput\" is not served by walgate yet") != std::string::npos);
+  CHECK(error_of(a, "CREATE_REPLICATION_SLOT e2 LOGICAL decoderbufs (SNAPSHOT 'nothing')")
+            .find("output plugin \"decoderbufs\" is not served by walgate yet") != std::string::npos);
   CHECK(error_of(a, "CREATE_REPLICATION_SLOT e2 LOGICAL test_decoding").find("cannot export a snapshot") != std::string::npos);
   CHECK(error_of(a, "CREATE_REPLICATION_SLOT e2 PHYSICAL").find("physical slots are not made here") != std::string::npos);
   CHECK(error_of(a, "START_REPLICATION 0/0").find("physical replication is not served here") != std::string::npos);

@@ -256,6 +256,11 @@ class wal2json_plugin final : public output_plugin {
     if (c.message && failed_.empty()) message_of(nullptr, c);
   }
   bool needs_end_at_begin() const override { return o_.include_lsn; }
+  std::vector<table_pattern> named_tables() const override {
+    // (the default "*.*" names nothing)
+    if (o_.add_tables.size() == 1 && o_.add_tables[0].all_schemas && o_.add_tables[0].all_tables) return {};
+    return o_.add_tables;
+  }
 
  private:
   void emit(protocol::lsn at, std::string_view bytes) { sink_(at, bytes); }

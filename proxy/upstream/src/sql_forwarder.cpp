@@ -110,16 +110,44 @@ sql_forwarder::~sql_forwarder() {
 }
 
 void sql_forwarder::run(std::string sql, std::function<void(std::string)> done) {
+  submit(
+      [this, sql = std::move(sql), done]() -> std::function<void()> {
+        std::string bytes = forward_read_only(conninfo_, sql, timeout_ms_);
+        return [done, bytes = std::move(bytes)] { done(bytes); };
+      },
+      [done] { done(walgate_error("53300", "too many SQL statements forwarded to the upstream at once: try again")); });
+}
+
+void sql_forwarder::published_tables(std::vector<std::string> publications,
+                                     std::function<void(std::optional<table_list>, std::string)> done) {
+  submit(
+      [this, publications = std::move(publications), done]() -> std::function<void()> {
+        std::string error;
+        std::optional<table_list> out;
+        if (PGconn* c = snapshot_sql::connect(conninfo_, "walgate replication tables", timeout_ms_, error)) {
+          if (auto found = snapshot_sql::published_tables(c, publications, {}, error)) {
+            out.emplace();
+            for (const auto& [name, def] : *found) out->push_back(name);
+          }
+          PQfinish(c);
+        }
+        return [done, out = std::move(out), error = std::move(error)] { done(out, error); };
+      },
+      [done] { done(std::nullopt, "too many lookups of the upstream at once"); });
+}
+
+void sql_forwarder::submit(std::function<std::function<void()>()> work, const std::function<void()>& overflow) {
+  bool full = false;
   {
     std::lock_guard lock(mutex_);
-    if (queue_.size() >= max_queued_) {
-      done(walgate_error("53300", "too many SQL statements forwarded to the upstream at once: try again"));
-      return;
+    full = queue_.size() >= max_queued_;
+    if (!full) {
+      queue_.push_back(std::move(work));
+      if (idle_ == 0 && threads_.size() < max_running_) threads_.emplace_back([this] { this->work(); });
     }
-    queue_.emplace_back(std::move(sql), std::move(done));
-    if (idle_ == 0 && threads_.size() < max_running_) threads_.emplace_back([this] { work(); });
   }
-  wake_.notify_one();
+  if (full) overflow();   // (outside the lock: it calls the caller back)
+  else wake_.notify_one();
 }
 
 void sql_forwarder::work() {
@@ -129,11 +157,10 @@ void sql_forwarder::work() {
     wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
     --idle_;
     if (stopping_) return;
-    auto [sql, done] = std::move(queue_.front());
+    auto job = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
-    std::string bytes = forward_read_only(conninfo_, sql, timeout_ms_);
-    post_([done = std::move(done), bytes = std::move(bytes)] { done(bytes); });
+    post_(job());
     lock.lock();
   }
 }

@@ -548,16 +548,19 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
       const auto what = r.packet.what;
       if ((what == ws::startup_packet::kind::ssl_request || what == ws::startup_packet::kind::gssenc_request) && tls) {
         // (a second negotiation inside TLS: PostgreSQL's own refusal)
-        co_await fatal("08P01", std::string("unsupported frontend protocol ") +
-                                    (what == ws::startup_packet::kind::ssl_request ? "1234.5679" : "1234.5680") +
-                                    ": server supports 3.0 to 3.0");
+        std::string message = "unsupported frontend protocol ";
+        message += what == ws::startup_packet::kind::ssl_request ? "1234.5679" : "1234.5680";
+        message += ": server supports 3.0 to 3.0";
+        co_await fatal("08P01", std::move(message));
         co_return false;
       }
       if (what == ws::startup_packet::kind::ssl_request || what == ws::startup_packet::kind::gssenc_request) {
         in.erase(0, r.packet.size);
         if (!in.empty()) {   // bytes after an SSLRequest before the answer: PostgreSQL refuses them too
-          co_await fatal("08P01", what == ws::startup_packet::kind::ssl_request ? "received unencrypted data after SSL request"
-                                                                                 : "received unencrypted data after GSSAPI encryption request");
+          std::string message = what == ws::startup_packet::kind::ssl_request
+                                    ? "received unencrypted data after SSL request"
+                                    : "received unencrypted data after GSSAPI encryption request";
+          co_await fatal("08P01", std::move(message));
           co_return false;
         }
         // TLS with --tls-cert/--tls-key: 'S' and the handshake (under the startup's time limit);
@@ -1129,6 +1132,51 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
     if (!made.plugin) {
       co_await error(made.sqlstate, made.error);
       co_return;
+    }
+    if (const auto named = made.plugin->named_tables(); !named.empty() && srv->opts.published_tables) {
+      // Each table the client names must be one walgate's publications publish (looked up on the
+      // upstream, off the loop): a stream that could never hold it is an error, not an empty stream.
+      struct lookup {
+        explicit lookup(asio::any_io_executor ex) : timer(ex, asio::steady_timer::time_point::max()) {}
+        asio::steady_timer timer;
+        std::optional<replication_server_options::table_list> tables;
+        std::string why;
+        bool done = false;
+      };
+      auto state = std::make_shared<lookup>(socket.get_executor());
+      srv->opts.published_tables([state](std::optional<replication_server_options::table_list> t, std::string why) {
+        state->tables = std::move(t);
+        state->why = std::move(why);
+        state->done = true;
+        state->timer.cancel();
+      });
+      while (!state->done && !closed) {
+        boost::system::error_code ec;
+        co_await state->timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      }
+      if (closed) co_return;
+      if (!state->tables) {
+        co_await error("58000", "cannot check the tables named against walgate's publication: " + state->why);
+        co_return;
+      }
+      for (const auto& p : named) {
+        bool found = false;
+        for (const auto& [schema, table] : *state->tables)
+          found = found || ((p.all_schemas || p.schema == schema) && (p.all_tables || p.table == table));
+        if (!found) {
+          // (the text made before the co_await: GCC 12 mishandles a conditional's temporaries in one)
+          std::string pubs;
+          for (const auto& n : srv->opts.publications) pubs += (pubs.empty() ? "\"" : ", \"") + n + "\"";
+          std::string message = "table \"";
+          message += p.all_schemas ? std::string("*") : p.schema;
+          message += ".";
+          message += p.all_tables ? std::string("*") : p.table;
+          message += "\" named by the client is not in walgate's publication " + pubs;
+          std::string hint = "walgate's log holds the changes of its publication's tables alone";
+          co_await error("42P01", std::move(message), std::string(), std::move(hint));
+          co_return;
+        }
+      }
     }
     const lsn from = std::max(c.start, s->confirmed_flush);
     // Where to begin reading: the stream itself skips every transaction whose commit LSN is below

@@ -28,6 +28,12 @@
 
 namespace walgate::transform {
 
+/// A table a client names in its options: "schema.table", a "*" for either part.
+struct table_pattern {
+  std::string schema, table;
+  bool all_schemas = false, all_tables = false;
+};
+
 /// What a plugin knows of the transaction it is in (a copy: the log's views are reused).
 struct plugin_transaction {
   std::uint32_t xid = 0;
@@ -57,6 +63,10 @@ class output_plugin {
   /// caller then finds it before the first change (the log knows it at the transaction's last
   /// event); otherwise end_lsn has to be right by commit() only.
   virtual bool needs_end_at_begin() const { return false; }
+  /// The tables the client asked for by name (wal2json's add-tables): each must match a table
+  /// walgate's publications publish — a stream that could never hold one is an error, not an
+  /// empty stream. Empty: none named.
+  virtual std::vector<table_pattern> named_tables() const { return {}; }
   /// Set when the stream has to end with an ERROR (the real plugin's), e.g. a wal2json
   /// format-version 1 transaction past PostgreSQL's 1 GiB string limit.
   const std::string& failed() const { return failed_; }

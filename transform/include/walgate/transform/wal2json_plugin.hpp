@@ -34,10 +34,7 @@
 
 namespace walgate::transform {
 
-struct wal2json_table {
-  std::string schema, table;
-  bool all_schemas = false, all_tables = false;
-};
+using wal2json_table = table_pattern;
 
 struct wal2json_options {
   int format_version = 1;

@@ -17,6 +17,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,7 +40,16 @@ class sql_forwarder {
   /// Queues sql; done gets the messages to relay, on the event loop.
   void run(std::string sql, std::function<void(std::string)> done);
 
+  /// The (schema, table) pairs the publications publish, looked up on a thread; done on the
+  /// event loop with them, or nullopt and why.
+  using table_list = std::vector<std::pair<std::string, std::string>>;
+  void published_tables(std::vector<std::string> publications,
+                        std::function<void(std::optional<table_list>, std::string)> done);
+
  private:
+  /// work runs on a thread and returns what is then posted to the loop; overflow runs at once
+  /// when the queue is full.
+  void submit(std::function<std::function<void()>()> work, const std::function<void()>& overflow);
   void work();
   std::string conninfo_;
   std::function<void(std::function<void()>)> post_;
@@ -47,7 +57,7 @@ class sql_forwarder {
   long timeout_ms_;
   std::mutex mutex_;
   std::condition_variable wake_;
-  std::deque<std::pair<std::string, std::function<void(std::string)>>> queue_;
+  std::deque<std::function<std::function<void()>()>> queue_;
   std::vector<std::thread> threads_;
   std::size_t idle_ = 0;
   bool stopping_ = false;

@@ -99,6 +99,10 @@ struct replication_server_options {
   /// --replication-sql forward: runs a SQL statement upstream read-only and calls done, on the
   /// event loop, with the backend messages to relay (sql_forwarder); unset: SQL is an error.
   std::function<void(std::string sql, std::function<void(std::string)> done)> run_sql;
+  /// Looks up the (schema, table) pairs walgate's publications publish, off the loop; done on
+  /// the loop with them, or nullopt and why. Unset: tables a client names are not checked.
+  using table_list = std::vector<std::pair<std::string, std::string>>;
+  std::function<void(std::function<void(std::optional<table_list>, std::string)> done)> published_tables;
 };
 
 /// The users of a --replication-users file: a "NAME VERIFIER" line each, the verifier in

@@ -497,6 +497,29 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
     co_return co_await send(error_message("ERROR", sqlstate, message, detail, hint) + ws::build_ready_for_query('I'));
   }
 
+  /// A result made off the loop (a forwarded statement, a catalog lookup) that this connection's
+  /// coroutine waits for: set() — on the loop — keeps it and wakes the waiter. Shared with the
+  /// callback, so a result that comes after the connection ended lands nowhere harmful.
+  template <class T>
+  struct off_loop {
+    explicit off_loop(asio::any_io_executor ex) : timer(ex, asio::steady_timer::time_point::max()) {}
+    asio::steady_timer timer;
+    std::optional<T> value;
+    void set(T v) {
+      value = std::move(v);
+      timer.cancel();
+    }
+  };
+  /// Until the result is there; false when the connection ended meanwhile.
+  template <class T>
+  awaitable<bool> wait_for(std::shared_ptr<off_loop<T>> state) {
+    while (!state->value && !closed) {
+      boost::system::error_code ec;
+      co_await state->timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    }
+    co_return !closed;
+  }
+
   bool started = false;   ///< the startup is over (the startup timer closes the connection until then)
   asio::steady_timer startup_timer{socket.get_executor()};
 
@@ -897,24 +920,10 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
     }
     // --replication-sql forward: on the forwarder's threads; this connection waits for the
     // result (the loop does not).
-    struct forwarded {
-      explicit forwarded(asio::any_io_executor ex) : timer(ex, asio::steady_timer::time_point::max()) {}
-      asio::steady_timer timer;
-      std::string bytes;
-      bool done = false;
-    };
-    auto state = std::make_shared<forwarded>(socket.get_executor());
-    srv->opts.run_sql(text, [state](std::string bytes) {
-      state->bytes = std::move(bytes);
-      state->done = true;
-      state->timer.cancel();
-    });
-    while (!state->done && !closed) {
-      boost::system::error_code ec;
-      co_await state->timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-    }
-    if (closed) co_return;
-    std::string bytes = std::move(state->bytes) + ws::build_ready_for_query('I');
+    auto state = std::make_shared<off_loop<std::string>>(socket.get_executor());
+    srv->opts.run_sql(text, [state](std::string bytes) { state->set(std::move(bytes)); });
+    if (!co_await wait_for(state)) co_return;
+    std::string bytes = std::move(*state->value) + ws::build_ready_for_query('I');
     co_await send(std::move(bytes));
     co_return;
   }
@@ -1136,32 +1145,20 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
     if (const auto named = made.plugin->named_tables(); !named.empty() && srv->opts.published_tables) {
       // Each table the client names must be one walgate's publications publish (looked up on the
       // upstream, off the loop): a stream that could never hold it is an error, not an empty stream.
-      struct lookup {
-        explicit lookup(asio::any_io_executor ex) : timer(ex, asio::steady_timer::time_point::max()) {}
-        asio::steady_timer timer;
-        std::optional<replication_server_options::table_list> tables;
-        std::string why;
-        bool done = false;
-      };
-      auto state = std::make_shared<lookup>(socket.get_executor());
+      using found = std::pair<std::optional<replication_server_options::table_list>, std::string>;
+      auto state = std::make_shared<off_loop<found>>(socket.get_executor());
       srv->opts.published_tables([state](std::optional<replication_server_options::table_list> t, std::string why) {
-        state->tables = std::move(t);
-        state->why = std::move(why);
-        state->done = true;
-        state->timer.cancel();
+        state->set(found(std::move(t), std::move(why)));
       });
-      while (!state->done && !closed) {
-        boost::system::error_code ec;
-        co_await state->timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-      }
-      if (closed) co_return;
-      if (!state->tables) {
-        co_await error("58000", "cannot check the tables named against walgate's publication: " + state->why);
+      if (!co_await wait_for(state)) co_return;
+      const auto& tables = state->value->first;
+      if (!tables) {
+        co_await error("58000", "cannot check the tables named against walgate's publication: " + state->value->second);
         co_return;
       }
       for (const auto& p : named) {
         bool found = false;
-        for (const auto& [schema, table] : *state->tables)
+        for (const auto& [schema, table] : *tables)
           found = found || ((p.all_schemas || p.schema == schema) && (p.all_tables || p.table == table));
         if (!found) {
           // (the text made before the co_await: GCC 12 mishandles a conditional's temporaries in one)

@@ -242,6 +242,10 @@ const std::vector<setting>& settings() {
                              "none: SQL on a replication connection is an error; forward: one statement runs on the "
                              "upstream in a READ ONLY transaction, rolled back, its result relayed (subscribers' catalog queries)",
                              &config::replication_sql_forward, {{"none", false}, {"forward", true}}));
+    s.push_back(text("replication-sql-pg",
+                     "libpq conninfo forwarded SQL runs on: a role without REPLICATION that may read the catalogs "
+                     "(empty: --pg's, walgate's own role)",
+                     &config::replication_sql_pg, on_serve));
     s.push_back(number("replication-timeout", "a replication client silent this long is disconnected, s (1-3600)",
                        &config::replication_timeout_s, 1, 3600, on_serve, " s"));
     s.push_back(text("data-dir", "directory of the event log", &config::data_dir, on_serve,

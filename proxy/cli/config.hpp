@@ -31,6 +31,7 @@ struct config {
   std::size_t replication_slot_max_mb = 10240;   ///< a downstream slot holding more of the log is invalidated (0: no limit)
   std::size_t replication_timeout_s = 60;     ///< a replication client silent this long is disconnected
   bool replication_sql_forward = false;       ///< --replication-sql forward: SQL on a replication connection runs upstream, read-only
+  std::string replication_sql_pg;             ///< the conninfo forwarded SQL runs on ("": --pg's)
   bool allow_unauthenticated = false;
   bool auth_jwt = false;                ///< --auth jwt: stream clients need a bearer token (a JWT)
   std::string jwt_secret_file, jwks_file, jwt_issuer, jwt_audience;

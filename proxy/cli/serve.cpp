@@ -702,7 +702,7 @@ int serve(const config& s, const std::function<void(std::uint16_t)>& on_listenin
     ro.publications = s.publications;
     ro.tls_cert = s.tls_cert;
     ro.tls_key = s.tls_key;
-    forwarder = std::make_unique<proxy::sql_forwarder>(libpq_conninfo,
+    forwarder = std::make_unique<proxy::sql_forwarder>(s.replication_sql_pg.empty() ? libpq_conninfo : s.replication_sql_pg,
                                                       [&io](std::function<void()> f) { asio::post(io, std::move(f)); });
     if (s.replication_sql_forward)
       ro.run_sql = [&forwarder](std::string sql, std::function<void(std::string)> done) {

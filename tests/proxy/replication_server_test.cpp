@@ -1354,11 +1354,33 @@ TEST_CASE("a PostgreSQL subscriber applies from walgate (pgoutput, --replication
     CHECK(std::string(PQgetvalue(r, 0, 1)) == "t");
     CHECK(PQftype(r, 1) == 16);   // (the server's RowDescription: bool)
     PQclear(r);
-    r = PQexec(c, "INSERT INTO sub_a (id) VALUES (-1)");
-    CHECK(std::string(PQresultErrorField(r, PG_DIAG_SQLSTATE)) == "25006");   // read-only transaction
+    r = PQexec(c, "INSERT INTO sub_a (id) VALUES (-1)");   // (no query: not sent)
+    CHECK(std::string(PQresultErrorField(r, PG_DIAG_SQLSTATE)) == "42501");
+    PQclear(r);
+    r = PQexec(c, "WITH w AS (INSERT INTO sub_a (id) VALUES (-1) RETURNING id) SELECT id FROM w");
+    CHECK(std::string(PQresultErrorField(r, PG_DIAG_SQLSTATE)) == "25006");   // (sent: the read-only transaction refuses it)
     PQclear(r);
     r = PQexec(c, "COMMIT; INSERT INTO sub_a (id) VALUES (-2)");
     CHECK(PQresultStatus(r) == PGRES_FATAL_ERROR);
+    PQclear(r);
+    // What a read-only transaction does not stop is not sent at all: a logical message forged
+    // into every slot's stream, a backend terminated, SQL run from a string, a hidden name, a
+    // statement that is no query.
+    for (const char* refused : {"SELECT pg_logical_emit_message(false, 'x', 'forged')", "SELECT pg_terminate_backend(1)",
+                                "select * from pg_drop_replication_slot('ws_slot')", "SELECT query_to_xml('select 1', true, true, '')",
+                                "SELECT U&\"pg_sleep\"(1)", "DO $$ BEGIN END $$", "COPY sub_a TO STDOUT", "CALL p()"}) {
+      INFO(refused);
+      r = PQexec(c, refused);
+      CHECK(std::string(PQresultErrorField(r, PG_DIAG_SQLSTATE) ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : "") == "42501");
+      CHECK(std::string(PQresultErrorMessage(r)).find("walgate does not forward this statement") != std::string::npos);
+      PQclear(r);
+    }
+    // A result past 64 MiB: cancelled and an error, walgate's memory untouched.
+    r = PQexec(c, "SELECT repeat('x', 1000000) FROM generate_series(1, 80)");
+    CHECK(std::string(PQresultErrorField(r, PG_DIAG_SQLSTATE) ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : "") == "54000");
+    PQclear(r);
+    r = PQexec(c, "/* a comment first */ WITH x AS (SELECT 1 AS one) SELECT one FROM x");
+    CHECK(PQresultStatus(r) == PGRES_TUPLES_OK);
     PQclear(r);
     r = PQexec(c, "IDENTIFY_SYSTEM");   // (the connection goes on)
     CHECK(PQresultStatus(r) == PGRES_TUPLES_OK);

@@ -164,7 +164,8 @@ TEST_CASE("pgoutput: a relation described once per connection, again when its de
   q->change(n.info, ins2);
   q->commit(n.info);
   CHECK(n.out.empty());
-  // (messages off: none sent)
+  // (messages off: none sent — and a transaction of a message alone sends nothing at all, no
+  // BEGIN or COMMIT, as pgoutput from 15 skips an empty transaction)
   sample off;
   auto r = off.plugin(base);
   pg::message nm{std::nullopt, false, lsn{5}, "x", {}};
@@ -172,6 +173,12 @@ TEST_CASE("pgoutput: a relation described once per connection, again when its de
   nc.relation = nullptr;
   nc.message = &nm;
   r->message(nc);
+  pg::message tm2{741u, true, lsn{6}, "x", {}};
+  change tc = nc;
+  tc.message = &tm2;
+  r->begin(off.info, lsn{6});
+  r->change(off.info, tc);
+  r->commit(off.info);
   CHECK(off.out.empty());
 }
 
@@ -209,6 +216,11 @@ TEST_CASE("pgoutput: options as pgoutput_startup takes them, its error texts; wa
   auto other = err({{"proto_version", "1"}, {"publication_names", "pub, elsewhere"}});
   CHECK(other.sqlstate == "0A000");
   CHECK(other.error == "publication \"elsewhere\" is not served by walgate: its log holds publication \"pub\" alone");
+  // Every one of walgate's publications (the log does not say which a change came through).
+  auto part = parse_pgoutput_options({{"proto_version", "3"}, {"publication_names", "pub"}}, c15);
+  CHECK(part.error == "walgate serves its publications \"pub\", \"Other Pub\" together: publication_names must name every one "
+                      "of them (\"Other Pub\" is missing)");
+  CHECK(parse_pgoutput_options({{"proto_version", "3"}, {"publication_names", ""}}, c15).sqlstate == "0A000");
   auto ok = parse_pgoutput_options({{"proto_version", "3"}, {"publication_names", R"("Other Pub", PUB)"}, {"two_phase", "on"}}, c15);
   CHECK(ok.error.empty());
   CHECK(ok.options.publication_names == std::vector<std::string>{"Other Pub", "pub"});

@@ -345,6 +345,14 @@ TEST_CASE("wal2json: options parsed as pg_decode_startup parses them, with its e
   CHECK((t[3].table == "*" && !t[3].all_tables));
   CHECK(t[4].table == "b c");
   CHECK(ok({{"add-tables", std::nullopt}}).add_tables.empty());   // (nothing is added then)
+  // Given twice: filter-tables and the prefix lists add up (the plugin appends), add-tables
+  // starts again, no value empties; pretty-print once on stays on.
+  CHECK(ok({{"filter-tables", "a.b"}, {"filter-tables", "c.d"}}).filter_tables.size() == 2);
+  CHECK(ok({{"filter-tables", "a.b"}, {"filter-tables", std::nullopt}}).filter_tables.empty());
+  CHECK(ok({{"add-tables", "a.b"}, {"add-tables", "c.d"}}).add_tables.size() == 1);
+  CHECK(ok({{"add-msg-prefixes", "x"}, {"add-msg-prefixes", "y,z"}}).add_msg_prefixes.size() == 3);
+  CHECK(ok({{"pretty-print", "1"}, {"pretty-print", "0"}}).pretty_whitespace);
+  CHECK_FALSE(ok({{"pretty-print", "0"}}).pretty_whitespace);
   CHECK(ok({{"add-tables", "  "}}).add_tables.empty());
   // Options walgate cannot serve: refused when on, accepted off.
   for (const char* o : {"include-pk", "include-origin", "include-domain-data-type", "include-column-positions",

@@ -71,12 +71,13 @@ class pgoutput_plugin final : public output_plugin {
  public:
   pgoutput_plugin(pgoutput_options o, plugin_sink sink) : output_plugin(std::move(sink)), o_(std::move(o)) {}
 
+  // (pgoutput from 15 sends BEGIN with the transaction's first message, and nothing for a
+  // transaction that has none to send: a message-only one without `messages`)
   void begin(const plugin_transaction& t, protocol::lsn first) override {
     skipped_ = o_.origin_none && t.has_origin;
-    if (skipped_) return;
-    emit(first, pg::begin{t.commit_lsn, t.commit_time, t.xid});
-    // (pgoutput's send_repl_origin: the origin right after BEGIN, when the transaction has one)
-    if (t.has_origin) emit(first, pg::origin{t.origin_lsn, t.origin});
+    begun_ = false;
+    txn_ = &t;
+    first_ = first;
   }
 
   void change(const plugin_transaction&, const transform::change& c) override {
@@ -108,16 +109,28 @@ class pgoutput_plugin final : public output_plugin {
   }
 
   void commit(const plugin_transaction& t) override {
-    if (!skipped_) emit(t.end_lsn, pg::commit{0, t.commit_lsn, t.end_lsn, t.commit_time});
-    skipped_ = false;
+    if (!skipped_ && begun_) emit(t.end_lsn, pg::commit{0, t.commit_lsn, t.end_lsn, t.commit_time});
+    skipped_ = begun_ = false;
+    txn_ = nullptr;
   }
 
   void message(const transform::change& c) override {
+    txn_ = nullptr;   // (between transactions: no BEGIN for it)
     if (c.message && !(o_.origin_none && c.txn && c.txn->origin)) message_of(*c.message, c.change_lsn);
   }
 
  private:
   void emit(protocol::lsn at, const pg::any_message& m) {
+    if (txn_ && !begun_) {
+      begun_ = true;
+      out_ = pg::encode(pg::begin{txn_->commit_lsn, txn_->commit_time, txn_->xid}, ctx_);
+      sink_(first_, out_);
+      // (pgoutput's send_repl_origin: the origin right after BEGIN, when the transaction has one)
+      if (txn_->has_origin) {
+        out_ = pg::encode(pg::origin{txn_->origin_lsn, txn_->origin}, ctx_);
+        sink_(first_, out_);
+      }
+    }
     out_ = pg::encode(m, ctx_);
     sink_(at, out_);
   }
@@ -163,6 +176,9 @@ class pgoutput_plugin final : public output_plugin {
   pgoutput_options o_;
   pg::decode_context ctx_;
   bool skipped_ = false;
+  bool begun_ = false;                          ///< BEGIN sent for the open transaction
+  const plugin_transaction* txn_ = nullptr;     ///< the open transaction (the caller's, alive until commit)
+  protocol::lsn first_;
   std::string out_;
   std::map<std::uint32_t, pg::cached_relation> described_;
 };
@@ -239,12 +255,22 @@ pgoutput_parse parse_pgoutput_options(const plugin_options& options, const plugi
     for (const auto& w : context.publications) ours = ours || w == p;
     if (!ours) foreign.push_back(p);
   }
+  std::string served;
+  for (const auto& p : context.publications) served += (served.empty() ? "\"" : ", \"") + p + "\"";
   if (!foreign.empty()) {
-    std::string names, served;
+    std::string names;
     for (const auto& p : foreign) names += (names.empty() ? "\"" : ", \"") + p + "\"";
-    for (const auto& p : context.publications) served += (served.empty() ? "\"" : ", \"") + p + "\"";
     return fail("0A000", "publication " + names + " is not served by walgate: its log holds publication " +
                              (served.empty() ? std::string("(none)") : served) + " alone");
+  }
+  // (the log does not say which of walgate's publications a change came through: a subscriber
+  // asks for all of them, or its stream would hold tables it did not ask for)
+  for (const auto& w : context.publications) {
+    bool asked = false;
+    for (const auto& p : o.publication_names) asked = asked || p == w;
+    if (!asked)
+      return fail("0A000", "walgate serves its publications " + served +
+                               " together: publication_names must name every one of them (\"" + w + "\" is missing)");
   }
   return r;
 }

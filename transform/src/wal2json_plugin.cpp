@@ -150,7 +150,7 @@ void append_type(std::string& out, const std::string& type) {
 class wal2json_plugin final : public output_plugin {
  public:
   wal2json_plugin(const wal2json_options& o, plugin_sink sink) : output_plugin(std::move(sink)), o_(o) {
-    if (o_.pretty_print) {
+    if (o_.pretty_whitespace) {
       ht_ = "\t";
       nl_ = "\n";
       sp_ = " ";
@@ -255,7 +255,11 @@ class wal2json_plugin final : public output_plugin {
   void message(const transform::change& c) override {
     if (c.message && failed_.empty()) message_of(nullptr, c);
   }
-  bool needs_end_at_begin() const override { return o_.include_lsn; }
+  // (format 1 without chunks writes its header at the commit; format 2 prints its "B" only with
+  // include-transaction)
+  bool needs_end_at_begin() const override {
+    return o_.include_lsn && (o_.format_version == 2 ? o_.include_transaction : o_.write_in_chunks);
+  }
   std::vector<table_pattern> named_tables() const override {
     // (the default "*.*" names nothing)
     if (o_.add_tables.size() == 1 && o_.add_tables[0].all_schemas && o_.add_tables[0].all_tables) return {};
@@ -278,8 +282,11 @@ class wal2json_plugin final : public output_plugin {
   /// False (and the stream's error set) once a message passes what a StringInfo may hold.
   bool grew(const std::string& s) {
     if (s.size() <= max_alloc) return true;
-    failed_ = "out of memory: Cannot enlarge string buffer containing " + std::to_string(max_alloc) +
-              " bytes: a wal2json format-version 1 transaction is one message (write-in-chunks sends it in pieces)";
+    // (PostgreSQL's enlargeStringInfo: ERRCODE_PROGRAM_LIMIT_EXCEEDED's "out of memory")
+    failed_ = "out of memory";
+    failed_sqlstate_ = "54000";
+    failed_detail_ = "Cannot enlarge string buffer containing " + std::to_string(max_alloc) +
+                     " bytes: a wal2json format-version 1 transaction is one message (write-in-chunks sends it in pieces).";
     buf_.clear();
     buf_.shrink_to_fit();
     return false;
@@ -546,6 +553,9 @@ wal2json_parse parse_wal2json_options(const plugin_options& options) {
     if (flag) {
       if (!value) *flag = true;
       else if (!pg_parse_bool(*value, *flag)) return cannot_parse("22023", *value, name);
+      // (the plugin sets its tabs and newlines when pretty-print is on and never clears them:
+      // "pretty-print=1, pretty-print=0" still prints pretty)
+      if (name == "pretty-print" && o.pretty_print) o.pretty_whitespace = true;
       if (refused && refused_value) {
         const char* why = name == "include-pk" ? "the primary key"
                           : name == "include-origin" ? "the origin's id"
@@ -580,9 +590,9 @@ wal2json_parse parse_wal2json_options(const plugin_options& options) {
         return fail("0A000", "wal2json option \"filter-origins\" is not served by walgate: its log keeps origins by name, not by id");
       continue;
     }
-    if (name == "filter-tables") {
-      o.filter_tables.clear();
-      if (value && !parse_tables(*value, o.filter_tables)) return cannot_parse("42602", *value, name);
+    if (name == "filter-tables") {   // (given twice: the lists add up, as the plugin appends; no value empties it)
+      if (!value) o.filter_tables.clear();
+      else if (!parse_tables(*value, o.filter_tables)) return cannot_parse("42602", *value, name);
       continue;
     }
     if (name == "add-tables") {
@@ -592,8 +602,8 @@ wal2json_parse parse_wal2json_options(const plugin_options& options) {
     }
     if (name == "filter-msg-prefixes" || name == "add-msg-prefixes") {
       auto& list = name == "filter-msg-prefixes" ? o.filter_msg_prefixes : o.add_msg_prefixes;
-      list.clear();
-      if (value && !split_list(*value, ',', list)) return cannot_parse("42602", *value, name);
+      if (!value) list.clear();   // (given twice: the lists add up, as the plugin appends)
+      else if (!split_list(*value, ',', list)) return cannot_parse("42602", *value, name);
       continue;
     }
     if (name == "format-version") {

@@ -5,6 +5,8 @@
 
 #include <libpq-fe.h>
 
+#include <cctype>
+
 namespace walgate::proxy {
 
 namespace ws = protocol::walsender;
@@ -42,6 +44,44 @@ std::string walgate_error(const std::string& sqlstate, const std::string& messag
 
 }  // namespace
 
+std::string forwardable(std::string_view sql) {
+  std::string lower(sql);
+  for (auto& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  // The first word, past whitespace and comments.
+  std::size_t p = 0;
+  for (;;) {
+    while (p < lower.size() && std::isspace(static_cast<unsigned char>(lower[p]))) ++p;
+    if (lower.compare(p, 2, "--") == 0) {
+      p = lower.find('\n', p);
+      if (p == std::string::npos) p = lower.size();
+      continue;
+    }
+    if (lower.compare(p, 2, "/*") == 0) {
+      p = lower.find("*/", p + 2);
+      p = p == std::string::npos ? lower.size() : p + 2;
+      continue;
+    }
+    break;
+  }
+  std::size_t e = p;
+  while (e < lower.size() && std::isalpha(static_cast<unsigned char>(lower[e]))) ++e;
+  const std::string first = lower.substr(p, e - p);
+  if (first != "select" && first != "with" && first != "show" && first != "table" && first != "values")
+    return first.empty() ? std::string("an empty statement") : "a " + first + " statement: only SELECT, WITH, SHOW, TABLE and VALUES are forwarded";
+  // Functions whose effects a rolled-back read-only transaction does not undo, SQL run from a
+  // string, and escapes that could spell either.
+  static constexpr std::string_view refused[] = {
+      "pg_logical_emit_message", "pg_terminate_backend", "pg_cancel_backend", "pg_reload_conf", "pg_rotate_logfile",
+      "pg_switch_wal", "pg_create_restore_point", "replication_slot", "pg_logical_slot_", "pg_replication_origin",
+      "_to_xml", "ts_stat", "dblink", "set_config", "pg_advisory", "pg_stat_reset", "pg_read_file", "pg_read_binary_file",
+      "pg_ls_", "pg_stat_file", "pg_sleep", "pg_promote", "pg_wal_replay", "pg_backup", "pg_import_system_collations",
+      "lo_export", "lo_import", "u&"};
+  for (auto word : refused)
+    if (lower.find(word) != std::string::npos)
+      return "it names " + std::string(word) + ", whose effect a read-only transaction does not stop";
+  return {};
+}
+
 std::string forward_read_only(const std::string& conninfo, const std::string& sql, long statement_timeout_ms) {
   std::string error;
   PGconn* c = snapshot_sql::connect(conninfo, "walgate replication-sql", statement_timeout_ms, error);
@@ -55,40 +95,69 @@ std::string forward_read_only(const std::string& conninfo, const std::string& sq
       return out;
     }
   }
-  result_guard r(PQexecParams(c, sql.c_str(), 0, nullptr, nullptr, nullptr, nullptr, 0));
-  switch (PQresultStatus(r.r)) {
-    case PGRES_TUPLES_OK: {
-      const int fields = PQnfields(r.r), rows = PQntuples(r.r);
-      std::vector<std::string> names(static_cast<std::size_t>(fields));
-      std::vector<protocol::field_description> desc(static_cast<std::size_t>(fields));
-      for (int i = 0; i < fields; ++i) {
-        auto& d = desc[static_cast<std::size_t>(i)];
-        names[static_cast<std::size_t>(i)] = PQfname(r.r, i);
-        d.name = names[static_cast<std::size_t>(i)];
-        d.table_oid = PQftable(r.r, i);
-        d.column = static_cast<std::int16_t>(PQftablecol(r.r, i));
-        d.type_oid = PQftype(r.r, i);
-        d.type_size = static_cast<std::int16_t>(PQfsize(r.r, i));
-        d.type_modifier = PQfmod(r.r, i);
-        d.format = 0;
-      }
-      out = ws::build_row_description(desc);
-      std::vector<std::optional<std::string_view>> values(static_cast<std::size_t>(fields));
-      for (int row = 0; row < rows; ++row) {
+  // One row at a time (libpq's single-row mode): a result past max_result_bytes is cancelled
+  // and refused instead of filling memory.
+  if (!PQsendQueryParams(c, sql.c_str(), 0, nullptr, nullptr, nullptr, nullptr, 0)) {
+    out = error_of(nullptr, c);
+    PQfinish(c);
+    return out;
+  }
+  PQsetSingleRowMode(c);
+  bool described = false, too_big = false;
+  auto describe = [&](const PGresult* r) {
+    const int fields = PQnfields(r);
+    std::vector<std::string> names(static_cast<std::size_t>(fields));
+    std::vector<protocol::field_description> desc(static_cast<std::size_t>(fields));
+    for (int i = 0; i < fields; ++i) {
+      auto& d = desc[static_cast<std::size_t>(i)];
+      names[static_cast<std::size_t>(i)] = PQfname(r, i);
+      d.name = names[static_cast<std::size_t>(i)];
+      d.table_oid = PQftable(r, i);
+      d.column = static_cast<std::int16_t>(PQftablecol(r, i));
+      d.type_oid = PQftype(r, i);
+      d.type_size = static_cast<std::int16_t>(PQfsize(r, i));
+      d.type_modifier = PQfmod(r, i);
+      d.format = 0;
+    }
+    out += ws::build_row_description(desc);
+    described = true;
+  };
+  while (PGresult* raw = PQgetResult(c)) {
+    result_guard r(raw);
+    if (too_big) continue;   // (draining what the cancel did not stop)
+    switch (PQresultStatus(r.r)) {
+      case PGRES_SINGLE_TUPLE: {
+        if (!described) describe(r.r);
+        const int fields = PQnfields(r.r);
+        std::vector<std::optional<std::string_view>> values(static_cast<std::size_t>(fields));
         for (int i = 0; i < fields; ++i)
           values[static_cast<std::size_t>(i)] =
-              PQgetisnull(r.r, row, i) ? std::nullopt
-                                       : std::optional<std::string_view>(std::string_view(
-                                             PQgetvalue(r.r, row, i), static_cast<std::size_t>(PQgetlength(r.r, row, i))));
+              PQgetisnull(r.r, 0, i) ? std::nullopt
+                                     : std::optional<std::string_view>(std::string_view(
+                                           PQgetvalue(r.r, 0, i), static_cast<std::size_t>(PQgetlength(r.r, 0, i))));
         out += ws::build_data_row(values);
+        if (out.size() > max_result_bytes) {
+          too_big = true;
+          if (PGcancel* cancel = PQgetCancel(c)) {
+            char why[256];
+            PQcancel(cancel, why, sizeof why);
+            PQfreeCancel(cancel);
+          }
+        }
+        break;
       }
-      out += ws::build_command_complete(PQcmdStatus(r.r));
-      break;
+      case PGRES_TUPLES_OK:
+        if (!described) describe(r.r);
+        out += ws::build_command_complete(PQcmdStatus(r.r));
+        break;
+      case PGRES_COMMAND_OK: out += ws::build_command_complete(PQcmdStatus(r.r)); break;
+      case PGRES_EMPTY_QUERY: out += ws::build_empty_query_response(); break;
+      default: out += error_of(r.r, c); break;   // (after rows already sent, as the server would)
     }
-    case PGRES_COMMAND_OK: out = ws::build_command_complete(PQcmdStatus(r.r)); break;
-    case PGRES_EMPTY_QUERY: out = ws::build_empty_query_response(); break;
-    default: out = error_of(r.r, c); break;
   }
+  if (too_big)
+    out = walgate_error("54000", "the statement's result is larger than walgate relays (" +
+                                     std::to_string(max_result_bytes >> 20) + " MiB)");
   PQclear(PQexec(c, "ROLLBACK"));
   PQfinish(c);
   return out;
@@ -110,9 +179,18 @@ sql_forwarder::~sql_forwarder() {
 }
 
 void sql_forwarder::run(std::string sql, std::function<void(std::string)> done) {
+  if (const auto why = forwardable(sql); !why.empty()) {
+    done(walgate_error("42501", "walgate does not forward this statement to its upstream: " + why));
+    return;
+  }
   submit(
       [this, sql = std::move(sql), done]() -> std::function<void()> {
-        std::string bytes = forward_read_only(conninfo_, sql, timeout_ms_);
+        std::string bytes;
+        try {
+          bytes = forward_read_only(conninfo_, sql, timeout_ms_);
+        } catch (const std::exception& e) {   // (memory): this statement fails, not the process
+          bytes = walgate_error("53200", std::string("cannot relay the statement's result: ") + e.what());
+        }
         return [done, bytes = std::move(bytes)] { done(bytes); };
       },
       [done] { done(walgate_error("53300", "too many SQL statements forwarded to the upstream at once: try again")); });
@@ -124,12 +202,17 @@ void sql_forwarder::published_tables(std::vector<std::string> publications,
       [this, publications = std::move(publications), done]() -> std::function<void()> {
         std::string error;
         std::optional<table_list> out;
-        if (PGconn* c = snapshot_sql::connect(conninfo_, "walgate replication tables", timeout_ms_, error)) {
-          if (auto found = snapshot_sql::published_tables(c, publications, {}, error)) {
-            out.emplace();
-            for (const auto& [name, def] : *found) out->push_back(name);
+        try {
+          if (PGconn* c = snapshot_sql::connect(conninfo_, "walgate replication tables", timeout_ms_, error)) {
+            if (auto found = snapshot_sql::published_tables(c, publications, {}, error)) {
+              out.emplace();
+              for (const auto& [name, def] : *found) out->push_back(name);
+            }
+            PQfinish(c);
           }
-          PQfinish(c);
+        } catch (const std::exception& e) {
+          out.reset();
+          error = e.what();
         }
         return [done, out = std::move(out), error = std::move(error)] { done(out, error); };
       },
@@ -143,7 +226,7 @@ void sql_forwarder::submit(std::function<std::function<void()>()> work, const st
     full = queue_.size() >= max_queued_;
     if (!full) {
       queue_.push_back(std::move(work));
-      if (idle_ == 0 && threads_.size() < max_running_) threads_.emplace_back([this] { this->work(); });
+      if (queue_.size() > idle_ && threads_.size() < max_running_) threads_.emplace_back([this] { this->work(); });
     }
   }
   if (full) overflow();   // (outside the lock: it calls the caller back)
@@ -160,7 +243,13 @@ void sql_forwarder::work() {
     auto job = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
-    post_(job());
+    // (each job answers its caller even when it fails: its own try/catch)
+    std::function<void()> then;
+    try {
+      then = job();
+    } catch (...) {
+    }
+    if (then) post_(std::move(then));
     lock.lock();
   }
 }

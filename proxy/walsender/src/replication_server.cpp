@@ -314,11 +314,9 @@ struct replication_server::impl : std::enable_shared_from_this<impl> {
     auto ctx = make_server_tls(opts.tls_cert, opts.tls_key, error);
     if (!ctx) return false;
     auto state = std::make_shared<tls_state>();
+    // (empty for a certificate whose signature has no single hash, Ed25519's: SCRAM-SHA-256-PLUS
+    // is then not offered, as PostgreSQL does not)
     state->end_point = server_end_point(*ctx);
-    if (state->end_point.empty()) {
-      error = "--tls-cert " + opts.tls_cert + ": no tls-server-end-point hash can be made of it (its signature algorithm)";
-      return false;
-    }
     state->context = std::move(ctx);
     tls = std::move(state);
     return true;
@@ -1381,8 +1379,16 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
       plugin->truncate(t.info, rels, t.truncate_options, t.truncate_lsn);
       t.truncated.clear();
     };
+    // (A transaction whose end the log does not tell is an error, never a commit at 0/0: a
+    // subscriber would resume from it and apply the transaction twice.)
+    std::optional<lsn> end_unknown;
     auto close_transaction = [&] {
       if (!t.open) return;
+      if (!t.info.end_lsn.valid()) {
+        end_unknown = t.info.commit_lsn;
+        t = open_transaction{};
+        return;
+      }
       flush_truncate();
       plugin->commit(t.info);
       t = open_transaction{};
@@ -1482,7 +1488,9 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
               auto end = co_await find_transaction_end(e->seq, e->id.commit_lsn);
               if (closed) break;
               if (end) t.info.end_lsn = *end;
+              else end_unknown = e->id.commit_lsn;
             }
+            if (end_unknown) break;
             plugin->begin(t.info, c.change_lsn);
           }
           if (e->txn_end.valid()) t.info.end_lsn = e->txn_end;
@@ -1500,10 +1508,19 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
         if (closed) break;
         const bool at_end = seq >= srv->log.visible_seq();
         if (at_end) close_transaction();   // (visibility is whole transactions)
-        if (!plugin->failed().empty()) {
-          // (the real plugin's ERROR ends the stream; nothing of the batch after it is sent)
+        if (end_unknown) {
           out.clear();
-          co_await send(error_message("ERROR", "XX000", plugin->failed()));
+          co_await send(error_message("ERROR", "XX000",
+                                      "walgate's event log does not say where the transaction committed at " +
+                                          end_unknown->to_string() + " ends"));
+          closed = true;
+          break;
+        }
+        if (!plugin->failed().empty()) {
+          // (the real plugin's ERROR ends the stream: what it sent before it goes first)
+          std::string failed = std::move(out) + error_message("ERROR", plugin->failed_sqlstate(), plugin->failed(), plugin->failed_detail());
+          out.clear();
+          co_await send(std::move(failed));
           closed = true;
           break;
         }

@@ -70,11 +70,14 @@ class output_plugin {
   /// Set when the stream has to end with an ERROR (the real plugin's), e.g. a wal2json
   /// format-version 1 transaction past PostgreSQL's 1 GiB string limit.
   const std::string& failed() const { return failed_; }
+  const std::string& failed_sqlstate() const { return failed_sqlstate_; }
+  const std::string& failed_detail() const { return failed_detail_; }
 
  protected:
   explicit output_plugin(plugin_sink sink) : sink_(std::move(sink)) {}
   plugin_sink sink_;
   std::string failed_;
+  std::string failed_sqlstate_ = "XX000", failed_detail_;
 };
 
 struct plugin_made {

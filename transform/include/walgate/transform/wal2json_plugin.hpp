@@ -47,6 +47,7 @@ struct wal2json_options {
   bool include_typmod = true;
   bool include_lsn = false;
   bool pretty_print = false;
+  bool pretty_whitespace = false;   ///< pretty-print was on at some point (the plugin never clears it)
   bool write_in_chunks = false;
   bool insert = true, update = true, delete_ = true, truncate = true;   ///< actions
   std::vector<wal2json_table> filter_tables;

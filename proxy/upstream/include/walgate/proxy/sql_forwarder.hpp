@@ -6,8 +6,16 @@
 // Assumptions, each broken by a test in tests/proxy/replication_server_test.cpp:
 // - one statement: it runs through the extended protocol (PQexecParams), which takes one
 //   statement alone — "COMMIT; INSERT …" is the server's error, not two statements;
-// - nothing writes: the statement runs inside BEGIN READ ONLY (a write is the server's 25006
+// - no table written: the statement runs inside BEGIN READ ONLY (a write is the server's 25006
 //   error) and the transaction is rolled back whatever it did;
+// - "read only" does not stop functions whose effects live outside the transaction (a logical
+//   message forged into every slot's stream, a backend terminated, a slot dropped or moved):
+//   a statement is refused before it is sent unless it begins with SELECT, WITH, SHOW, TABLE
+//   or VALUES and names none of those functions, nor SQL run from a string (query_to_xml,
+//   ts_stat) nor a Unicode-escaped name (U&"…") that could hide one (forwardable()). The
+//   connection's role should have no REPLICATION either (--replication-sql-pg);
+// - a result is bounded: rows are read one at a time and past max_result_bytes the statement
+//   is an error, not the process's memory;
 // - bounded: at most max_running statements at once and max_queued waiting (more: an error
 //   at once), each under a statement timeout.
 #pragma once
@@ -19,10 +27,17 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 namespace walgate::proxy {
+
+/// Why sql is not sent upstream (its first word, a function it names), or "" when it may be.
+std::string forwardable(std::string_view sql);
+
+/// A result relayed is at most this many bytes of backend messages.
+inline constexpr std::size_t max_result_bytes = 64u << 20;
 
 /// Runs sql on conninfo as above; the backend messages to relay (RowDescription, DataRows and
 /// CommandComplete; EmptyQueryResponse; or the server's ErrorResponse), without ReadyForQuery.

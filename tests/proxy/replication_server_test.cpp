@@ -19,6 +19,7 @@
 #include "walgate/protocol/lsn.hpp"
 #include "walgate/proxy/local_cluster.hpp"
 #include "walgate/proxy/replication_server.hpp"
+#include "walgate/proxy/sql_forwarder.hpp"
 
 #include "fault_harness.hpp"
 #include "test_cluster.hpp"
@@ -35,6 +36,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -1442,4 +1444,51 @@ TEST_CASE("a PostgreSQL subscriber applies from walgate (pgoutput, --replication
   CHECK(starts >= 4);   // (the first start and one after each kill)
   MESSAGE("writer transactions: " << done.load() << "; the subscriber's apply worker started " << starts << " times");
   sub->sql("ALTER SUBSCRIPTION ws_sub DISABLE; ALTER SUBSCRIPTION ws_sub SET (slot_name = NONE); DROP SUBSCRIPTION ws_sub");
+}
+
+TEST_CASE("sql_forwarder: a full queue, an upstream it cannot reach, a statement past its timeout — each answered with its error, in order of arrival") {
+  fixture f;
+  std::mutex m;
+  std::vector<std::function<void()>> posted;
+  auto post = [&](std::function<void()> fn) {
+    std::lock_guard lock(m);
+    posted.push_back(std::move(fn));
+  };
+  auto sqlstate_of = [](const std::string& bytes) {   // (an ErrorResponse's C field)
+    auto at = bytes.find(std::string("\0C", 2));
+    return at == std::string::npos ? std::string() : std::string(bytes.c_str() + at + 2);
+  };
+  // Nothing may wait: every statement is answered at once with 53300.
+  {
+    proxy::sql_forwarder none(f.upstream(), post, 1, 0);
+    std::string got;
+    none.run("SELECT 1", [&](std::string b) { got = std::move(b); });
+    CHECK(sqlstate_of(got) == "53300");
+  }
+  // Unreachable: 08006, through the loop's post.
+  {
+    proxy::sql_forwarder away("host=127.0.0.1 port=1 connect_timeout=2 dbname=postgres", post);
+    std::string got;
+    away.run("SELECT 1", [&](std::string b) { got = std::move(b); });
+    REQUIRE(test::wait_until([&] {
+      std::lock_guard lock(m);
+      for (auto& fn : posted) fn();
+      posted.clear();
+      return !got.empty();
+    }, std::chrono::seconds(20)));
+    CHECK(sqlstate_of(got) == "08006");
+  }
+  // Past the statement timeout: the server's cancel, relayed (57014).
+  {
+    proxy::sql_forwarder slow(f.upstream(), post, 4, 16, 300);
+    std::string got;
+    slow.run("SELECT count(*) FROM generate_series(1, 1000000000)", [&](std::string b) { got = std::move(b); });
+    REQUIRE(test::wait_until([&] {
+      std::lock_guard lock(m);
+      for (auto& fn : posted) fn();
+      posted.clear();
+      return !got.empty();
+    }, std::chrono::seconds(20)));
+    CHECK(sqlstate_of(got) == "57014");
+  }
 }

@@ -349,10 +349,10 @@ TEST_CASE("pg_recvlogical reads wal2json from walgate, format-version 1 and 2, b
   // objects, without them, with table, action and message filters (an escaped space in a name).
   const std::vector<std::vector<std::string>> option_sets = {
       {},
-      {"pretty-print=1", "include-xids=1", "include-timestamp=1", "include-lsn=1"},
+      {"pretty-print=1", "include-xids=1", "include-timestamp=1", "include-lsn=1", "include-not-null=1"},
       {"write-in-chunks=1", "include-typmod=0", "include-type-oids=1", "filter-tables=public.ws_big", "add-msg-prefixes=ntx,tx"},
       {"format-version=2"},
-      {"format-version=2", "include-xids=1", "include-timestamp=1", "include-lsn=1", "include-type-oids=1"},
+      {"format-version=2", "include-xids=1", "include-timestamp=1", "include-lsn=1", "include-type-oids=1", "include-not-null=1"},
       {"format-version=2", "include-transaction=0", "include-schemas=0", "include-types=0",
        "add-tables=public.ws_full,*.ws_parted_low,public.Ws\\ Mixed", "actions=insert,delete,truncate", "filter-msg-prefixes=mid"}};
   std::vector<child> readers(option_sets.size() * 2);

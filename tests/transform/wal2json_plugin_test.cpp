@@ -356,7 +356,7 @@ TEST_CASE("wal2json: options parsed as pg_decode_startup parses them, with its e
   CHECK(ok({{"add-tables", "  "}}).add_tables.empty());
   // Options walgate cannot serve: refused when on, accepted off.
   for (const char* o : {"include-pk", "include-origin", "include-domain-data-type", "include-column-positions",
-                        "include-not-null", "include-default"}) {
+                        "include-default"}) {
     INFO(o);
     auto r = parse_wal2json_options({{o, "1"}});
     CHECK(r.sqlstate == "0A000");
@@ -396,4 +396,49 @@ TEST_CASE("type names: pg_type.typname of built-ins, format_type()'s interval ty
   CHECK(builtin_type_name(1186, 0x7FFF << 16 | 2) == "interval(2)");
   CHECK(builtin_type_name(1186, ((1 << 1 | 1 << 2) << 16) | 0xFFFF) == "interval year to month");
   CHECK(builtin_type_name(1187, ((1 << 11 | 1 << 12) << 16) | 0) == "interval minute to second(0)[]");
+}
+
+TEST_CASE("wal2json include-not-null from the catalog: format 1's columnoptionals (empty without types, as the plugin), format 2's optional; a column the catalog lacks fails the stream") {
+  sample s;
+  const std::vector<published_table> catalog = {{"public", "t", {{"id", true}, {"v", false}}}};
+  auto insert_into = [&](output_plugin& p) {
+    p.begin(s.info, lsn{1});
+    auto ins = s.make(s.small, op::insert);
+    ins.after = s.small_row;
+    p.change(s.info, ins);
+    auto del = s.make(s.small, op::delete_);
+    del.before_kind = 'K';
+    del.before = s.small_row;
+    p.change(s.info, del);
+    p.commit(s.info);
+  };
+  auto v1 = s.plugin({{"include-not-null", "1"}});
+  REQUIRE(v1->needs_catalog());
+  v1->set_catalog(catalog);
+  insert_into(*v1);
+  REQUIRE(s.out.size() == 1);
+  CHECK(s.out[0].bytes ==
+        R"j({"change":[{"kind":"insert","schema":"public","table":"t","columnnames":["id","v"],"columntypes":["integer","text"],"columnoptionals":[false,true],"columnvalues":[1,"a"]},{"kind":"delete","schema":"public","table":"t","oldkeys":{"keynames":["id"],"keytypes":["integer"],"keyvalues":[1]}}]})j");
+  s.out.clear();
+  auto untyped = s.plugin({{"include-not-null", "1"}, {"include-types", "0"}});
+  untyped->set_catalog(catalog);
+  insert_into(*untyped);
+  REQUIRE(s.out.size() == 1);
+  CHECK(s.out[0].bytes.find(R"j("columnnames":["id","v"],"columnoptionals":[],"columnvalues":[1,"a"])j") != std::string::npos);
+  s.out.clear();
+  auto v2 = s.plugin({{"format-version", "2"}, {"include-not-null", "1"}, {"include-transaction", "0"}});
+  v2->set_catalog(catalog);
+  insert_into(*v2);
+  REQUIRE(s.out.size() == 2);
+  CHECK(s.out[0].bytes ==
+        R"j({"action":"I","schema":"public","table":"t","columns":[{"name":"id","type":"integer","value":1,"optional":false},{"name":"v","type":"text","value":"a","optional":true}]})j");
+  CHECK(s.out[1].bytes == R"j({"action":"D","schema":"public","table":"t","identity":[{"name":"id","type":"integer","value":1}]})j");
+  // A column the catalog did not have: the stream's error, not a guess.
+  s.out.clear();
+  auto stale = s.plugin({{"format-version", "2"}, {"include-not-null", "1"}});
+  stale->set_catalog({{"public", "t", {{"id", true}}}});
+  insert_into(*stale);
+  CHECK(stale->failed().find("column \"v\" of \"public\".\"t\"") != std::string::npos);
+  CHECK_FALSE(s.plugin({})->needs_catalog());
+  CHECK(s.plugin({{"add-tables", "public.t"}})->needs_catalog());
 }

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <strings.h>
+#include <unordered_map>
 
 namespace walgate::transform {
 
@@ -260,6 +261,11 @@ class wal2json_plugin final : public output_plugin {
   bool needs_end_at_begin() const override {
     return o_.include_lsn && (o_.format_version == 2 ? o_.include_transaction : o_.write_in_chunks);
   }
+  bool needs_catalog() const override { return o_.include_not_null || !named_tables().empty(); }
+  void set_catalog(const std::vector<published_table>& tables) override {
+    for (const auto& t : tables)
+      for (const auto& [column, not_null] : t.columns) not_null_[t.schema + '\0' + t.table + '\0' + column] = not_null;
+  }
   std::vector<table_pattern> named_tables() const override {
     // (the default "*.*" names nothing)
     if (o_.add_tables.size() == 1 && o_.add_tables[0].all_schemas && o_.add_tables[0].all_tables) return {};
@@ -326,7 +332,8 @@ class wal2json_plugin final : public output_plugin {
   // replica identity's), as arrays; replident prints the "oldkeys" object.
   void tuple_v1(std::string& out, const transform::change& c, pg::tuple_view tv, bool keys_only, bool replident, bool addcomma) {
     const auto& r = *c.relation;
-    std::string names, types, oids, values, comma;
+    std::string names, types, oids, optionals, values, comma;
+    const bool optional = o_.include_not_null && !replident;
     if (replident) {
       names = ht_ + ht_ + ht_ + "\"oldkeys\":" + sp_ + "{" + nl_ + ht_ + ht_ + ht_ + ht_ + "\"keynames\":" + sp_ + "[";
       types = ht_ + ht_ + ht_ + ht_ + "\"keytypes\":" + sp_ + "[";
@@ -337,6 +344,7 @@ class wal2json_plugin final : public output_plugin {
       types = ht_ + ht_ + ht_ + "\"columntypes\":" + sp_ + "[";
       oids = ht_ + ht_ + ht_ + "\"columntypeoids\":" + sp_ + "[";
       values = ht_ + ht_ + ht_ + "\"columnvalues\":" + sp_ + "[";
+      optionals = ht_ + ht_ + ht_ + "\"columnoptionals\":" + sp_ + "[";
     }
     const std::size_t n = std::min(tv.size(), r.columns.size());
     for (std::size_t i = 0; i < n; ++i) {
@@ -350,6 +358,9 @@ class wal2json_plugin final : public output_plugin {
       if (o_.include_types) {
         types += comma;
         append_type(types, type_of(c, col, o_.include_typmod));
+        // (the plugin prints a column's optional inside its types' block: without
+        // include-types the array stays empty, "columnoptionals":[])
+        if (optional) optionals += comma + (not_null(r, col.name) ? "false" : "true");
       }
       if (o_.include_type_oids) oids += comma + std::to_string(col.type_oid);
       values += comma;
@@ -359,11 +370,13 @@ class wal2json_plugin final : public output_plugin {
     names += "]," + nl_;
     if (o_.include_types) types += "]," + nl_;
     if (o_.include_type_oids) oids += "]," + nl_;
+    if (optional) optionals += "]," + nl_;
     if (replident) values += "]" + nl_ + ht_ + ht_ + ht_ + "}" + nl_;
     else values += (addcomma ? "]," : "]") + nl_;
     out += names;
     if (o_.include_types) out += types;
     if (o_.include_type_oids) out += oids;
+    if (optional) out += optionals;
     out += values;
   }
 
@@ -424,6 +437,7 @@ class wal2json_plugin final : public output_plugin {
       if (o_.include_type_oids) out += ",\"typeoid\":" + std::to_string(static_cast<std::int32_t>(col.type_oid));
       out += ",\"value\":";
       value(out, col.type_oid, v);
+      if (!identity && o_.include_not_null) out += not_null(r, col.name) ? ",\"optional\":false" : ",\"optional\":true";
       out.push_back('}');
     }
   }
@@ -510,7 +524,21 @@ class wal2json_plugin final : public output_plugin {
     if (own) emit(c.change_lsn, out);
   }
 
+  /// The catalog's attnotnull of a column; a column it did not have when the stream started
+  /// fails the stream (never a guess).
+  bool not_null(const pg::cached_relation& r, const std::string& column) {
+    auto it = not_null_.find(r.nspname + '\0' + r.relname + '\0' + column);
+    if (it != not_null_.end()) return it->second;
+    if (failed_.empty()) {
+      failed_ = "wal2json include-not-null: walgate does not know whether column \"" + column + "\" of \"" + r.nspname +
+                "\".\"" + r.relname + "\" is NOT NULL: it was not in the catalog when this stream started";
+      failed_detail_ = "Start the stream again: the catalog is read at each START_REPLICATION.";
+    }
+    return false;
+  }
+
   wal2json_options o_;
+  std::unordered_map<std::string, bool> not_null_;
   std::string ht_, nl_, sp_;
   std::uint64_t nr_changes_ = 0;
   std::string buf_;     ///< format 1 without chunks: the open transaction's message
@@ -545,8 +573,9 @@ wal2json_parse parse_wal2json_options(const plugin_options& options) {
     else if (name == "pretty-print") flag = &o.pretty_print;
     else if (name == "write-in-chunks") flag = &o.write_in_chunks;
     else if (name == "include-lsn") flag = &o.include_lsn;
+    else if (name == "include-not-null") flag = &o.include_not_null;
     else if (name == "include-pk" || name == "include-origin" || name == "include-domain-data-type" ||
-             name == "include-column-positions" || name == "include-not-null" || name == "include-default") {
+             name == "include-column-positions" || name == "include-default") {
       flag = &refused_value;
       refused = true;
     }
@@ -561,8 +590,7 @@ wal2json_parse parse_wal2json_options(const plugin_options& options) {
                           : name == "include-origin" ? "the origin's id"
                           : name == "include-domain-data-type" ? "a domain's base type"
                           : name == "include-column-positions" ? "column numbers"
-                          : name == "include-not-null" ? "NOT NULL constraints"
-                                                       : "column defaults";
+                                                               : "column defaults";
         return fail("0A000", "wal2json option \"" + name + "\" is not served by walgate: the pgoutput stream its log keeps carries no " +
                                  why);
       }

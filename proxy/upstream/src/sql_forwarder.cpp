@@ -204,9 +204,35 @@ void sql_forwarder::published_tables(std::vector<std::string> publications,
         std::optional<table_list> out;
         try {
           if (PGconn* c = snapshot_sql::connect(conninfo_, "walgate replication tables", timeout_ms_, error)) {
-            if (auto found = snapshot_sql::published_tables(c, publications, {}, error)) {
+            std::string names = "{";
+            for (const auto& p : publications) {
+              if (names.size() > 1) names += ",";
+              names += "\"";
+              for (char ch : p) {
+                if (ch == '"' || ch == '\\') names += '\\';
+                names += ch;
+              }
+              names += "\"";
+            }
+            names += "}";
+            auto r = snapshot_sql::exec(
+                c,
+                "SELECT DISTINCT n.nspname, c.relname, a.attnum, a.attname, a.attnotnull "
+                "FROM pg_catalog.pg_publication_tables t "
+                "JOIN pg_catalog.pg_namespace n ON n.nspname = t.schemaname "
+                "JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename "
+                "JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped "
+                "WHERE t.pubname = ANY($1::text[]) ORDER BY 1, 2, 3",
+                PGRES_TUPLES_OK, error, {names});
+            if (r) {
               out.emplace();
-              for (const auto& [name, def] : *found) out->push_back(name);
+              const PGresult* res = (*r)->r;
+              for (int i = 0; i < PQntuples(res); ++i) {
+                const std::string schema = PQgetvalue(res, i, 0), table = PQgetvalue(res, i, 1);
+                if (out->empty() || out->back().schema != schema || out->back().table != table)
+                  out->push_back(transform::published_table{schema, table, {}});
+                out->back().columns.emplace_back(PQgetvalue(res, i, 3), std::string(PQgetvalue(res, i, 4)) == "t");
+              }
             }
             PQfinish(c);
           }

@@ -1140,7 +1140,12 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
       co_await error(made.sqlstate, made.error);
       co_return;
     }
-    if (const auto named = made.plugin->named_tables(); !named.empty() && srv->opts.published_tables) {
+    if (made.plugin->needs_catalog() && !srv->opts.published_tables) {
+      co_await error("0A000", "walgate cannot read its upstream's catalog here: the tables named and include-not-null need it");
+      co_return;
+    }
+    if (made.plugin->needs_catalog()) {
+      const auto named = made.plugin->named_tables();
       // Each table the client names must be one walgate's publications publish (looked up on the
       // upstream, off the loop): a stream that could never hold it is an error, not an empty stream.
       using found = std::pair<std::optional<replication_server_options::table_list>, std::string>;
@@ -1156,8 +1161,8 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
       }
       for (const auto& p : named) {
         bool found = false;
-        for (const auto& [schema, table] : *tables)
-          found = found || ((p.all_schemas || p.schema == schema) && (p.all_tables || p.table == table));
+        for (const auto& t : *tables)
+          found = found || ((p.all_schemas || p.schema == t.schema) && (p.all_tables || p.table == t.table));
         if (!found) {
           // (the text made before the co_await: GCC 12 mishandles a conditional's temporaries in one)
           std::string pubs;
@@ -1172,6 +1177,7 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
           co_return;
         }
       }
+      made.plugin->set_catalog(*tables);
     }
     const lsn from = std::max(c.start, s->confirmed_flush);
     // Where to begin reading: the stream itself skips every transaction whose commit LSN is below

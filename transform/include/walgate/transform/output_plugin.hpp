@@ -34,6 +34,13 @@ struct table_pattern {
   bool all_schemas = false, all_tables = false;
 };
 
+/// A table walgate's publications publish, as the upstream's catalog says when a stream starts:
+/// its columns and which are NOT NULL (pg_attribute.attnotnull).
+struct published_table {
+  std::string schema, table;
+  std::vector<std::pair<std::string, bool>> columns;   ///< (name, not null), in attnum order
+};
+
 /// What a plugin knows of the transaction it is in (a copy: the log's views are reused).
 struct plugin_transaction {
   std::uint32_t xid = 0;
@@ -67,6 +74,10 @@ class output_plugin {
   /// walgate's publications publish — a stream that could never hold one is an error, not an
   /// empty stream. Empty: none named.
   virtual std::vector<table_pattern> named_tables() const { return {}; }
+  /// True when the plugin needs the publication's tables from the catalog before it streams
+  /// (named tables to check, wal2json's include-not-null); set_catalog gives them.
+  virtual bool needs_catalog() const { return !named_tables().empty(); }
+  virtual void set_catalog(const std::vector<published_table>&) {}
   /// Set when the stream has to end with an ERROR (the real plugin's), e.g. a wal2json
   /// format-version 1 transaction past PostgreSQL's 1 GiB string limit.
   const std::string& failed() const { return failed_; }

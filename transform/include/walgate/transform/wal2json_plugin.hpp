@@ -21,10 +21,12 @@
 //   comma depends on how many changes the transaction before it had (the plugin's counter is
 //   not reset for it: {"change":[,{…}]} — kept);
 // - message content is printed up to its first NUL byte (the plugin copies it as a C string).
-// What the log cannot know is refused at START_REPLICATION, never printed wrong: include-not-null,
+// - include-not-null: pgoutput carries no NOT NULL, so it is read from the upstream's catalog
+//   when the stream starts (the real plugin reads its relation cache at each change): a column
+//   the catalog did not have then ends the stream with an error, never a guess;
+// What the log cannot know is refused at START_REPLICATION, never printed wrong:
 // include-default, include-pk, include-column-positions, include-origin, include-domain-data-type
-// and filter-origins (pgoutput carries no NOT NULL, default, primary key, attnum, origin id or
-// domain).
+// and filter-origins (pgoutput carries no default, primary key, attnum, origin id or domain).
 #pragma once
 
 #include "walgate/transform/output_plugin.hpp"
@@ -46,6 +48,7 @@ struct wal2json_options {
   bool include_type_oids = false;
   bool include_typmod = true;
   bool include_lsn = false;
+  bool include_not_null = false;   ///< from the catalog at the stream's start (set_catalog)
   bool pretty_print = false;
   bool pretty_whitespace = false;   ///< pretty-print was on at some point (the plugin never clears it)
   bool write_in_chunks = false;

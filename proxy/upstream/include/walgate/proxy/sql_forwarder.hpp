@@ -20,6 +20,8 @@
 //   at once), each under a statement timeout.
 #pragma once
 
+#include "walgate/transform/output_plugin.hpp"
+
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -55,9 +57,9 @@ class sql_forwarder {
   /// Queues sql; done gets the messages to relay, on the event loop.
   void run(std::string sql, std::function<void(std::string)> done);
 
-  /// The (schema, table) pairs the publications publish, looked up on a thread; done on the
-  /// event loop with them, or nullopt and why.
-  using table_list = std::vector<std::pair<std::string, std::string>>;
+  /// The tables the publications publish, with their columns and which are NOT NULL, looked up
+  /// on a thread; done on the event loop with them, or nullopt and why.
+  using table_list = std::vector<transform::published_table>;
   void published_tables(std::vector<std::string> publications,
                         std::function<void(std::optional<table_list>, std::string)> done);
 

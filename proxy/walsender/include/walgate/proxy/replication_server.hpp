@@ -39,6 +39,7 @@
 #pragma once
 
 #include "walgate/protocol/auth.hpp"
+#include "walgate/transform/output_plugin.hpp"
 #include "walgate/protocol/lsn.hpp"
 
 #include <chrono>
@@ -99,9 +100,10 @@ struct replication_server_options {
   /// --replication-sql forward: runs a SQL statement upstream read-only and calls done, on the
   /// event loop, with the backend messages to relay (sql_forwarder); unset: SQL is an error.
   std::function<void(std::string sql, std::function<void(std::string)> done)> run_sql;
-  /// Looks up the (schema, table) pairs walgate's publications publish, off the loop; done on
-  /// the loop with them, or nullopt and why. Unset: tables a client names are not checked.
-  using table_list = std::vector<std::pair<std::string, std::string>>;
+  /// Looks up the tables walgate's publications publish (and their NOT NULL columns), off the
+  /// loop; done on the loop with them, or nullopt and why. Unset: tables a client names are not
+  /// checked, and wal2json's include-not-null is refused.
+  using table_list = std::vector<transform::published_table>;
   std::function<void(std::function<void(std::optional<table_list>, std::string)> done)> published_tables;
 };
 

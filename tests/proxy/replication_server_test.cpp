@@ -178,6 +178,23 @@ struct fixture {
     auto down = recvlogical_once({"-d", downstream(), "--slot", name, "--plugin", plugin, "--create-slot"}, dir);
     REQUIRE_MESSAGE(down.first == 0, down.second << gw.log());
   }
+  /// For each option set: a slot pair (ref_<prefix>N upstream, <prefix>N on walgate) with the
+  /// plugin and a reader on each; the files, upstream's then walgate's for each set.
+  std::vector<std::filesystem::path> start_pairs(const std::string& plugin, const std::string& prefix,
+                                                 const std::vector<std::vector<std::string>>& option_sets,
+                                                 std::vector<child>& readers) {
+    std::vector<std::filesystem::path> files;
+    readers = std::vector<child>(option_sets.size() * 2);
+    for (std::size_t i = 0; i < option_sets.size(); ++i) {
+      const std::string name = prefix + std::to_string(i);
+      make_slots(name, plugin);
+      start_reader(readers[2 * i], false, "ref_" + name, option_sets[i], "ref_" + name + ".out");
+      start_reader(readers[2 * i + 1], true, name, option_sets[i], name + ".out");
+      files.push_back(dir / ("ref_" + name + ".out"));
+      files.push_back(dir / (name + ".out"));
+    }
+    return files;
+  }
   void start_reader(child& c, bool on_walgate, const std::string& slot, const std::vector<std::string>& options,
                     const std::string& file) {
     std::vector<std::string> args{recvlogical(), "-d", on_walgate ? downstream() : upstream(), "--slot", slot, "--start",
@@ -308,16 +325,8 @@ TEST_CASE("pg_recvlogical reads test_decoding from walgate, byte for byte what t
   // Three option sets: the defaults, skip-empty-xacts, and neither xids nor... with timestamps.
   const std::vector<std::vector<std::string>> option_sets = {
       {}, {"skip-empty-xacts=1"}, {"include-xids=0", "include-timestamp=1", "skip-empty-xacts=on"}};
-  std::vector<child> readers(option_sets.size() * 2);
-  std::vector<std::filesystem::path> files;
-  for (std::size_t i = 0; i < option_sets.size(); ++i) {
-    const std::string name = "td" + std::to_string(i);
-    f.make_slots(name);
-    f.start_reader(readers[2 * i], false, "ref_" + name, option_sets[i], "ref_" + name + ".out");
-    f.start_reader(readers[2 * i + 1], true, name, option_sets[i], name + ".out");
-    files.push_back(f.dir / ("ref_" + name + ".out"));
-    files.push_back(f.dir / (name + ".out"));
-  }
+  std::vector<child> readers;
+  const auto files = f.start_pairs("test_decoding", "td", option_sets, readers);
   workload(*f.pg);
   const bool done = wait_for_marker(files, "'marker'");
   for (auto& r : readers) r.stop();
@@ -355,16 +364,8 @@ TEST_CASE("pg_recvlogical reads wal2json from walgate, format-version 1 and 2, b
       {"format-version=2", "include-xids=1", "include-timestamp=1", "include-lsn=1", "include-type-oids=1", "include-not-null=1"},
       {"format-version=2", "include-transaction=0", "include-schemas=0", "include-types=0",
        "add-tables=public.ws_full,*.ws_parted_low,public.Ws\\ Mixed", "actions=insert,delete,truncate", "filter-msg-prefixes=mid"}};
-  std::vector<child> readers(option_sets.size() * 2);
-  std::vector<std::filesystem::path> files;
-  for (std::size_t i = 0; i < option_sets.size(); ++i) {
-    const std::string name = "wj" + std::to_string(i);
-    f.make_slots(name, "wal2json");
-    f.start_reader(readers[2 * i], false, "ref_" + name, option_sets[i], "ref_" + name + ".out");
-    f.start_reader(readers[2 * i + 1], true, name, option_sets[i], name + ".out");
-    files.push_back(f.dir / ("ref_" + name + ".out"));
-    files.push_back(f.dir / (name + ".out"));
-  }
+  std::vector<child> readers;
+  const auto files = f.start_pairs("wal2json", "wj", option_sets, readers);
   workload(*f.pg);
   const bool done = wait_for_marker_then_quiet(files, "\"marker\"");
   for (auto& r : readers) r.stop();

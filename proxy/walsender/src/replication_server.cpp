@@ -1337,20 +1337,30 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
     co_return;
   }
 
+  /// A batch of the log from seq; or, when it is being read in the background (never on this
+  /// loop), a wait until the notification wakes this stream (or a keepalive's interval passes),
+  /// and nothing (waited set: read again).
+  awaitable<std::vector<event_ptr>> read_or_wait(std::uint64_t seq, std::string& error, bool& waited) {
+    bool fetching = false;
+    auto events = srv->log.read(seq, batch_events, batch_bytes, &error, &fetching);
+    waited = events.empty() && fetching;
+    if (waited) {
+      wake.expires_after(caught_up_keepalive);
+      boost::system::error_code ec;
+      co_await wake.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    }
+    co_return events;
+  }
+
   /// Where the transaction whose events start at seq ends (its last event says so), read ahead
   /// in the log (in the background when not in memory); nullopt when the log does not tell.
   awaitable<std::optional<lsn>> find_transaction_end(std::uint64_t seq, lsn commit) {
     auto self = shared_from_this();
     while (!closed) {
       std::string error;
-      bool fetching = false;
-      auto events = srv->log.read(seq, batch_events, batch_bytes, &error, &fetching);
-      if (events.empty() && fetching) {
-        wake.expires_after(caught_up_keepalive);
-        boost::system::error_code ec;
-        co_await wake.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-        continue;
-      }
+      bool waited = false;
+      auto events = co_await read_or_wait(seq, error, waited);
+      if (waited) continue;
       if (events.empty()) co_return std::nullopt;
       for (const auto& e : events) {
         if (e->id.commit_lsn != commit) co_return std::nullopt;
@@ -1444,16 +1454,9 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
       if (seq < srv->log.visible_seq()) {
         caught_up = false;
         std::string error;
-        bool fetching = false;
-        // (Events not in memory are read in the background, never on this loop: the
-        // notification wakes this stream when they are there.)
-        auto events = srv->log.read(seq, batch_events, batch_bytes, &error, &fetching);
-        if (events.empty() && fetching) {
-          wake.expires_after(caught_up_keepalive);
-          boost::system::error_code ec;
-          co_await wake.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-          continue;
-        }
+        bool waited = false;
+        auto events = co_await read_or_wait(seq, error, waited);
+        if (waited) continue;
         if (events.empty()) {
           const std::string failed =
               error_message("ERROR", error.empty() ? "55000" : "XX000",

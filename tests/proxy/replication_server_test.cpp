@@ -25,6 +25,7 @@
 #include "test_cluster.hpp"
 
 #include <boost/asio/read.hpp>
+#include <boost/asio/ssl.hpp>
 #include <doctest/doctest.h>
 #include <libpq-fe.h>
 
@@ -1315,6 +1316,41 @@ TEST_CASE("TLS on --replication-listen with --tls-cert/--tls-key: 'S', SCRAM-SHA
     s.read_some(asio::buffer(rest), ec);   // (closed by walgate, or an alert and then closed)
   }
   CHECK(test::wait_until([&] { return f.gw.log().find("TLS handshake failed") != std::string::npos; }, std::chrono::seconds(10)));
+  const unsigned char ssl_request[] = {0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f};
+  // Bytes after the SSLRequest before its answer: PostgreSQL's refusal (nothing is read as TLS).
+  {
+    asio::io_context io;
+    tcp::socket s(io);
+    s.connect({asio::ip::make_address("127.0.0.1"), f.repl_port});
+    std::string packet(reinterpret_cast<const char*>(ssl_request), sizeof ssl_request);
+    packet += "early";
+    boost::system::error_code ec;
+    asio::write(s, asio::buffer(packet), ec);
+    std::string answer(4096, '\0');
+    answer.resize(s.read_some(asio::buffer(answer), ec));
+    CHECK(answer.find("received unencrypted data after SSL request") != std::string::npos);
+  }
+  // An SSLRequest inside TLS: PostgreSQL's FATAL for a protocol it does not know.
+  {
+    asio::io_context io;
+    tcp::socket s(io);
+    s.connect({asio::ip::make_address("127.0.0.1"), f.repl_port});
+    boost::system::error_code ec;
+    asio::write(s, asio::buffer(ssl_request), ec);
+    char answer = 0;
+    asio::read(s, asio::buffer(&answer, 1), ec);
+    REQUIRE(answer == 'S');
+    asio::ssl::context ctx(asio::ssl::context::tls_client);
+    ctx.set_verify_mode(asio::ssl::verify_none);
+    asio::ssl::stream<tcp::socket&> ts(s, ctx);
+    ts.handshake(asio::ssl::stream_base::client, ec);
+    REQUIRE_MESSAGE(!ec, ec.message());
+    asio::write(ts, asio::buffer(ssl_request), ec);
+    std::string fatal(4096, '\0');
+    fatal.resize(ts.read_some(asio::buffer(fatal), ec));
+    CHECK(fatal.find("unsupported frontend protocol 1234.5679") != std::string::npos);
+    CHECK(fatal.find("0A000") != std::string::npos);
+  }
   f.pg->sql("INSERT INTO ws_tls VALUES (2, 'after the bad handshake')");
   CHECK(test::wait_until([&] { return read_file(f.dir / "tls.out").find("'after the bad handshake'") != std::string::npos; },
                          std::chrono::seconds(30)));

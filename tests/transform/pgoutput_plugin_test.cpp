@@ -208,6 +208,15 @@ TEST_CASE("pgoutput: options as pgoutput_startup takes them, its error texts; wa
   CHECK(err({{"proto_version", "1"}, {"proto_version", "1"}, {"publication_names", "pub"}}).error == "conflicting or redundant options");
   CHECK(err({{"proto_version", "1"}, {"publication_names", "pub"}, {"nope", "1"}}).error == "unrecognized pgoutput option: nope");
   CHECK(err({{"proto_version", "4"}, {"publication_names", "pub"}, {"origin", "some"}}).error == "unrecognized origin value: \"some\"");
+  // (options each version's pgoutput does not know yet)
+  CHECK(err({{"proto_version", "3"}, {"publication_names", "pub"}, {"origin", "any"}}, c15).error == "unrecognized pgoutput option: origin");
+  plugin_context c13;
+  c13.server_major = 13;
+  c13.publications = {"pub"};
+  CHECK(err({{"proto_version", "1"}, {"publication_names", "pub"}, {"messages", "on"}}, c13).error == "unrecognized pgoutput option: messages");
+  plugin_context c14 = c13;
+  c14.server_major = 14;
+  CHECK(err({{"proto_version", "2"}, {"publication_names", "pub"}, {"two_phase", "on"}}, c14).error == "unrecognized pgoutput option: two_phase");
   CHECK(err({{"proto_version", "1"}, {"publication_names", "pub,"}}).error == "invalid publication_names syntax");
   auto binary = err({{"proto_version", "1"}, {"publication_names", "pub"}, {"binary", "true"}});
   CHECK(binary.sqlstate == "0A000");

@@ -196,8 +196,12 @@ pgoutput_parse parse_pgoutput_options(const plugin_options& options, const plugi
   std::set<std::string> given;
   bool proto_given = false, names_given = false;
   for (const auto& [name, value] : options) {
-    const bool known = name == "proto_version" || name == "publication_names" || name == "binary" || name == "messages" ||
-                       name == "streaming" || name == "two_phase" || name == "origin";
+    // (each version's pgoutput knows the options of its own: binary, messages and streaming from
+    // 14, two_phase from 15, origin from 16)
+    const int major = context.server_major;
+    const bool known = name == "proto_version" || name == "publication_names" ||
+                       ((name == "binary" || name == "messages" || name == "streaming") && major >= 14) ||
+                       (name == "two_phase" && major >= 15) || (name == "origin" && major >= 16);
     if (!known) return fail("XX000", "unrecognized pgoutput option: " + name);
     if (!given.insert(name).second) return fail("42601", "conflicting or redundant options");
     if (name == "proto_version") {

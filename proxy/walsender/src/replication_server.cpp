@@ -572,7 +572,7 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
         std::string message = "unsupported frontend protocol ";
         message += what == ws::startup_packet::kind::ssl_request ? "1234.5679" : "1234.5680";
         message += ": server supports 3.0 to 3.0";
-        co_await fatal("08P01", std::move(message));
+        co_await fatal("0A000", std::move(message));
         co_return false;
       }
       if (what == ws::startup_packet::kind::ssl_request || what == ws::startup_packet::kind::gssenc_request) {

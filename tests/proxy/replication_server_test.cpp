@@ -344,6 +344,27 @@ TEST_CASE("pg_recvlogical reads test_decoding from walgate, byte for byte what t
   CHECK(read_file(files[1]).find("m[public.mood]:'happy'") != std::string::npos);
   CHECK(read_file(files[1]).find("table public.ws_full, public.\"Ws Mixed\": TRUNCATE: restart_seqs") != std::string::npos);
   CHECK(f.gw.log().find("replication slot td0 made (test_decoding)") != std::string::npos);
+  // Caught up, a client waiting for walgate's durable position (--endpos) is told it by a
+  // keepalive and stops by itself (no row follows to carry it there).
+  std::string durable;
+  {
+    PGconn* c = PQconnectdb((f.downstream() + " replication=database").c_str());
+    REQUIRE(PQstatus(c) == CONNECTION_OK);
+    PGresult* r = PQexec(c, "IDENTIFY_SYSTEM");
+    REQUIRE(PQresultStatus(r) == PGRES_TUPLES_OK);
+    durable = PQgetvalue(r, 0, 2);
+    PQclear(r);
+    PQfinish(c);
+  }
+  child at_end;
+  at_end.start({recvlogical(), "-d", f.downstream(), "--slot", "td0", "--start", "--endpos", durable, "--no-loop", "-f",
+                (f.dir / "endpos.out").string()},
+               f.dir / "endpos.log");
+  int status = -1;
+  const bool stopped = test::wait_until([&] { return waitpid(at_end.pid, &status, WNOHANG) == at_end.pid; }, std::chrono::seconds(20));
+  if (stopped) at_end.pid = -1;
+  CHECK_MESSAGE(stopped, "pg_recvlogical --endpos " << durable << " did not stop: " << at_end.output());
+  CHECK((stopped && WIFEXITED(status) && WEXITSTATUS(status) == 0));
 }
 
 TEST_CASE("pg_recvlogical reads wal2json from walgate, format-version 1 and 2, byte for byte what the real wal2json sends") {

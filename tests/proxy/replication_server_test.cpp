@@ -1393,7 +1393,13 @@ TEST_CASE("a PostgreSQL subscriber applies from walgate (pgoutput, --replication
       "CREATE TABLE sub_full (id int PRIMARY KEY, v text); ALTER TABLE sub_full REPLICA IDENTITY FULL;";
   f.pg->sql(schema);
   f.pg->sql("CREATE PUBLICATION ws_pub FOR ALL TABLES");
-  f.extra_args = {"--replication-sql", "forward"};
+  // The role forwarded SQL runs as: no REPLICATION, no superuser, no pg_logical_emit_message.
+  const char* restricted =
+      "CREATE ROLE fwd LOGIN; DO $$ DECLARE f regprocedure; BEGIN FOR f IN SELECT oid::regprocedure FROM pg_proc "
+      "WHERE proname = 'pg_logical_emit_message' LOOP EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f); "
+      "END LOOP; END $$";
+  f.pg->sql(restricted);
+  f.extra_args = {"--replication-sql", "forward", "--replication-sql-pg", f.pg->conninfo("").replace(f.pg->conninfo("").find("user=postgres"), 13, "user=fwd")};
   f.start_walgate();
   // The subscriber: the same server version, the same tables.
   proxy::cluster_options so;
@@ -1414,6 +1420,15 @@ TEST_CASE("a PostgreSQL subscriber applies from walgate (pgoutput, --replication
     CHECK(std::string(PQgetvalue(r, 0, 1)) == "t");
     CHECK(PQftype(r, 1) == 16);   // (the server's RowDescription: bool)
     PQclear(r);
+    // Comments and line ends as the server's lexer reads them: a COPY behind a nested comment
+    // or a \r-ended one is no query.
+    for (const char* hidden : {"/* /* */ select */ COPY (SELECT 1) TO STDOUT", "--\rCOPY (SELECT 1) TO STDOUT /*\nselect */",
+                               "SELECT ts_rewrite('a'::tsquery, 'SELECT 1')"}) {
+      INFO(hidden);
+      r = PQexec(c, hidden);
+      CHECK(std::string(PQresultErrorField(r, PG_DIAG_SQLSTATE) ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : "") == "42501");
+      PQclear(r);
+    }
     r = PQexec(c, "INSERT INTO sub_a (id) VALUES (-1)");   // (no query: not sent)
     CHECK(std::string(PQresultErrorField(r, PG_DIAG_SQLSTATE)) == "42501");
     PQclear(r);
@@ -1536,9 +1551,36 @@ TEST_CASE("sql_forwarder: a full queue, an upstream it cannot reach, a statement
     }, std::chrono::seconds(20)));
     CHECK(sqlstate_of(got) == "08006");
   }
+  auto run_and_wait = [&](proxy::sql_forwarder& fw, const std::string& sql) {
+    std::string got;
+    fw.run(sql, [&](std::string b) { got = std::move(b); });
+    REQUIRE(test::wait_until([&] {
+      std::lock_guard lock(m);
+      for (auto& fn : posted) fn();
+      posted.clear();
+      return !got.empty();
+    }, std::chrono::seconds(20)));
+    return got;
+  };
+  // The wall: walgate's own role (a superuser here) may not run forwarded SQL, nor a role that
+  // may still emit logical messages (PUBLIC can, by default).
+  {
+    proxy::sql_forwarder own(f.upstream(), post);
+    const auto got = run_and_wait(own, "SELECT 1");
+    CHECK(sqlstate_of(got) == "42501");
+    CHECK(got.find("--replication-sql-pg") != std::string::npos);
+    f.pg->sql("CREATE ROLE plain LOGIN");
+    proxy::sql_forwarder plain(f.pg->conninfo("").replace(f.pg->conninfo("").find("user=postgres"), 13, "user=plain"), post);
+    CHECK(sqlstate_of(run_and_wait(plain, "SELECT 1")) == "42501");
+    f.pg->sql("DO $$ DECLARE f regprocedure; BEGIN FOR f IN SELECT oid::regprocedure FROM pg_proc WHERE proname = "
+              "'pg_logical_emit_message' LOOP EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f); END LOOP; END $$");
+    const auto ok = run_and_wait(plain, "SELECT 1");
+    CHECK(ok.find("SELECT 1") != std::string::npos);   // (CommandComplete's tag)
+    CHECK(sqlstate_of(ok).empty());
+  }
   // Past the statement timeout: the server's cancel, relayed (57014).
   {
-    proxy::sql_forwarder slow(f.upstream(), post, 4, 16, 300);
+    proxy::sql_forwarder slow(f.pg->conninfo("").replace(f.pg->conninfo("").find("user=postgres"), 13, "user=plain"), post, 4, 16, 300);
     std::string got;
     slow.run("SELECT count(*) FROM generate_series(1, 1000000000)", [&](std::string b) { got = std::move(b); });
     REQUIRE(test::wait_until([&] {

@@ -78,6 +78,7 @@ class pgoutput_plugin final : public output_plugin {
     begun_ = false;
     txn_ = &t;
     first_ = first;
+    if (!skipped_ && !o_.lazy_begin) open_transaction();   // (before 15: every transaction's BEGIN at once)
   }
 
   void change(const plugin_transaction&, const transform::change& c) override {
@@ -121,7 +122,13 @@ class pgoutput_plugin final : public output_plugin {
 
  private:
   void emit(protocol::lsn at, const pg::any_message& m) {
-    if (txn_ && !begun_) {
+    if (txn_ && !begun_) open_transaction();
+    out_ = pg::encode(m, ctx_);
+    sink_(at, out_);
+  }
+
+  void open_transaction() {
+    {
       begun_ = true;
       out_ = pg::encode(pg::begin{txn_->commit_lsn, txn_->commit_time, txn_->xid}, ctx_);
       sink_(first_, out_);
@@ -131,8 +138,6 @@ class pgoutput_plugin final : public output_plugin {
         sink_(first_, out_);
       }
     }
-    out_ = pg::encode(m, ctx_);
-    sink_(at, out_);
   }
 
   void message_of(const pg::message& m, protocol::lsn at) {
@@ -235,6 +240,7 @@ pgoutput_parse parse_pgoutput_options(const plugin_options& options, const plugi
       if (name == "two_phase") o.two_phase = *b;
     }
   }
+  o.lazy_begin = context.server_major >= 15;
   if (!proto_given) return fail("22023", "option \"proto_version\" missing");
   if (!names_given) return fail("22023", "option \"publication_names\" missing");
   const std::uint32_t max = context.server_major >= 16 ? 4 : context.server_major == 15 ? 3 : context.server_major == 14 ? 2 : 1;

@@ -160,6 +160,7 @@ class wal2json_plugin final : public output_plugin {
 
   // pg_decode_begin_txn_v1 / _v2
   void begin(const plugin_transaction& t, protocol::lsn first) override {
+    if (!failed_.empty()) return;   // (the plugin stops at its error: nothing after it)
     if (o_.format_version == 1) {
       nr_changes_ = 0;
       // (room for the header in front, written at the commit: the body is never copied)
@@ -412,7 +413,7 @@ class wal2json_plugin final : public output_plugin {
       default: tuple_v1(out, c, c.before, true, true, false); break;
     }
     out += ht_ + ht_ + "}";
-    if (!grew(out)) return;
+    if (!failed_.empty() || !grew(out)) return;   // (a column include-not-null cannot tell: not sent)
     if (o_.write_in_chunks) emit(c.change_lsn, out);
   }
 
@@ -474,6 +475,7 @@ class wal2json_plugin final : public output_plugin {
       s += "]";
     }
     s += "}";
+    if (!failed_.empty()) return;   // (a column include-not-null cannot tell: not sent)
     emit(c.change_lsn, s);
   }
 

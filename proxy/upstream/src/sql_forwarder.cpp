@@ -51,14 +51,24 @@ std::string forwardable(std::string_view sql) {
   std::size_t p = 0;
   for (;;) {
     while (p < lower.size() && std::isspace(static_cast<unsigned char>(lower[p]))) ++p;
-    if (lower.compare(p, 2, "--") == 0) {
-      p = lower.find('\n', p);
+    if (lower.compare(p, 2, "--") == 0) {   // (to the end of the line: \n or \r, as the lexer)
+      p = lower.find_first_of("\n\r", p);
       if (p == std::string::npos) p = lower.size();
       continue;
     }
-    if (lower.compare(p, 2, "/*") == 0) {
-      p = lower.find("*/", p + 2);
-      p = p == std::string::npos ? lower.size() : p + 2;
+    if (lower.compare(p, 2, "/*") == 0) {   // (block comments nest, as the lexer's)
+      int depth = 0;
+      while (p < lower.size()) {
+        if (lower.compare(p, 2, "/*") == 0) {
+          ++depth;
+          p += 2;
+        } else if (lower.compare(p, 2, "*/") == 0) {
+          p += 2;
+          if (--depth == 0) break;
+        } else {
+          ++p;
+        }
+      }
       continue;
     }
     break;
@@ -72,10 +82,13 @@ std::string forwardable(std::string_view sql) {
   // string, and escapes that could spell either.
   static constexpr std::string_view refused[] = {
       "pg_logical_emit_message", "pg_terminate_backend", "pg_cancel_backend", "pg_reload_conf", "pg_rotate_logfile",
-      "pg_switch_wal", "pg_create_restore_point", "replication_slot", "pg_logical_slot_", "pg_replication_origin",
+      "pg_switch_wal", "pg_create_restore_point", "pg_create_logical_replication_slot",
+      "pg_create_physical_replication_slot", "pg_drop_replication_slot", "pg_replication_slot_advance",
+      "pg_copy_logical_replication_slot", "pg_copy_physical_replication_slot", "pg_logical_slot_", "pg_replication_origin",
       "_to_xml", "ts_stat", "dblink", "set_config", "pg_advisory", "pg_stat_reset", "pg_read_file", "pg_read_binary_file",
       "pg_ls_", "pg_stat_file", "pg_sleep", "pg_promote", "pg_wal_replay", "pg_backup", "pg_import_system_collations",
-      "lo_export", "lo_import", "u&"};
+      "lo_export", "lo_import", "u&", "ts_rewrite", "pg_try_advisory", "txid_current", "pg_current_xact_id",
+      "pg_log_", "pg_start_backup", "pg_stop_backup", "pg_file_", "_reset", "pg_hba_file_rules", "pg_file_settings"};
   for (auto word : refused)
     if (lower.find(word) != std::string::npos)
       return "it names " + std::string(word) + ", whose effect a read-only transaction does not stop";
@@ -87,6 +100,34 @@ std::string forward_read_only(const std::string& conninfo, const std::string& sq
   PGconn* c = snapshot_sql::connect(conninfo, "walgate replication-sql", statement_timeout_ms, error);
   if (!c) return walgate_error("08006", "walgate cannot reach its upstream to run this statement: " + error);
   std::string out;
+  {
+    // The wall: the role statements run as may do nothing a rolled-back read-only transaction
+    // does not stop — no superuser, no REPLICATION (slots), no signalling other sessions, no
+    // server files or programs, and no EXECUTE on pg_logical_emit_message (PUBLIC has it by
+    // default: a message forged into every slot's stream). Checked on every connection.
+    result_guard role(PQexec(c,
+        "SELECT r.rolsuper OR r.rolreplication "
+        "OR pg_catalog.pg_has_role(current_user, 'pg_signal_backend', 'MEMBER') "
+        "OR pg_catalog.pg_has_role(current_user, 'pg_read_server_files', 'MEMBER') "
+        "OR pg_catalog.pg_has_role(current_user, 'pg_write_server_files', 'MEMBER') "
+        "OR pg_catalog.pg_has_role(current_user, 'pg_execute_server_program', 'MEMBER') "
+        "OR coalesce((SELECT bool_or(pg_catalog.has_function_privilege(p.oid, 'EXECUTE')) FROM pg_catalog.pg_proc p "
+        "WHERE p.proname = 'pg_logical_emit_message'), false) "
+        "FROM pg_catalog.pg_roles r WHERE r.rolname = current_user"));
+    if (PQresultStatus(role.r) != PGRES_TUPLES_OK || PQntuples(role.r) != 1) {
+      out = error_of(role.r, c);
+      PQfinish(c);
+      return out;
+    }
+    if (std::string(PQgetvalue(role.r, 0, 0)) != "f") {
+      PQfinish(c);
+      return walgate_error("42501",
+                           "walgate forwards SQL only as a role that cannot change the server outside a read-only "
+                           "transaction: give --replication-sql-pg a role without superuser, REPLICATION, "
+                           "pg_signal_backend or the server-file roles, and REVOKE EXECUTE ON FUNCTION "
+                           "pg_logical_emit_message FROM PUBLIC (and from that role)");
+    }
+  }
   {
     result_guard begin(PQexec(c, "BEGIN READ ONLY"));
     if (PQresultStatus(begin.r) != PGRES_COMMAND_OK) {
@@ -152,6 +193,12 @@ std::string forward_read_only(const std::string& conninfo, const std::string& sq
         break;
       case PGRES_COMMAND_OK: out += ws::build_command_complete(PQcmdStatus(r.r)); break;
       case PGRES_EMPTY_QUERY: out += ws::build_empty_query_response(); break;
+      case PGRES_COPY_OUT:
+      case PGRES_COPY_IN:
+      case PGRES_COPY_BOTH:
+        // (no COPY is relayed: the connection is dropped, which ends it, and so the loop)
+        PQfinish(c);
+        return walgate_error("42501", "walgate does not forward COPY");
       default: out += error_of(r.r, c); break;   // (after rows already sent, as the server would)
     }
   }

@@ -1178,6 +1178,13 @@ struct replication_server::impl::session : std::enable_shared_from_this<session>
         }
       }
       made.plugin->set_catalog(*tables);
+      // (The slot again after the wait: another connection may have dropped it or begun
+      // streaming from it meanwhile — the pointer from before is not used.)
+      s = srv->slots.find(c.name);
+      if (const std::string refused = unavailable(c.name, s); !refused.empty()) {
+        co_await send(refused);
+        co_return;
+      }
     }
     const lsn from = std::max(c.start, s->confirmed_flush);
     // Where to begin reading: the stream itself skips every transaction whose commit LSN is below

@@ -33,6 +33,7 @@ struct pgoutput_options {
   std::string streaming = "off";   ///< off, on, parallel (accepted; transactions go whole)
   bool two_phase = false;
   bool origin_none = false;        ///< origin 'none': transactions with an origin left out
+  bool lazy_begin = true;          ///< BEGIN with the first message (pgoutput from 15; before, always)
 };
 
 struct pgoutput_parse {

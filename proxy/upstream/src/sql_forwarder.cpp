@@ -6,6 +6,7 @@
 #include <libpq-fe.h>
 
 #include <cctype>
+#include <memory>
 
 namespace walgate::proxy {
 
@@ -97,7 +98,10 @@ std::string forwardable(std::string_view sql) {
 
 std::string forward_read_only(const std::string& conninfo, const std::string& sql, long statement_timeout_ms) {
   std::string error;
-  PGconn* c = snapshot_sql::connect(conninfo, "walgate replication-sql", statement_timeout_ms, error);
+  // (freed on every way out, an exception's too: one guard, no PQfinish before each return)
+  std::unique_ptr<PGconn, decltype(&PQfinish)> conn(
+      snapshot_sql::connect(conninfo, "walgate replication-sql", statement_timeout_ms, error), &PQfinish);
+  PGconn* c = conn.get();
   if (!c) return walgate_error("08006", "walgate cannot reach its upstream to run this statement: " + error);
   std::string out;
   {
@@ -116,11 +120,9 @@ std::string forward_read_only(const std::string& conninfo, const std::string& sq
         "FROM pg_catalog.pg_roles r WHERE r.rolname = current_user"));
     if (PQresultStatus(role.r) != PGRES_TUPLES_OK || PQntuples(role.r) != 1) {
       out = error_of(role.r, c);
-      PQfinish(c);
       return out;
     }
     if (std::string(PQgetvalue(role.r, 0, 0)) != "f") {
-      PQfinish(c);
       return walgate_error("42501",
                            "walgate forwards SQL only as a role that cannot change the server outside a read-only "
                            "transaction: give --replication-sql-pg a role without superuser, REPLICATION, "
@@ -132,7 +134,6 @@ std::string forward_read_only(const std::string& conninfo, const std::string& sq
     result_guard begin(PQexec(c, "BEGIN READ ONLY"));
     if (PQresultStatus(begin.r) != PGRES_COMMAND_OK) {
       out = error_of(begin.r, c);
-      PQfinish(c);
       return out;
     }
   }
@@ -140,7 +141,6 @@ std::string forward_read_only(const std::string& conninfo, const std::string& sq
   // and refused instead of filling memory.
   if (!PQsendQueryParams(c, sql.c_str(), 0, nullptr, nullptr, nullptr, nullptr, 0)) {
     out = error_of(nullptr, c);
-    PQfinish(c);
     return out;
   }
   PQsetSingleRowMode(c);
@@ -176,8 +176,11 @@ std::string forward_read_only(const std::string& conninfo, const std::string& sq
               PQgetisnull(r.r, 0, i) ? std::nullopt
                                      : std::optional<std::string_view>(std::string_view(
                                            PQgetvalue(r.r, 0, i), static_cast<std::size_t>(PQgetlength(r.r, 0, i))));
-        out += ws::build_data_row(values);
-        if (out.size() > max_result_bytes) {
+        // (counted before it is copied: a row past the limit is never built here)
+        std::size_t row = 0;
+        for (int i = 0; i < fields; ++i) row += static_cast<std::size_t>(PQgetlength(r.r, 0, i)) + 4;
+        if (out.size() + row <= max_result_bytes) out += ws::build_data_row(values);
+        if (out.size() + row > max_result_bytes) {
           too_big = true;
           if (PGcancel* cancel = PQgetCancel(c)) {
             char why[256];
@@ -196,9 +199,8 @@ std::string forward_read_only(const std::string& conninfo, const std::string& sq
       case PGRES_COPY_OUT:
       case PGRES_COPY_IN:
       case PGRES_COPY_BOTH:
-        // (no COPY is relayed: the connection is dropped, which ends it, and so the loop)
-        PQfinish(c);
-        return walgate_error("42501", "walgate does not forward COPY");
+        // (no COPY is relayed: the connection is dropped — the guard — which ends it, and so the loop)
+          return walgate_error("42501", "walgate does not forward COPY");
       default: out += error_of(r.r, c); break;   // (after rows already sent, as the server would)
     }
   }
@@ -206,7 +208,6 @@ std::string forward_read_only(const std::string& conninfo, const std::string& sq
     out = walgate_error("54000", "the statement's result is larger than walgate relays (" +
                                      std::to_string(max_result_bytes >> 20) + " MiB)");
   PQclear(PQexec(c, "ROLLBACK"));
-  PQfinish(c);
   return out;
 }
 
@@ -250,7 +251,9 @@ void sql_forwarder::published_tables(std::vector<std::string> publications,
         std::string error;
         std::optional<table_list> out;
         try {
-          if (PGconn* c = snapshot_sql::connect(conninfo_, "walgate replication tables", timeout_ms_, error)) {
+          std::unique_ptr<PGconn, decltype(&PQfinish)> conn(
+              snapshot_sql::connect(conninfo_, "walgate replication tables", timeout_ms_, error), &PQfinish);
+          if (PGconn* c = conn.get()) {
             std::string names = "{";
             for (const auto& p : publications) {
               if (names.size() > 1) names += ",";
@@ -281,7 +284,6 @@ void sql_forwarder::published_tables(std::vector<std::string> publications,
                 out->back().columns.emplace_back(PQgetvalue(res, i, 3), std::string(PQgetvalue(res, i, 4)) == "t");
               }
             }
-            PQfinish(c);
           }
         } catch (const std::exception& e) {
           out.reset();

@@ -1,20 +1,21 @@
 // walgate's own walsender (--replication-listen, issue 35): a PostgreSQL wire-protocol server for
-// logical replication connections, serving the event log to replication clients (pg_recvlogical
-// today) as the upstream server would — one upstream slot, any number of downstream slots, each
-// with its own position, stored in the data directory.
+// logical replication connections, serving the event log to replication clients (pg_recvlogical,
+// PostgreSQL subscribers) as the upstream server would — one upstream slot, any number of
+// downstream slots, each with its own position, stored in the data directory.
 //
-// What it serves today: SCRAM-SHA-256 against the verifiers of --replication-users (PostgreSQL's
-// rolpassword form; a user not in the file gets the same exchange and the same 28P01 as a wrong
-// password), or trust when no users file is given (the configuration then allows a loopback
-// address only); failed authentications counted per address (--auth-failures-per-minute, as
-// tokens are), IDENTIFY_SYSTEM, SHOW,
-// the SQL libpq's replication clients send by themselves, CREATE_REPLICATION_SLOT …
-// LOGICAL test_decoding (snapshot 'nothing'), DROP_REPLICATION_SLOT, START_REPLICATION … LOGICAL
-// with test_decoding's output emulated from the log (transform/test_decoding.hpp). Other plugins,
-// physical replication, exported snapshots and SQL are answered with an ErrorResponse saying so.
+// What it serves: TLS on an SSLRequest with --tls-cert/--tls-key; SCRAM-SHA-256 (and -PLUS on
+// TLS) against the verifiers of --replication-users (PostgreSQL's rolpassword form; a user not in
+// the file gets the same exchange and the same 28P01 as a wrong password), or trust when no users
+// file is given (the configuration then allows a loopback address only); failed authentications
+// counted per address (--auth-failures-per-minute, as tokens are), IDENTIFY_SYSTEM, SHOW, the SQL
+// libpq's replication clients send by themselves, CREATE_REPLICATION_SLOT … LOGICAL test_decoding,
+// wal2json or pgoutput (snapshot 'nothing'), DROP_REPLICATION_SLOT, START_REPLICATION … LOGICAL
+// with the plugin's output emulated from the log (transform/output_plugin.hpp), and with
+// --replication-sql forward a statement run on the upstream read-only (run_sql, sql_forwarder).
+// Other plugins, physical replication, exported snapshots and SQL otherwise are answered with an
+// ErrorResponse saying so.
 //
-// Assumptions, tested in tests/proxy/replication_server_test.cpp (the retention path, where the
-// log let go of what a slot needs, is not driven there yet):
+// Assumptions, tested in tests/proxy/replication_server_test.cpp:
 // - every transaction a slot's client is sent is in the log whole before any of it is sent (the
 //   log makes a transaction visible at its commit): a client never sees half of one;
 // - a slot starts after every transaction whose commit LSN is below max(the position asked for,

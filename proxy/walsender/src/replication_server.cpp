@@ -1,7 +1,7 @@
 // walgate's walsender: one coroutine per connection — the startup packet, authentication (SCRAM
 // against --replication-users, or trust on a loopback address), the command loop, and while streaming a writer (events → 'w', 'k')
 // beside a reader (the client's 'r' and CopyDone). See replication_server.hpp for what it
-// serves and the assumptions each path keeps. One file (about 1,700 lines): a connection's
+// serves and the assumptions each path keeps. One file (about 1,800 lines): a connection's
 // steps — startup, SCRAM, commands, slots, streaming — are one coroutine's and share its session
 // state; the slots' file (downstream_slots) and the protocol's bytes (protocol/walsender.hpp,
 // protocol/auth.hpp) already live apart, as do the plugins (transform/output_plugin.hpp: the
